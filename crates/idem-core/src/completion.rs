@@ -1,0 +1,363 @@
+//! A worker's completion: the outcome of one attempt, fenced by the token of its lease.
+//!
+//! Rules ([`plan_completion`]):
+//! - The presented fencing token must equal the record's current token; otherwise the
+//!   completion is stale ([`CompleteError::StaleToken`]) and changes nothing
+//!   (DESIGN.md §2 invariant 1).
+//! - The record must be EXECUTING, or UNKNOWN because that same lease expired (a *late*
+//!   completion: nobody was granted since, and the worker's report is the best evidence
+//!   there is — it settles the UNKNOWN as reconciliation would).
+//! - SUCCEEDED requires evidence: a non-empty `provider_ref` (invariant 2).
+//! - Repeating the completion that was already applied (same outcome, same provider_ref or
+//!   error class) is idempotent: it returns the record unchanged. Any other completion of a
+//!   SUCCEEDED or FAILED record is refused ([`CompleteError::AlreadyFinal`]).
+//! - A retryable failure goes back to PENDING with `next_attempt_at` from the
+//!   [`RetryPolicy`], or to FAILED once `max_attempts` attempts were made.
+
+use crate::record::{Actor, EventKind, OperationEvent, OperationRecord};
+use crate::retry::RetryPolicy;
+use crate::State;
+use serde_json::Value;
+
+/// Longest error class, in bytes.
+pub const MAX_ERROR_CLASS_LEN: usize = 64;
+/// Longest provider reference, in bytes.
+pub const MAX_PROVIDER_REF_LEN: usize = 512;
+
+/// What the worker reports after an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The side effect happened; `provider_ref` is the evidence, `result` is replayed later.
+    Succeeded {
+        provider_ref: String,
+        result: Option<Value>,
+    },
+    /// The side effect did not happen and may be tried again (after `retry_after_ms` if the
+    /// provider said so, e.g. HTTP `Retry-After`).
+    RetryableFailure {
+        error_class: String,
+        message: Option<String>,
+        retry_after_ms: Option<i64>,
+    },
+    /// The side effect did not happen and never will (validation, auth, not found).
+    FinalFailure {
+        error_class: String,
+        message: Option<String>,
+        result: Option<Value>,
+    },
+    /// The worker cannot tell whether the side effect happened (timeout after sending).
+    Unknown { message: Option<String> },
+}
+
+impl Outcome {
+    /// The outcome's name as in the HTTP API.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded { .. } => "succeeded",
+            Outcome::RetryableFailure { .. } => "retryable_failure",
+            Outcome::FinalFailure { .. } => "final_failure",
+            Outcome::Unknown { .. } => "unknown",
+        }
+    }
+
+    /// Checks the outcome's own fields.
+    ///
+    /// # Errors
+    /// [`CompleteError::Invalid`] with a one-line reason.
+    pub fn validate(&self) -> Result<(), CompleteError> {
+        let class_ok = |c: &str| {
+            !c.is_empty()
+                && c.len() <= MAX_ERROR_CLASS_LEN
+                && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+        };
+        match self {
+            Outcome::Succeeded { provider_ref, .. } => {
+                if provider_ref.trim().is_empty() {
+                    return Err(CompleteError::Invalid(
+                        "outcome succeeded needs a non-empty provider_ref: SUCCEEDED requires evidence".into(),
+                    ));
+                }
+                if provider_ref.len() > MAX_PROVIDER_REF_LEN {
+                    return Err(CompleteError::Invalid(format!(
+                        "provider_ref is longer than {MAX_PROVIDER_REF_LEN} bytes"
+                    )));
+                }
+            }
+            Outcome::RetryableFailure {
+                error_class,
+                retry_after_ms,
+                ..
+            } => {
+                if !class_ok(error_class) {
+                    return Err(CompleteError::Invalid(format!(
+                        "error_class must be 1-{MAX_ERROR_CLASS_LEN} characters of [A-Za-z0-9_.-]"
+                    )));
+                }
+                if retry_after_ms.is_some_and(|ms| !(0..=86_400_000).contains(&ms)) {
+                    return Err(CompleteError::Invalid(
+                        "retry_after_ms must be between 0 and 86400000 (one day)".into(),
+                    ));
+                }
+            }
+            Outcome::FinalFailure { error_class, .. } => {
+                if !class_ok(error_class) {
+                    return Err(CompleteError::Invalid(format!(
+                        "error_class must be 1-{MAX_ERROR_CLASS_LEN} characters of [A-Za-z0-9_.-]"
+                    )));
+                }
+            }
+            Outcome::Unknown { .. } => {}
+        }
+        Ok(())
+    }
+}
+
+/// Why a completion was refused. Nothing is written in any of these cases.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompleteError {
+    /// The token is not the record's current one: another grant happened, or it never existed.
+    #[error("stale fencing token {presented}: the current token is {current}, the lease was lost or never held")]
+    StaleToken { presented: i64, current: i64 },
+    /// The record is SUCCEEDED or FAILED and this is not a repeat of that completion.
+    #[error("the operation is already {state}; a final record cannot be completed again")]
+    AlreadyFinal { state: State },
+    /// The record is PENDING: the lease behind this token was already completed.
+    #[error("the operation is {state}, not EXECUTING: acquire it before completing")]
+    NotExecuting { state: State },
+    /// The outcome's fields are malformed.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The plan for one completion: the record to write and the event to append.
+#[derive(Debug, Clone)]
+pub struct CompletionPlan {
+    /// The record after the completion.
+    pub record: OperationRecord,
+    /// False for an idempotent repeat of the completion already applied.
+    pub changed: bool,
+    /// The event to append (`None` for a repeat).
+    pub event: Option<OperationEvent>,
+}
+
+/// Applies `outcome`, reported under `fencing_token`, to `rec` at `now_ms`.
+///
+/// `jitter` is a uniform random number in `[0, 1)` for the full-jitter backoff of a
+/// retryable failure (the caller draws it, so this function stays pure).
+///
+/// # Errors
+/// A [`CompleteError`]; the record must then be left as it is.
+pub fn plan_completion(
+    rec: &OperationRecord,
+    fencing_token: i64,
+    outcome: &Outcome,
+    actor: &Actor,
+    policy: &RetryPolicy,
+    jitter: f64,
+    now_ms: i64,
+) -> Result<CompletionPlan, CompleteError> {
+    outcome.validate()?;
+    if fencing_token != rec.fencing_token {
+        return Err(CompleteError::StaleToken {
+            presented: fencing_token,
+            current: rec.fencing_token,
+        });
+    }
+    match rec.state {
+        State::Executing | State::Unknown => {}
+        State::Succeeded | State::Failed => {
+            let repeat = match (rec.state, outcome) {
+                (State::Succeeded, Outcome::Succeeded { provider_ref, .. }) => {
+                    rec.provider_ref.as_deref() == Some(provider_ref.as_str())
+                }
+                (State::Failed, Outcome::FinalFailure { error_class, .. }) => {
+                    rec.error_class.as_deref() == Some(error_class.as_str())
+                }
+                _ => false,
+            };
+            if repeat {
+                return Ok(CompletionPlan {
+                    record: rec.clone(),
+                    changed: false,
+                    event: None,
+                });
+            }
+            return Err(CompleteError::AlreadyFinal { state: rec.state });
+        }
+        State::Pending => return Err(CompleteError::NotExecuting { state: rec.state }),
+    }
+    if rec.state == State::Unknown && matches!(outcome, Outcome::Unknown { .. }) {
+        // Still unknown: nothing new to record.
+        return Ok(CompletionPlan {
+            record: rec.clone(),
+            changed: false,
+            event: None,
+        });
+    }
+    let late = rec.state == State::Unknown || !rec.lease_valid_at(now_ms);
+    let mut next = rec.clone();
+    next.lease_expires_at = None;
+    next.updated_at = now_ms;
+    next.version += 1;
+    let mut ev = actor.event(rec, EventKind::Completed, now_ms);
+    ev.from_state = Some(rec.state);
+    ev.fencing_token = Some(fencing_token);
+    let mut reason = format!("outcome {}", outcome.name());
+    match outcome {
+        Outcome::Succeeded {
+            provider_ref,
+            result,
+        } => {
+            next.state = State::Succeeded;
+            next.provider_ref = Some(provider_ref.clone());
+            next.result = result.clone();
+            next.verified_at = Some(now_ms);
+            next.evidence_source = Some("caller".into());
+            next.completed_at = Some(now_ms);
+            next.needs_review = false;
+            reason.push_str(&format!(" with provider_ref {provider_ref}"));
+        }
+        Outcome::FinalFailure {
+            error_class,
+            message,
+            result,
+        } => {
+            next.state = State::Failed;
+            next.error_class = Some(error_class.clone());
+            next.error_message = message.clone();
+            next.result = result.clone();
+            next.completed_at = Some(now_ms);
+            ev.error_class = Some(error_class.clone());
+        }
+        Outcome::RetryableFailure {
+            error_class,
+            message,
+            retry_after_ms,
+        } => {
+            next.error_class = Some(error_class.clone());
+            next.error_message = message.clone();
+            ev.error_class = Some(error_class.clone());
+            if rec.attempt_count >= policy.max_attempts {
+                next.state = State::Failed;
+                next.completed_at = Some(now_ms);
+                reason.push_str(&format!(
+                    "; retry limit reached after {} attempts",
+                    rec.attempt_count
+                ));
+            } else {
+                let wait = policy.delay_ms(rec.attempt_count, jitter, *retry_after_ms);
+                next.state = State::Pending;
+                next.next_attempt_at = Some(now_ms + wait);
+                ev.wait_ms = Some(wait);
+                reason.push_str(&format!("; next attempt in {wait} ms"));
+            }
+        }
+        Outcome::Unknown { message } => {
+            next.state = State::Unknown;
+            next.error_class = Some("unknown".into());
+            next.error_message = message.clone();
+        }
+    }
+    if late {
+        reason.push_str(" (late: reported after the lease expired, no newer grant exists)");
+    }
+    debug_assert!(rec.state.can_become(next.state));
+    ev.to_state = Some(next.state);
+    ev.reason = Some(reason);
+    Ok(CompletionPlan {
+        record: next,
+        changed: true,
+        event: Some(ev),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::{plan_acquire, AcquireInput};
+    use serde_json::json;
+
+    fn acquired() -> OperationRecord {
+        let input = AcquireInput {
+            tenant: "t".into(),
+            key: "k".into(),
+            action: "send".into(),
+            payload: json!({"to": "x"}),
+            fingerprint: "f".into(),
+            lease_ms: 1000,
+            redo_safe: false,
+            actor: Actor::default(),
+        };
+        plan_acquire(None, &input, 0).record
+    }
+
+    fn done(rec: &OperationRecord, token: i64, o: Outcome, now: i64) -> Result<CompletionPlan, CompleteError> {
+        plan_completion(rec, token, &o, &Actor::default(), &RetryPolicy::default(), 0.5, now)
+    }
+
+    fn ok(r: &str) -> Outcome {
+        Outcome::Succeeded {
+            provider_ref: r.into(),
+            result: None,
+        }
+    }
+
+    #[test]
+    fn success_needs_evidence_and_the_current_token() {
+        let rec = acquired();
+        assert!(matches!(done(&rec, 1, ok(" "), 10), Err(CompleteError::Invalid(_))));
+        assert_eq!(
+            done(&rec, 2, ok("m"), 10).unwrap_err(),
+            CompleteError::StaleToken { presented: 2, current: 1 }
+        );
+        let p = done(&rec, 1, ok("m"), 10).unwrap();
+        assert_eq!(p.record.state, State::Succeeded);
+        assert_eq!(p.record.provider_ref.as_deref(), Some("m"));
+        assert_eq!(p.record.version, rec.version + 1);
+    }
+
+    #[test]
+    fn repeats_are_idempotent_and_other_completions_of_final_records_refused() {
+        let rec = done(&acquired(), 1, ok("m"), 10).unwrap().record;
+        let again = done(&rec, 1, ok("m"), 20).unwrap();
+        assert!(!again.changed);
+        assert_eq!(again.record, rec);
+        assert_eq!(
+            done(&rec, 1, ok("other"), 20).unwrap_err(),
+            CompleteError::AlreadyFinal { state: State::Succeeded }
+        );
+        let fail = Outcome::FinalFailure {
+            error_class: "validation".into(),
+            message: None,
+            result: None,
+        };
+        assert!(matches!(done(&rec, 1, fail, 20), Err(CompleteError::AlreadyFinal { .. })));
+    }
+
+    #[test]
+    fn retryable_failure_schedules_the_next_attempt_until_the_limit() {
+        let rec = acquired();
+        let o = Outcome::RetryableFailure {
+            error_class: "unavailable".into(),
+            message: None,
+            retry_after_ms: Some(1500),
+        };
+        let p = done(&rec, 1, o.clone(), 100).unwrap();
+        assert_eq!(p.record.state, State::Pending);
+        assert_eq!(p.record.next_attempt_at, Some(1600));
+        assert!(matches!(done(&p.record, 1, o.clone(), 200), Err(CompleteError::NotExecuting { .. })));
+        let mut last = rec.clone();
+        last.attempt_count = RetryPolicy::default().max_attempts;
+        assert_eq!(done(&last, 1, o, 100).unwrap().record.state, State::Failed);
+    }
+
+    #[test]
+    fn late_completion_by_the_last_holder_settles_unknown() {
+        let mut rec = acquired();
+        rec.state = State::Unknown;
+        rec.lease_expires_at = None;
+        let p = done(&rec, 1, ok("m"), 5000).unwrap();
+        assert_eq!(p.record.state, State::Succeeded);
+        assert!(p.event.unwrap().reason.unwrap().contains("late"));
+    }
+}

@@ -1,0 +1,30 @@
+//! idem-core: the pure domain of idem. No I/O, no async.
+//!
+//! - [`key`]: idempotency key rules (length, charset, no personal data).
+//! - [`fingerprint`]: SHA-256 over RFC 8785 canonical JSON.
+//! - [`state`]: the states and their legal transitions (DESIGN.md §2).
+//! - [`decision`]: the decision table of DESIGN.md §3 ([`decide`]) and acquire plans.
+//! - [`completion`]: fenced completions and their plans.
+//! - [`retry`]: the durable backoff schedule (full jitter).
+//! - [`record`]: the operation record and event log entries.
+//! - [`clock`]: epoch-millisecond time behind a trait.
+//!
+//! Stores persist the plans these functions return; they do not decide anything.
+
+pub mod clock;
+pub mod completion;
+pub mod decision;
+pub mod fingerprint;
+pub mod key;
+pub mod record;
+pub mod retry;
+pub mod state;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use completion::{plan_completion, CompleteError, CompletionPlan, Outcome};
+pub use decision::{decide, plan_acquire, plan_lease_expiry, AcquireInput, AcquirePlan, Decision};
+pub use fingerprint::{fingerprint, Fingerprint, FingerprintError, Payload};
+pub use key::{IdempotencyKey, KeyError};
+pub use record::{Actor, EventKind, OperationEvent, OperationRecord};
+pub use retry::RetryPolicy;
+pub use state::State;

@@ -1,0 +1,210 @@
+//! Property test: random interleavings of acquire, execute, complete and clock advances by
+//! several workers against the pure decision functions, checking invariants 1–5 of
+//! DESIGN.md §2 after every step.
+//!
+//! The model: workers are honest — a worker reports `succeeded` only if it performed the
+//! side effect, a failure only if it did not, and `unknown` either way — but they may be
+//! slow (their lease expires mid-attempt, "zombies") and may never report at all (crash).
+//! The provider counts side effects. If the decision table ever granted a second lease
+//! while an earlier attempt might have acted, the count would exceed one.
+
+use idem_core::{
+    plan_acquire, plan_completion, plan_lease_expiry, AcquireInput, Actor, CompleteError, Decision,
+    OperationRecord, Outcome, RetryPolicy, State,
+};
+use proptest::prelude::*;
+use serde_json::json;
+
+const WORKERS: usize = 3;
+const LEASE_MS: i64 = 100;
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Worker w triggers the key with payload variant p (0 = the intent, 1 = another).
+    Acquire { w: usize, p: u8 },
+    /// Worker w performs the side effect if it holds a grant it has not used.
+    Execute { w: usize },
+    /// Worker w reports; `pick` chooses among the honest outcomes.
+    Complete { w: usize, pick: u8 },
+    /// Worker w reports with a made-up token.
+    Forge { w: usize, token: i64 },
+    /// Time passes.
+    Advance { ms: i64 },
+    /// The lease sweeper runs.
+    Sweep,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0..WORKERS, prop_oneof![9 => Just(0u8), 1 => Just(1u8)]).prop_map(|(w, p)| Step::Acquire { w, p }),
+        3 => (0..WORKERS).prop_map(|w| Step::Execute { w }),
+        3 => (0..WORKERS, 0u8..4).prop_map(|(w, pick)| Step::Complete { w, pick }),
+        1 => (0..WORKERS, 0i64..6).prop_map(|(w, token)| Step::Forge { w, token }),
+        2 => (1i64..250).prop_map(|ms| Step::Advance { ms }),
+        1 => Just(Step::Sweep),
+    ]
+}
+
+#[derive(Debug, Clone, Default)]
+struct Worker {
+    /// Token of the grant this worker believes it holds, and whether it executed under it.
+    grant: Option<(i64, bool)>,
+}
+
+fn input(w: usize, p: u8, redo_safe: bool) -> AcquireInput {
+    AcquireInput {
+        tenant: "t".into(),
+        key: "INQ-001:confirmation:v1".into(),
+        action: "send".into(),
+        payload: json!({ "to": p }),
+        fingerprint: format!("fp{p}"),
+        lease_ms: LEASE_MS,
+        redo_safe,
+        actor: Actor {
+            principal: format!("w{w}"),
+            request_id: None,
+        },
+    }
+}
+
+fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
+    let policy = RetryPolicy {
+        base_ms: 10,
+        cap_ms: 50,
+        max_attempts: 4,
+    };
+    let mut now = 0i64;
+    let mut rec: Option<OperationRecord> = None;
+    let mut workers = vec![Worker::default(); WORKERS];
+    let mut effects = 0u32; // side effects the provider saw
+    let mut grants = 0i64;
+    let mut triggers = 0usize;
+    let mut events = 0usize;
+    let mut first_fp: Option<String> = None;
+
+    for s in steps {
+        let before = rec.clone();
+        match s {
+            Step::Acquire { w, p } => {
+                triggers += 1;
+                let plan = plan_acquire(rec.as_ref(), &input(w, p, redo_safe), now);
+                events += plan.events.iter().filter(|e| e.kind != "lease_expired").count();
+                if plan.decision == Decision::Acquire {
+                    grants += 1;
+                    // Invariant 1: one holder — the token grows with every grant.
+                    prop_assert_eq!(plan.record.fencing_token, grants);
+                    if let Some(prev) = &before {
+                        // Invariant 4: never re-granted blindly while an attempt may have acted.
+                        prop_assert!(
+                            prev.state == State::Pending || (prev.state == State::Executing && redo_safe),
+                            "granted from {:?}", prev.state
+                        );
+                    }
+                    workers[w].grant = Some((plan.record.fencing_token, false));
+                }
+                if plan.decision == Decision::Mismatch {
+                    prop_assert!(!plan.changed);
+                }
+                rec = Some(plan.record);
+            }
+            Step::Execute { w } => {
+                if let Some((t, false)) = workers[w].grant {
+                    effects += 1;
+                    workers[w].grant = Some((t, true));
+                }
+            }
+            Step::Complete { w, pick } => {
+                let (Some((token, executed)), Some(r)) = (workers[w].grant, rec.as_ref()) else {
+                    continue;
+                };
+                let outcome = match (executed, pick) {
+                    (true, p) if p % 2 == 0 => Outcome::Succeeded { provider_ref: format!("msg-{token}"), result: None },
+                    (true, _) | (false, 2) => Outcome::Unknown { message: None },
+                    (false, 1) => Outcome::FinalFailure { error_class: "validation".into(), message: None, result: None },
+                    (false, _) => Outcome::RetryableFailure {
+                        error_class: "unavailable".into(),
+                        message: None,
+                        retry_after_ms: None,
+                    },
+                };
+                let actor = Actor { principal: format!("w{w}"), request_id: None };
+                match plan_completion(r, token, &outcome, &actor, &policy, 0.5, now) {
+                    Ok(plan) => {
+                        prop_assert_eq!(token, r.fencing_token, "only the current token completes");
+                        rec = Some(plan.record);
+                        workers[w].grant = None;
+                    }
+                    Err(_) => {
+                        workers[w].grant = None;
+                    }
+                }
+            }
+            Step::Forge { w, token } => {
+                let Some(r) = rec.as_ref() else { continue };
+                let outcome = Outcome::Succeeded { provider_ref: "forged".into(), result: None };
+                let actor = Actor { principal: format!("w{w}"), request_id: None };
+                let res = plan_completion(r, token, &outcome, &actor, &policy, 0.5, now);
+                if token != r.fencing_token {
+                    // Invariant 1: a stale token is rejected (and the caller writes nothing).
+                    let is_stale = matches!(res, Err(CompleteError::StaleToken { .. }));
+                    prop_assert!(is_stale);
+                } else if let Ok(plan) = res {
+                    // A forger holding the current token is indistinguishable from the holder;
+                    // keep the model honest by treating it as the holder's report only if it
+                    // executed. Otherwise discard: the model has no dishonest workers.
+                    if workers.iter().any(|wk| wk.grant == Some((token, true))) {
+                        rec = Some(plan.record);
+                    }
+                }
+            }
+            Step::Advance { ms } => now += ms,
+            Step::Sweep => {
+                if let Some(r) = rec.as_ref()
+                    && let Some((next, ev)) = plan_lease_expiry(r, now)
+                {
+                    prop_assert_eq!(ev.to_state, Some(State::Unknown));
+                    rec = Some(next);
+                }
+            }
+        }
+
+        if let Some(r) = &rec {
+            // Legal transitions only.
+            if let Some(b) = &before
+                && b.state != r.state
+            {
+                prop_assert!(b.state.can_become(r.state), "{} -> {}", b.state, r.state);
+            }
+            // Invariant 2: SUCCEEDED carries evidence, and evidence is truthful.
+            if r.state == State::Succeeded {
+                prop_assert!(r.provider_ref.as_deref().is_some_and(|p| !p.is_empty()));
+                prop_assert!(effects >= 1, "SUCCEEDED without a side effect");
+            }
+            // Invariant 3: the key stays bound to its first fingerprint.
+            let fp = first_fp.get_or_insert_with(|| r.fingerprint.clone());
+            prop_assert_eq!(&r.fingerprint, fp);
+            prop_assert_eq!(r.fencing_token, grants);
+        }
+        // Invariant 5: every trigger is recorded; at most one side effect per intent
+        // (unless the action was declared redo_safe, where the provider dedupes).
+        prop_assert_eq!(events, triggers);
+        if !redo_safe {
+            prop_assert!(effects <= 1, "{} side effects", effects);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn invariants_hold_under_random_interleavings(steps in prop::collection::vec(step(), 1..60)) {
+        run(steps, false)?;
+    }
+
+    #[test]
+    fn redo_safe_actions_are_re_granted_but_stay_fenced(steps in prop::collection::vec(step(), 1..60)) {
+        run(steps, true)?;
+    }
+}
