@@ -1,1 +1,207 @@
+//! idem-store: where operation records, their event log and API keys live.
+//!
+//! One [`Store`] trait, two implementations that pass one conformance suite
+//! ([`conformance`]):
+//! - [`sqlite::SqliteStore`]: the embedded default. One file, WAL, `synchronous=FULL`.
+//!   All writes go through one writer task that batches concurrent requests into one
+//!   `BEGIN IMMEDIATE` transaction (group commit) and answers each request only after the
+//!   commit is durable; reads use a separate pool of WAL readers.
+//! - [`postgres::PgStore`]: several `idem serve` processes share one database. Every claim
+//!   is an atomic `INSERT … ON CONFLICT DO NOTHING` or a conditional
+//!   `UPDATE … WHERE version = $read`, never check-then-insert.
+//!
+//! The store decides nothing: idem-core plans every change (`plan_acquire`,
+//! `plan_completion`, `plan_lease_expiry`) and the store writes the plan atomically with
+//! its events. Versioned migrations (`migrations/sqlite`, `migrations/postgres`) are
+//! applied when a store opens. Time comes from a [`Clock`].
 
+pub mod conformance;
+mod error;
+pub mod keys;
+pub mod postgres;
+mod row;
+mod sql;
+pub mod sqlite;
+pub mod testing;
+
+use async_trait::async_trait;
+pub use error::StoreError;
+use idem_core::{AcquireInput, Actor, Clock, Decision, OperationEvent, OperationRecord, Outcome, RetryPolicy, State};
+use keys::{ApiKeyInfo, Role};
+use std::sync::Arc;
+
+/// Largest page [`Store::list`] returns.
+pub const MAX_PAGE: i64 = 500;
+
+/// The answer to one trigger: the decision and the record as it stands after it.
+#[derive(Debug, Clone)]
+pub struct AcquireOutcome {
+    /// What the trigger gets (DESIGN.md §3).
+    pub decision: Decision,
+    /// The record after the trigger was applied.
+    pub record: OperationRecord,
+}
+
+/// A worker's report for the lease it holds.
+#[derive(Debug, Clone)]
+pub struct CompleteRequest {
+    /// Tenant of the caller.
+    pub tenant: String,
+    /// Idempotency key of the operation.
+    pub key: String,
+    /// Token of the lease the worker holds.
+    pub fencing_token: i64,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Who reports, and through which request.
+    pub actor: Actor,
+}
+
+/// The record after a completion.
+#[derive(Debug, Clone)]
+pub struct CompleteOutcome {
+    /// The record as stored now.
+    pub record: OperationRecord,
+    /// False when the completion repeated the one already applied (nothing written).
+    pub changed: bool,
+}
+
+/// Filters of [`Store::list`]; `None` means "any".
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Only records in this state.
+    pub state: Option<State>,
+    /// Only records of this action.
+    pub action: Option<String>,
+    /// Only records with this `needs_review` flag.
+    pub needs_review: Option<bool>,
+    /// Page size, clamped to 1..=[`MAX_PAGE`].
+    pub limit: i64,
+    /// Continue after this cursor (from [`Page::next_cursor`]).
+    pub cursor: Option<i64>,
+}
+
+/// One page of records, newest first.
+#[derive(Debug, Clone)]
+pub struct Page {
+    /// The records.
+    pub items: Vec<OperationRecord>,
+    /// Cursor of the next page; `None` on the last page.
+    pub next_cursor: Option<i64>,
+}
+
+/// Store-wide settings.
+#[derive(Debug, Clone, Default)]
+pub struct StoreConfig {
+    /// Backoff schedule for retryable failures reported by workers.
+    pub retry_policy: RetryPolicy,
+}
+
+/// The ledger's storage. Every method is scoped to a tenant where it touches operations;
+/// a key of another tenant behaves exactly like a missing key.
+///
+/// Implementations must pass [`conformance::run_all`].
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Applies one trigger atomically: the decision of DESIGN.md §3, the resulting record
+    /// change (grant or lease expiry) and its events, all in one transaction.
+    async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError>;
+
+    /// Applies a fenced completion atomically with its event.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for a missing key, [`StoreError::Complete`] when idem-core
+    /// refuses it (stale token, final record); nothing is written then.
+    async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError>;
+
+    /// The record, or `None`.
+    async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError>;
+
+    /// The record's event log, oldest first.
+    async fn events(&self, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError>;
+
+    /// Records of `tenant` matching `filter`, newest first.
+    async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Page, StoreError>;
+
+    /// Turns up to `limit` EXECUTING records whose lease expired (and whose action is not
+    /// redo_safe) into UNKNOWN, across tenants. Returns how many changed.
+    async fn expire_leases(&self, limit: i64) -> Result<u64, StoreError>;
+
+    /// Stores a new API key. With `secret = None` a random one is generated.
+    /// Returns the key's info and its secret (the only time the secret is available).
+    async fn create_api_key(
+        &self,
+        tenant: &str,
+        principal: &str,
+        role: Role,
+        secret: Option<String>,
+    ) -> Result<(ApiKeyInfo, String), StoreError>;
+
+    /// The live (not revoked) key whose secret is `secret`.
+    async fn authenticate(&self, secret: &str) -> Result<Option<ApiKeyInfo>, StoreError>;
+
+    /// Keys, of one tenant or all.
+    async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyInfo>, StoreError>;
+
+    /// Revokes a key by id; false if there was no live key with that id.
+    async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Number of keys ever created (revoked ones included): 0 means a first start.
+    async fn count_api_keys(&self) -> Result<i64, StoreError>;
+
+    /// Checks the database answers (for `/readyz`).
+    async fn ping(&self) -> Result<(), StoreError>;
+}
+
+/// Validates the names and builds the info of a new key (shared by both stores).
+pub(crate) fn new_key_info(
+    tenant: &str,
+    principal: &str,
+    role: Role,
+    secret: Option<String>,
+    now_ms: i64,
+) -> Result<(ApiKeyInfo, String), StoreError> {
+    keys::validate_name("tenant", tenant).map_err(StoreError::Invalid)?;
+    keys::validate_name("principal", principal).map_err(StoreError::Invalid)?;
+    let secret = match secret {
+        Some(s) => {
+            keys::validate_supplied_secret(&s).map_err(StoreError::Invalid)?;
+            s
+        }
+        None => keys::generate_secret(),
+    };
+    let info = ApiKeyInfo {
+        id: uuid::Uuid::now_v7().to_string(),
+        tenant: tenant.into(),
+        principal: principal.into(),
+        role,
+        created_at: now_ms,
+        revoked_at: None,
+    };
+    Ok((info, secret))
+}
+
+/// A uniform random number in `[0, 1)` for full-jitter backoff.
+pub(crate) fn jitter() -> f64 {
+    use rand::RngExt;
+    rand::rng().random::<f64>()
+}
+
+/// Opens the store a database URL names, applying migrations:
+/// `postgres://…` / `postgresql://…` ⇒ [`postgres::PgStore`]; `sqlite://PATH`,
+/// `sqlite:PATH` or a plain file path ⇒ [`sqlite::SqliteStore`] (file created if missing).
+///
+/// # Errors
+/// [`StoreError::Database`] if the database cannot be opened, [`StoreError::Migrate`] if
+/// its schema cannot be brought up to date.
+pub async fn open(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(postgres::PgStore::connect(url, clock, config).await?))
+    } else {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url);
+        Ok(Arc::new(sqlite::SqliteStore::open(path, clock, config).await?))
+    }
+}

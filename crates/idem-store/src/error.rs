@@ -1,0 +1,33 @@
+//! Store errors.
+
+use idem_core::CompleteError;
+
+/// Why a store call failed. Logic refusals (stale token, final record) come back as
+/// [`StoreError::Complete`]; everything else is infrastructure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No operation with that key in that tenant.
+    #[error("no operation with that key")]
+    NotFound,
+    /// The completion was refused; nothing was written.
+    #[error(transparent)]
+    Complete(#[from] CompleteError),
+    /// A conditional write kept losing to concurrent writers (after bounded retries).
+    #[error("the record kept changing under concurrent writers; try again")]
+    Contention,
+    /// A stored row could not be read back (corrupt or foreign data).
+    #[error("stored data is not readable: {0}")]
+    Corrupt(String),
+    /// Bad input that only the store can detect (e.g. a duplicate API key).
+    #[error("{0}")]
+    Invalid(String),
+    /// The database failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations could not be applied at start-up.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The store's writer stopped (the process is shutting down).
+    #[error("the store is shutting down")]
+    Closed,
+}

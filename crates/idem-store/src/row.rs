@@ -1,0 +1,153 @@
+//! Row shapes shared by both SQL backends, and their conversion to the domain types.
+//!
+//! Both schemas use the same column names and types (BIGINT epoch ms, TEXT JSON, BOOLEAN),
+//! so one `FromRow` derive serves SQLite and PostgreSQL.
+
+use crate::keys::{ApiKeyInfo, Role};
+use crate::StoreError;
+use idem_core::{OperationEvent, OperationRecord, State};
+
+/// Columns of `operations` in `SELECT` order (see [`OPERATION_COLUMNS`]).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct OperationRow {
+    pub id: i64,
+    pub tenant: String,
+    pub op_key: String,
+    pub action: String,
+    pub fingerprint: String,
+    pub payload: String,
+    pub state: String,
+    pub attempt_count: i64,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub fencing_token: i64,
+    pub next_attempt_at: Option<i64>,
+    pub provider_ref: Option<String>,
+    pub result: Option<String>,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    pub verified_at: Option<i64>,
+    pub evidence_source: Option<String>,
+    pub needs_review: bool,
+    pub redo_safe: bool,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub completed_at: Option<i64>,
+    pub expires_at: Option<i64>,
+    pub version: i64,
+}
+
+/// The column list of [`OperationRow`], as a literal so statements stay `&'static str`
+/// (sqlx 0.9 refuses dynamic SQL text unless audited).
+macro_rules! operation_columns {
+    () => {
+        "id, tenant, op_key, action, fingerprint, payload, state, attempt_count, \
+    lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, \
+    error_message, verified_at, evidence_source, needs_review, redo_safe, created_at, updated_at, \
+    completed_at, expires_at, version"
+    };
+}
+pub(crate) use operation_columns;
+
+fn parse_state(s: &str) -> Result<State, StoreError> {
+    s.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))
+}
+
+fn parse_json(s: &str) -> Result<serde_json::Value, StoreError> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("stored JSON: {e}")))
+}
+
+impl OperationRow {
+    pub(crate) fn into_record(self) -> Result<OperationRecord, StoreError> {
+        Ok(OperationRecord {
+            tenant: self.tenant,
+            key: self.op_key,
+            action: self.action,
+            fingerprint: self.fingerprint,
+            payload: parse_json(&self.payload)?,
+            state: parse_state(&self.state)?,
+            attempt_count: self.attempt_count,
+            lease_owner: self.lease_owner,
+            lease_expires_at: self.lease_expires_at,
+            fencing_token: self.fencing_token,
+            next_attempt_at: self.next_attempt_at,
+            provider_ref: self.provider_ref,
+            result: self.result.as_deref().map(parse_json).transpose()?,
+            error_class: self.error_class,
+            error_message: self.error_message,
+            verified_at: self.verified_at,
+            evidence_source: self.evidence_source,
+            needs_review: self.needs_review,
+            redo_safe: self.redo_safe,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            completed_at: self.completed_at,
+            expires_at: self.expires_at,
+            version: self.version,
+        })
+    }
+}
+
+/// Columns of `operation_events`.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct EventRow {
+    pub seq: i64,
+    pub tenant: String,
+    pub op_key: String,
+    pub at: i64,
+    pub kind: String,
+    pub principal: String,
+    pub request_id: Option<String>,
+    pub from_state: Option<String>,
+    pub to_state: Option<String>,
+    pub fencing_token: Option<i64>,
+    pub fingerprint: Option<String>,
+    pub reason: Option<String>,
+    pub error_class: Option<String>,
+    pub wait_ms: Option<i64>,
+}
+
+impl EventRow {
+    pub(crate) fn into_event(self) -> Result<OperationEvent, StoreError> {
+        Ok(OperationEvent {
+            seq: self.seq,
+            tenant: self.tenant,
+            key: self.op_key,
+            at: self.at,
+            kind: self.kind,
+            principal: self.principal,
+            request_id: self.request_id,
+            from_state: self.from_state.as_deref().map(parse_state).transpose()?,
+            to_state: self.to_state.as_deref().map(parse_state).transpose()?,
+            fencing_token: self.fencing_token,
+            fingerprint: self.fingerprint,
+            reason: self.reason,
+            error_class: self.error_class,
+            wait_ms: self.wait_ms,
+        })
+    }
+}
+
+/// Columns of `api_keys` (without the hash).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct ApiKeyRow {
+    pub id: String,
+    pub tenant: String,
+    pub principal: String,
+    pub role: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+impl ApiKeyRow {
+    pub(crate) fn into_info(self) -> Result<ApiKeyInfo, StoreError> {
+        Ok(ApiKeyInfo {
+            id: self.id,
+            tenant: self.tenant,
+            principal: self.principal,
+            role: self.role.parse::<Role>().map_err(StoreError::Corrupt)?,
+            created_at: self.created_at,
+            revoked_at: self.revoked_at,
+        })
+    }
+}

@@ -1,0 +1,286 @@
+//! The SQL both backends share, written once.
+//!
+//! Both schemas have the same columns and types, and every statement here is valid on
+//! SQLite ≥ 3.35 and PostgreSQL ≥ 12 (`$n` parameters, `ON CONFLICT … DO NOTHING`,
+//! `CAST`). sqlx has no generic executor that is pleasant to bound over two databases, so
+//! [`sql_ops!`] expands the same functions once per backend module.
+//!
+//! The claim protocol lives in `acquire_once` / `complete_once`: read the record, let
+//! idem-core plan the change, then write it with an atomic insert
+//! (`INSERT … ON CONFLICT DO NOTHING`) or a conditional update (`WHERE version = $read`).
+//! A write whose condition fails returns `None`: the caller rolls back and starts over
+//! from the read. Nothing here ever decides from a stale read.
+
+/// Expands the shared statements for one backend. `$Conn` is its connection type.
+macro_rules! sql_ops {
+    ($Conn:ty) => {
+        use $crate::row::{operation_columns, ApiKeyRow, EventRow, OperationRow};
+        use $crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, StoreError};
+        use idem_core::{
+            plan_acquire, plan_completion, plan_lease_expiry, AcquireInput, OperationEvent, OperationRecord,
+            RetryPolicy,
+        };
+
+        fn json_text(v: &serde_json::Value) -> String {
+            v.to_string()
+        }
+
+        pub(crate) async fn load(conn: &mut $Conn, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {
+            let sql = concat!("SELECT ", operation_columns!(), " FROM operations WHERE tenant = $1 AND op_key = $2");
+            let row: Option<OperationRow> = sqlx::query_as(sql).bind(tenant).bind(key).fetch_optional(&mut *conn).await?;
+            row.map(OperationRow::into_record).transpose()
+        }
+
+        /// Inserts a new record; false if the key already exists (another writer won).
+        pub(crate) async fn insert_new(conn: &mut $Conn, r: &OperationRecord) -> Result<bool, StoreError> {
+            let done = sqlx::query(
+                "INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
+                 lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, \
+                 error_message, verified_at, evidence_source, needs_review, redo_safe, created_at, updated_at, \
+                 completed_at, expires_at, version) \
+                 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24) \
+                 ON CONFLICT (tenant, op_key) DO NOTHING",
+            )
+            .bind(&r.tenant)
+            .bind(&r.key)
+            .bind(&r.action)
+            .bind(&r.fingerprint)
+            .bind(json_text(&r.payload))
+            .bind(r.state.as_str())
+            .bind(r.attempt_count)
+            .bind(&r.lease_owner)
+            .bind(r.lease_expires_at)
+            .bind(r.fencing_token)
+            .bind(r.next_attempt_at)
+            .bind(&r.provider_ref)
+            .bind(r.result.as_ref().map(json_text))
+            .bind(&r.error_class)
+            .bind(&r.error_message)
+            .bind(r.verified_at)
+            .bind(&r.evidence_source)
+            .bind(r.needs_review)
+            .bind(r.redo_safe)
+            .bind(r.created_at)
+            .bind(r.updated_at)
+            .bind(r.completed_at)
+            .bind(r.expires_at)
+            .bind(r.version)
+            .execute(&mut *conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        /// Writes every mutable field of `r` if the stored version is still `read_version`.
+        pub(crate) async fn update_cas(conn: &mut $Conn, r: &OperationRecord, read_version: i64) -> Result<bool, StoreError> {
+            let done = sqlx::query(
+                "UPDATE operations SET state = $1, attempt_count = $2, lease_owner = $3, lease_expires_at = $4, \
+                 fencing_token = $5, next_attempt_at = $6, provider_ref = $7, result = $8, error_class = $9, \
+                 error_message = $10, verified_at = $11, evidence_source = $12, needs_review = $13, \
+                 updated_at = $14, completed_at = $15, expires_at = $16, version = $17 \
+                 WHERE tenant = $18 AND op_key = $19 AND version = $20",
+            )
+            .bind(r.state.as_str())
+            .bind(r.attempt_count)
+            .bind(&r.lease_owner)
+            .bind(r.lease_expires_at)
+            .bind(r.fencing_token)
+            .bind(r.next_attempt_at)
+            .bind(&r.provider_ref)
+            .bind(r.result.as_ref().map(json_text))
+            .bind(&r.error_class)
+            .bind(&r.error_message)
+            .bind(r.verified_at)
+            .bind(&r.evidence_source)
+            .bind(r.needs_review)
+            .bind(r.updated_at)
+            .bind(r.completed_at)
+            .bind(r.expires_at)
+            .bind(r.version)
+            .bind(&r.tenant)
+            .bind(&r.key)
+            .bind(read_version)
+            .execute(&mut *conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        pub(crate) async fn append_event(conn: &mut $Conn, e: &OperationEvent) -> Result<(), StoreError> {
+            sqlx::query(
+                "INSERT INTO operation_events (tenant, op_key, at, kind, principal, request_id, from_state, \
+                 to_state, fencing_token, fingerprint, reason, error_class, wait_ms) \
+                 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
+            )
+            .bind(&e.tenant)
+            .bind(&e.key)
+            .bind(e.at)
+            .bind(&e.kind)
+            .bind(&e.principal)
+            .bind(&e.request_id)
+            .bind(e.from_state.map(|s| s.as_str()))
+            .bind(e.to_state.map(|s| s.as_str()))
+            .bind(e.fencing_token)
+            .bind(&e.fingerprint)
+            .bind(&e.reason)
+            .bind(&e.error_class)
+            .bind(e.wait_ms)
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+
+        /// One try of an acquire inside the caller's transaction; `None` = lost a race, retry.
+        pub(crate) async fn acquire_once(conn: &mut $Conn, input: &AcquireInput, now_ms: i64) -> Result<Option<AcquireOutcome>, StoreError> {
+            let existing = load(conn, &input.tenant, &input.key).await?;
+            let plan = plan_acquire(existing.as_ref(), input, now_ms);
+            if plan.changed {
+                let won = match &existing {
+                    None => insert_new(conn, &plan.record).await?,
+                    Some(prev) => update_cas(conn, &plan.record, prev.version).await?,
+                };
+                if !won {
+                    return Ok(None);
+                }
+            }
+            for e in &plan.events {
+                append_event(conn, e).await?;
+            }
+            Ok(Some(AcquireOutcome { decision: plan.decision, record: plan.record }))
+        }
+
+        /// One try of a completion inside the caller's transaction; `None` = lost a race, retry.
+        pub(crate) async fn complete_once(
+            conn: &mut $Conn,
+            req: &CompleteRequest,
+            policy: &RetryPolicy,
+            jitter: f64,
+            now_ms: i64,
+        ) -> Result<Option<CompleteOutcome>, StoreError> {
+            let Some(rec) = load(conn, &req.tenant, &req.key).await? else {
+                return Err(StoreError::NotFound);
+            };
+            let plan = plan_completion(&rec, req.fencing_token, &req.outcome, &req.actor, policy, jitter, now_ms)?;
+            if plan.changed && !update_cas(conn, &plan.record, rec.version).await? {
+                return Ok(None);
+            }
+            if let Some(e) = &plan.event {
+                append_event(conn, e).await?;
+            }
+            Ok(Some(CompleteOutcome { record: plan.record, changed: plan.changed }))
+        }
+
+        /// Turns up to `limit` expired leases into UNKNOWN; returns how many changed.
+        pub(crate) async fn expire_leases(conn: &mut $Conn, now_ms: i64, limit: i64) -> Result<u64, StoreError> {
+            let sql = concat!(
+                "SELECT ", operation_columns!(), " FROM operations WHERE state = 'EXECUTING' AND redo_safe = FALSE \
+                 AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2"
+            );
+            let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
+            let mut changed = 0;
+            for row in rows {
+                let rec = row.into_record()?;
+                if let Some((next, ev)) = plan_lease_expiry(&rec, now_ms)
+                    && update_cas(conn, &next, rec.version).await?
+                {
+                    append_event(conn, &ev).await?;
+                    changed += 1;
+                }
+            }
+            Ok(changed)
+        }
+
+        pub(crate) async fn events(conn: &mut $Conn, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {
+            let rows: Vec<EventRow> = sqlx::query_as(
+                "SELECT seq, tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, \
+                 fingerprint, reason, error_class, wait_ms FROM operation_events \
+                 WHERE tenant = $1 AND op_key = $2 ORDER BY seq",
+            )
+            .bind(tenant)
+            .bind(key)
+            .fetch_all(&mut *conn)
+            .await?;
+            rows.into_iter().map(EventRow::into_event).collect()
+        }
+
+        pub(crate) async fn list(conn: &mut $Conn, tenant: &str, f: &ListFilter) -> Result<Page, StoreError> {
+            let sql = concat!(
+                "SELECT ", operation_columns!(), " FROM operations WHERE tenant = $1 \
+                 AND (CAST($2 AS TEXT) IS NULL OR state = $2) \
+                 AND (CAST($3 AS TEXT) IS NULL OR action = $3) \
+                 AND (CAST($4 AS BOOLEAN) IS NULL OR needs_review = $4) \
+                 AND (CAST($5 AS BIGINT) IS NULL OR id < $5) \
+                 ORDER BY id DESC LIMIT $6"
+            );
+            let limit = f.limit.clamp(1, $crate::MAX_PAGE);
+            let rows: Vec<OperationRow> = sqlx::query_as(sql)
+                .bind(tenant)
+                .bind(f.state.map(|s| s.as_str()))
+                .bind(f.action.as_deref())
+                .bind(f.needs_review)
+                .bind(f.cursor)
+                .bind(limit + 1)
+                .fetch_all(&mut *conn)
+                .await?;
+            let more = rows.len() as i64 > limit;
+            let mut items = Vec::with_capacity(rows.len());
+            let mut last_id = None;
+            for row in rows.into_iter().take(limit as usize) {
+                last_id = Some(row.id);
+                items.push(row.into_record()?);
+            }
+            Ok(Page { items, next_cursor: if more { last_id } else { None } })
+        }
+
+        pub(crate) async fn insert_api_key(
+            conn: &mut $Conn,
+            info: &$crate::keys::ApiKeyInfo,
+            key_hash: &str,
+        ) -> Result<(), StoreError> {
+            let done = sqlx::query(
+                "INSERT INTO api_keys (id, key_hash, tenant, principal, role, created_at, revoked_at) \
+                 VALUES ($1,$2,$3,$4,$5,$6,NULL) ON CONFLICT (key_hash) DO NOTHING",
+            )
+            .bind(&info.id)
+            .bind(key_hash)
+            .bind(&info.tenant)
+            .bind(&info.principal)
+            .bind(info.role.as_str())
+            .bind(info.created_at)
+            .execute(&mut *conn)
+            .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Invalid("an API key with that secret already exists".into()));
+            }
+            Ok(())
+        }
+
+        pub(crate) async fn find_api_key(conn: &mut $Conn, key_hash: &str) -> Result<Option<$crate::keys::ApiKeyInfo>, StoreError> {
+            let sql = "SELECT id, tenant, principal, role, created_at, revoked_at FROM api_keys \
+                       WHERE key_hash = $1 AND revoked_at IS NULL";
+            let row: Option<ApiKeyRow> = sqlx::query_as(sql).bind(key_hash).fetch_optional(&mut *conn).await?;
+            row.map(ApiKeyRow::into_info).transpose()
+        }
+
+        pub(crate) async fn list_api_keys(conn: &mut $Conn, tenant: Option<&str>) -> Result<Vec<$crate::keys::ApiKeyInfo>, StoreError> {
+            let sql = "SELECT id, tenant, principal, role, created_at, revoked_at FROM api_keys \
+                       WHERE CAST($1 AS TEXT) IS NULL OR tenant = $1 ORDER BY created_at, id";
+            let rows: Vec<ApiKeyRow> = sqlx::query_as(sql).bind(tenant).fetch_all(&mut *conn).await?;
+            rows.into_iter().map(ApiKeyRow::into_info).collect()
+        }
+
+        pub(crate) async fn revoke_api_key(conn: &mut $Conn, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+            let done = sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
+                .bind(now_ms)
+                .bind(id)
+                .execute(&mut *conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        pub(crate) async fn count_api_keys(conn: &mut $Conn) -> Result<i64, StoreError> {
+            let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM api_keys").fetch_one(&mut *conn).await?;
+            Ok(n)
+        }
+    };
+}
+
+pub(crate) use sql_ops;
