@@ -14,9 +14,9 @@
 //! - A retryable failure goes back to PENDING with `next_attempt_at` from the
 //!   [`RetryPolicy`], or to FAILED once `max_attempts` attempts were made.
 
+use crate::State;
 use crate::record::{Actor, EventKind, OperationEvent, OperationRecord};
 use crate::retry::RetryPolicy;
-use crate::State;
 use serde_json::Value;
 
 /// Longest error class, in bytes.
@@ -68,7 +68,8 @@ impl Outcome {
         let class_ok = |c: &str| {
             !c.is_empty()
                 && c.len() <= MAX_ERROR_CLASS_LEN
-                && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+                && c.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
         };
         match self {
             Outcome::Succeeded { provider_ref, .. } => {
@@ -116,7 +117,9 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompleteError {
     /// The token is not the record's current one: another grant happened, or it never existed.
-    #[error("stale fencing token {presented}: the current token is {current}, the lease was lost or never held")]
+    #[error(
+        "stale fencing token {presented}: the current token is {current}, the lease was lost or never held"
+    )]
     StaleToken { presented: i64, current: i64 },
     /// The record is SUCCEEDED or FAILED and this is not a repeat of that completion.
     #[error("the operation is already {state}; a final record cannot be completed again")]
@@ -274,7 +277,7 @@ pub fn plan_completion(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::{plan_acquire, AcquireInput};
+    use crate::decision::{AcquireInput, plan_acquire};
     use serde_json::json;
 
     fn acquired() -> OperationRecord {
@@ -291,8 +294,21 @@ mod tests {
         plan_acquire(None, &input, 0).record
     }
 
-    fn done(rec: &OperationRecord, token: i64, o: Outcome, now: i64) -> Result<CompletionPlan, CompleteError> {
-        plan_completion(rec, token, &o, &Actor::default(), &RetryPolicy::default(), 0.5, now)
+    fn done(
+        rec: &OperationRecord,
+        token: i64,
+        o: Outcome,
+        now: i64,
+    ) -> Result<CompletionPlan, CompleteError> {
+        plan_completion(
+            rec,
+            token,
+            &o,
+            &Actor::default(),
+            &RetryPolicy::default(),
+            0.5,
+            now,
+        )
     }
 
     fn ok(r: &str) -> Outcome {
@@ -305,10 +321,16 @@ mod tests {
     #[test]
     fn success_needs_evidence_and_the_current_token() {
         let rec = acquired();
-        assert!(matches!(done(&rec, 1, ok(" "), 10), Err(CompleteError::Invalid(_))));
+        assert!(matches!(
+            done(&rec, 1, ok(" "), 10),
+            Err(CompleteError::Invalid(_))
+        ));
         assert_eq!(
             done(&rec, 2, ok("m"), 10).unwrap_err(),
-            CompleteError::StaleToken { presented: 2, current: 1 }
+            CompleteError::StaleToken {
+                presented: 2,
+                current: 1
+            }
         );
         let p = done(&rec, 1, ok("m"), 10).unwrap();
         assert_eq!(p.record.state, State::Succeeded);
@@ -324,14 +346,19 @@ mod tests {
         assert_eq!(again.record, rec);
         assert_eq!(
             done(&rec, 1, ok("other"), 20).unwrap_err(),
-            CompleteError::AlreadyFinal { state: State::Succeeded }
+            CompleteError::AlreadyFinal {
+                state: State::Succeeded
+            }
         );
         let fail = Outcome::FinalFailure {
             error_class: "validation".into(),
             message: None,
             result: None,
         };
-        assert!(matches!(done(&rec, 1, fail, 20), Err(CompleteError::AlreadyFinal { .. })));
+        assert!(matches!(
+            done(&rec, 1, fail, 20),
+            Err(CompleteError::AlreadyFinal { .. })
+        ));
     }
 
     #[test]
@@ -345,7 +372,10 @@ mod tests {
         let p = done(&rec, 1, o.clone(), 100).unwrap();
         assert_eq!(p.record.state, State::Pending);
         assert_eq!(p.record.next_attempt_at, Some(1600));
-        assert!(matches!(done(&p.record, 1, o.clone(), 200), Err(CompleteError::NotExecuting { .. })));
+        assert!(matches!(
+            done(&p.record, 1, o.clone(), 200),
+            Err(CompleteError::NotExecuting { .. })
+        ));
         let mut last = rec.clone();
         last.attempt_count = RetryPolicy::default().max_attempts;
         assert_eq!(done(&last, 1, o, 100).unwrap().record.state, State::Failed);

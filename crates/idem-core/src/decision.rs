@@ -8,8 +8,8 @@
 //! the condition fails. The table therefore holds on every store, and is property-tested
 //! here once (tests/interleavings.rs).
 
-use crate::record::{Actor, EventKind, OperationEvent, OperationRecord};
 use crate::State;
+use crate::record::{Actor, EventKind, OperationEvent, OperationRecord};
 use serde_json::Value;
 
 /// Default lease length when the caller names none (ms).
@@ -44,7 +44,12 @@ pub enum Decision {
 ///
 /// `existing` is the stored record, if any. The action counts as part of the intent: the
 /// same key with another action is a mismatch, like another fingerprint.
-pub fn decide(existing: Option<&OperationRecord>, fingerprint: &str, action: &str, now_ms: i64) -> Decision {
+pub fn decide(
+    existing: Option<&OperationRecord>,
+    fingerprint: &str,
+    action: &str,
+    now_ms: i64,
+) -> Decision {
     let Some(rec) = existing else {
         return Decision::Acquire;
     };
@@ -110,7 +115,11 @@ pub struct AcquirePlan {
 /// `fencing_token + 1` and a lease of `input.lease_ms` from `now_ms`. For
 /// [`Decision::ExpireToUnknown`] it is UNKNOWN with the lease cleared. Otherwise it is the
 /// stored record unchanged. The version is bumped whenever the record changes.
-pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, now_ms: i64) -> AcquirePlan {
+pub fn plan_acquire(
+    existing: Option<&OperationRecord>,
+    input: &AcquireInput,
+    now_ms: i64,
+) -> AcquirePlan {
     let decision = decide(existing, &input.fingerprint, &input.action, now_ms);
     let mut record = existing.cloned().unwrap_or_else(|| OperationRecord {
         tenant: input.tenant.clone(),
@@ -233,7 +242,10 @@ pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, no
 
 /// Plans the lease sweeper's touch of `rec` at `now_ms`: an EXECUTING record whose lease
 /// expired (and whose action is not `redo_safe`) becomes UNKNOWN. `None` when nothing is due.
-pub fn plan_lease_expiry(rec: &OperationRecord, now_ms: i64) -> Option<(OperationRecord, OperationEvent)> {
+pub fn plan_lease_expiry(
+    rec: &OperationRecord,
+    now_ms: i64,
+) -> Option<(OperationRecord, OperationEvent)> {
     if rec.state != State::Executing || rec.redo_safe || rec.lease_valid_at(now_ms) {
         return None;
     }
@@ -246,7 +258,8 @@ pub fn plan_lease_expiry(rec: &OperationRecord, now_ms: i64) -> Option<(Operatio
     e.from_state = Some(State::Executing);
     e.to_state = Some(State::Unknown);
     e.fencing_token = Some(rec.fencing_token);
-    e.reason = Some("lease expired while EXECUTING: the worker may have acted, outcome unknown".into());
+    e.reason =
+        Some("lease expired while EXECUTING: the worker may have acted, outcome unknown".into());
     Some((next, e))
 }
 
@@ -285,7 +298,9 @@ mod tests {
         pending.next_attempt_at = Some(now + 500);
         assert_eq!(
             decide(Some(&pending), "a", "send", now),
-            Decision::RetryNotDue { retry_after_ms: 500 }
+            Decision::RetryNotDue {
+                retry_after_ms: 500
+            }
         );
         pending.next_attempt_at = Some(now);
         assert_eq!(decide(Some(&pending), "a", "send", now), Decision::Acquire);
@@ -296,16 +311,31 @@ mod tests {
             Decision::InProgress { retry_after_ms: 1 }
         );
         exec.lease_expires_at = Some(now);
-        assert_eq!(decide(Some(&exec), "a", "send", now), Decision::ExpireToUnknown);
+        assert_eq!(
+            decide(Some(&exec), "a", "send", now),
+            Decision::ExpireToUnknown
+        );
         exec.redo_safe = true;
         assert_eq!(decide(Some(&exec), "a", "send", now), Decision::Acquire);
         for s in [State::Succeeded, State::Failed] {
-            assert_eq!(decide(Some(&with_state(s)), "a", "send", now), Decision::Replay);
+            assert_eq!(
+                decide(Some(&with_state(s)), "a", "send", now),
+                Decision::Replay
+            );
         }
-        assert_eq!(decide(Some(&with_state(State::Unknown)), "a", "send", now), Decision::Unknown);
+        assert_eq!(
+            decide(Some(&with_state(State::Unknown)), "a", "send", now),
+            Decision::Unknown
+        );
         for s in State::ALL {
-            assert_eq!(decide(Some(&with_state(s)), "b", "send", now), Decision::Mismatch);
-            assert_eq!(decide(Some(&with_state(s)), "a", "other", now), Decision::Mismatch);
+            assert_eq!(
+                decide(Some(&with_state(s)), "b", "send", now),
+                Decision::Mismatch
+            );
+            assert_eq!(
+                decide(Some(&with_state(s)), "a", "other", now),
+                Decision::Mismatch
+            );
         }
     }
 

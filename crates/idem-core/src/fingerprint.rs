@@ -80,7 +80,10 @@ pub fn canonical_json(value: &Value) -> Result<String, FingerprintError> {
 ///
 /// # Errors
 /// A [`FingerprintError`] for malformed, repeated or too many pointers.
-pub fn fingerprint(payload: &Value, fields: Option<&[String]>) -> Result<Fingerprint, FingerprintError> {
+pub fn fingerprint(
+    payload: &Value,
+    fields: Option<&[String]>,
+) -> Result<Fingerprint, FingerprintError> {
     let canonical = match fields {
         None => canonical_json(payload)?,
         Some(fields) => {

@@ -251,7 +251,11 @@ mod tests {
             "jane@example.co.uk:v1",
             "confirm-j_d+tag@mail.example.org",
         ] {
-            assert_eq!(IdempotencyKey::parse(k), Err(KeyError::ContainsEmail), "{k}");
+            assert_eq!(
+                IdempotencyKey::parse(k),
+                Err(KeyError::ContainsEmail),
+                "{k}"
+            );
         }
         for k in [
             "sms:+4915112345678",
@@ -260,7 +264,11 @@ mod tests {
             "sms:(555) 123-4567",
             "sms:555.123.4567",
         ] {
-            assert_eq!(IdempotencyKey::parse(k), Err(KeyError::ContainsPhone), "{k}");
+            assert_eq!(
+                IdempotencyKey::parse(k),
+                Err(KeyError::ContainsPhone),
+                "{k}"
+            );
         }
     }
 }

@@ -21,9 +21,9 @@ pub mod retry;
 pub mod state;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use completion::{plan_completion, CompleteError, CompletionPlan, Outcome};
-pub use decision::{decide, plan_acquire, plan_lease_expiry, AcquireInput, AcquirePlan, Decision};
-pub use fingerprint::{fingerprint, Fingerprint, FingerprintError, Payload};
+pub use completion::{CompleteError, CompletionPlan, Outcome, plan_completion};
+pub use decision::{AcquireInput, AcquirePlan, Decision, decide, plan_acquire, plan_lease_expiry};
+pub use fingerprint::{Fingerprint, FingerprintError, Payload, fingerprint};
 pub use key::{IdempotencyKey, KeyError};
 pub use record::{Actor, EventKind, OperationEvent, OperationRecord};
 pub use retry::RetryPolicy;

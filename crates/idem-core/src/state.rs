@@ -63,7 +63,10 @@ impl State {
         matches!(
             (self, to),
             (Pending, Executing)
-                | (Executing, Succeeded | Failed | Pending | Unknown | Executing)
+                | (
+                    Executing,
+                    Succeeded | Failed | Pending | Unknown | Executing
+                )
                 | (Unknown, Succeeded | Pending | Failed)
         )
     }
@@ -71,7 +74,7 @@ impl State {
 
 impl fmt::Display for State {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 

@@ -1,1 +1,208 @@
+//! idem-server: the HTTP API over a [`Store`].
+//!
+//! - [`router`]: `/v1/operations…`, `/healthz`, `/readyz`, `/openapi.json`, `/problems/{slug}`.
+//! - [`run`]: binds, bootstraps the first admin key, starts the lease sweeper, serves until
+//!   SIGINT/SIGTERM.
+//!
+//! This crate owns HTTP concerns only (auth, validation, status codes, problem+json,
+//! OpenAPI). It must not talk SQL or decide protocol questions: the store and idem-core do.
 
+pub mod auth;
+pub mod dto;
+pub mod json;
+pub mod openapi;
+pub mod operations;
+pub mod problem;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use idem_core::Clock;
+use idem_store::Store;
+use idem_store::keys::Role;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+
+/// Default request body limit: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// The ledger.
+    pub store: Arc<dyn Store>,
+    /// Time source (the same one the store reads).
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on (`127.0.0.1:8080`; port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Largest accepted request body (bytes).
+    pub max_body_bytes: usize,
+    /// How often the lease sweeper turns expired leases into UNKNOWN.
+    pub sweep_interval: Duration,
+    /// Secret of the admin key to create on first start (`IDEM_BOOTSTRAP_KEY`).
+    pub bootstrap_key: Option<String>,
+}
+
+/// The application's routes with their middleware.
+pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    let x_request_id = axum::http::HeaderName::from_static("x-request-id");
+    Router::new()
+        .route(
+            "/v1/operations",
+            post(operations::acquire).get(operations::list),
+        )
+        .route("/v1/operations/{key}", get(operations::get_one))
+        .route("/v1/operations/{key}/complete", post(operations::complete))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/openapi.json", get(openapi::serve))
+        .route("/problems/{slug}", get(problem::describe))
+        .fallback(not_found)
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
+}
+
+async fn not_found() -> Response {
+    problem::Problem::new(StatusCode::NOT_FOUND, "not-found", "no such route").into_response()
+}
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "alive")))]
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Readiness: the database answers.
+#[utoipa::path(get, path = "/readyz", tag = "health", responses(
+    (status = 200, description = "ready"),
+    (status = 503, description = "the database does not answer", body = problem::Problem, content_type = "application/problem+json")
+))]
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.store.ping().await {
+        Ok(()) => "ready\n".into_response(),
+        Err(e) => operations::store_problem(e).into_response(),
+    }
+}
+
+/// Creates the first admin key if the store has none (DESIGN.md §10): the given secret
+/// (`IDEM_BOOTSTRAP_KEY`) or a generated one. Returns the generated secret, which the
+/// caller shows once; `None` when nothing was generated.
+///
+/// # Errors
+/// Store errors, or an invalid supplied secret.
+pub async fn bootstrap(
+    store: &dyn Store,
+    supplied: Option<String>,
+) -> Result<Option<String>, idem_store::StoreError> {
+    if store.count_api_keys().await? > 0 {
+        if let Some(s) = supplied
+            && store.authenticate(&s).await?.is_none()
+        {
+            tracing::warn!(
+                "IDEM_BOOTSTRAP_KEY is ignored: API keys already exist in this database"
+            );
+        }
+        return Ok(None);
+    }
+    let generated = supplied.is_none();
+    let (info, secret) = store
+        .create_api_key("default", "bootstrap", Role::Admin, supplied)
+        .await?;
+    tracing::info!(id = %info.id, "created the bootstrap admin key for tenant \"default\"");
+    Ok(generated.then_some(secret))
+}
+
+/// Runs the lease sweeper until the process ends: every `interval`, expired leases of
+/// actions that are not redo_safe become UNKNOWN (in batches of 500).
+pub fn spawn_lease_sweeper(
+    store: Arc<dyn Store>,
+    interval: Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            loop {
+                match store.expire_leases(500).await {
+                    Ok(n) if n == 500 => continue,
+                    Ok(n) => {
+                        if n > 0 {
+                            tracing::info!(expired = n, "leases expired into UNKNOWN");
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lease sweep failed");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Serves the API on `config.listen` until SIGINT or SIGTERM.
+///
+/// Prints `idem: listening on http://ADDR` on stdout once bound (scripts and tests read
+/// the port from it), and the generated bootstrap key on first start.
+///
+/// # Errors
+/// Bind failures, store errors during bootstrap, or I/O errors from the server.
+pub async fn run(
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    config: ServerConfig,
+) -> std::io::Result<()> {
+    let io = |e: idem_store::StoreError| std::io::Error::other(e.to_string());
+    if let Some(secret) = bootstrap(store.as_ref(), config.bootstrap_key.clone())
+        .await
+        .map_err(io)?
+    {
+        println!(
+            "idem: first start: created an admin API key for tenant \"default\". It is shown only this once:"
+        );
+        println!("idem: IDEM_API_KEY={secret}");
+    }
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    println!("idem: listening on http://{}", listener.local_addr()?);
+    let sweeper = spawn_lease_sweeper(store.clone(), config.sweep_interval);
+    let app = router(AppState { store, clock }, config.max_body_bytes);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    sweeper.abort();
+    result
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down");
+}

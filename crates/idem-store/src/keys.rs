@@ -39,7 +39,7 @@ impl Role {
 
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -50,7 +50,9 @@ impl FromStr for Role {
             "client" => Ok(Role::Client),
             "operator" => Ok(Role::Operator),
             "admin" => Ok(Role::Admin),
-            other => Err(format!("unknown role {other:?}: expected client, operator or admin")),
+            other => Err(format!(
+                "unknown role {other:?}: expected client, operator or admin"
+            )),
         }
     }
 }
@@ -93,8 +95,15 @@ pub fn hash_secret(secret: &str) -> String {
 /// # Errors
 /// A one-line message naming the rule.
 pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
-        return Err(format!("{what} {name:?} must be 1-64 characters of [A-Za-z0-9._-]"));
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(format!(
+            "{what} {name:?} must be 1-64 characters of [A-Za-z0-9._-]"
+        ));
     }
     Ok(())
 }
@@ -106,7 +115,9 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
 /// A one-line message naming the rule.
 pub fn validate_supplied_secret(secret: &str) -> Result<(), String> {
     if !(32..=256).contains(&secret.len()) || !secret.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-        return Err("the supplied API key must be 32-256 printable ASCII characters without spaces".into());
+        return Err(
+            "the supplied API key must be 32-256 printable ASCII characters without spaces".into(),
+        );
     }
     Ok(())
 }

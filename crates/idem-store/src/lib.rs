@@ -26,7 +26,10 @@ pub mod testing;
 
 use async_trait::async_trait;
 pub use error::StoreError;
-use idem_core::{AcquireInput, Actor, Clock, Decision, OperationEvent, OperationRecord, Outcome, RetryPolicy, State};
+use idem_core::{
+    AcquireInput, Actor, Clock, Decision, OperationEvent, OperationRecord, Outcome, RetryPolicy,
+    State,
+};
 use keys::{ApiKeyInfo, Role};
 use std::sync::Arc;
 
@@ -194,14 +197,22 @@ pub(crate) fn jitter() -> f64 {
 /// # Errors
 /// [`StoreError::Database`] if the database cannot be opened, [`StoreError::Migrate`] if
 /// its schema cannot be brought up to date.
-pub async fn open(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn open(
+    url: &str,
+    clock: Arc<dyn Clock>,
+    config: StoreConfig,
+) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(postgres::PgStore::connect(url, clock, config).await?))
+        Ok(Arc::new(
+            postgres::PgStore::connect(url, clock, config).await?,
+        ))
     } else {
         let path = url
             .strip_prefix("sqlite://")
             .or_else(|| url.strip_prefix("sqlite:"))
             .unwrap_or(url);
-        Ok(Arc::new(sqlite::SqliteStore::open(path, clock, config).await?))
+        Ok(Arc::new(
+            sqlite::SqliteStore::open(path, clock, config).await?,
+        ))
     }
 }

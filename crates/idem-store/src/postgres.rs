@@ -8,8 +8,11 @@
 //! most [`CAS_RETRIES`] times. Migrations take PostgreSQL's advisory lock, so several
 //! nodes starting at once apply them once.
 
-use crate::keys::{hash_secret, ApiKeyInfo, Role};
-use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
+use crate::keys::{ApiKeyInfo, Role, hash_secret};
+use crate::{
+    AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig,
+    StoreError,
+};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -41,14 +44,22 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Database`] if the server cannot be reached, [`StoreError::Migrate`] if
     /// migrations fail.
-    pub async fn connect(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
+    pub async fn connect(
+        url: &str,
+        clock: Arc<dyn Clock>,
+        config: StoreConfig,
+    ) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(PgStore { pool, clock, config })
+        Ok(PgStore {
+            pool,
+            clock,
+            config,
+        })
     }
 
     /// The connection pool (tests use it to inspect the database).
@@ -85,12 +96,24 @@ macro_rules! retrying {
 #[async_trait]
 impl Store for PgStore {
     async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
-        retrying!(self, |conn| ops::acquire_once(conn, &input, self.clock.now_ms()).await)
+        retrying!(self, |conn| ops::acquire_once(
+            conn,
+            &input,
+            self.clock.now_ms()
+        )
+        .await)
     }
 
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
         retrying!(self, |conn| {
-            ops::complete_once(conn, &req, &self.config.retry_policy, crate::jitter(), self.clock.now_ms()).await
+            ops::complete_once(
+                conn,
+                &req,
+                &self.config.retry_policy,
+                crate::jitter(),
+                self.clock.now_ms(),
+            )
+            .await
         })
     }
 
@@ -120,8 +143,14 @@ impl Store for PgStore {
         role: Role,
         secret: Option<String>,
     ) -> Result<(ApiKeyInfo, String), StoreError> {
-        let (info, secret) = crate::new_key_info(tenant, principal, role, secret, self.clock.now_ms())?;
-        ops::insert_api_key(&mut *self.pool.acquire().await?, &info, &hash_secret(&secret)).await?;
+        let (info, secret) =
+            crate::new_key_info(tenant, principal, role, secret, self.clock.now_ms())?;
+        ops::insert_api_key(
+            &mut *self.pool.acquire().await?,
+            &info,
+            &hash_secret(&secret),
+        )
+        .await?;
         Ok((info, secret))
     }
 

@@ -3,8 +3,8 @@
 //! Both schemas use the same column names and types (BIGINT epoch ms, TEXT JSON, BOOLEAN),
 //! so one `FromRow` derive serves SQLite and PostgreSQL.
 
-use crate::keys::{ApiKeyInfo, Role};
 use crate::StoreError;
+use crate::keys::{ApiKeyInfo, Role};
 use idem_core::{OperationEvent, OperationRecord, State};
 
 /// Columns of `operations` in `SELECT` order (see [`OPERATION_COLUMNS`]).
@@ -50,7 +50,8 @@ macro_rules! operation_columns {
 pub(crate) use operation_columns;
 
 fn parse_state(s: &str) -> Result<State, StoreError> {
-    s.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))
+    s.parse()
+        .map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))
 }
 
 fn parse_json(s: &str) -> Result<serde_json::Value, StoreError> {

@@ -14,11 +14,16 @@
 //! Reads go to a separate pool of connections, which WAL lets run beside the writer.
 //! One `idem serve` per SQLite file; use PostgreSQL for several nodes.
 
-use crate::keys::{hash_secret, ApiKeyInfo, Role};
-use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
+use crate::keys::{ApiKeyInfo, Role, hash_secret};
+use crate::{
+    AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig,
+    StoreError,
+};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use std::path::Path;
 use std::sync::Arc;
@@ -71,7 +76,11 @@ impl SqliteStore {
     /// # Errors
     /// [`StoreError::Database`] if the file cannot be opened, [`StoreError::Migrate`] if
     /// migrations fail.
-    pub async fn open(path: impl AsRef<Path>, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
+    pub async fn open(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+        config: StoreConfig,
+    ) -> Result<Self, StoreError> {
         let opts = options(path.as_ref());
         let mut conn = opts.clone().connect().await?;
         MIGRATOR.run(&mut conn).await?;
@@ -90,7 +99,10 @@ impl SqliteStore {
 
     async fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.writer.send(make(tx)).await.map_err(|_| StoreError::Closed)?;
+        self.writer
+            .send(make(tx))
+            .await
+            .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
 }
@@ -101,7 +113,9 @@ type Pending = Box<dyn FnOnce(Option<&str>) + Send>;
 fn pending<T: Send + 'static>(reply: Reply<T>, result: Result<T, StoreError>) -> Pending {
     Box::new(move |commit_error: Option<&str>| {
         let answer = match (commit_error, result) {
-            (Some(e), Ok(_)) => Err(StoreError::Database(sqlx::Error::Protocol(format!("commit failed: {e}")))),
+            (Some(e), Ok(_)) => Err(StoreError::Database(sqlx::Error::Protocol(format!(
+                "commit failed: {e}"
+            )))),
             (_, r) => r,
         };
         let _ = reply.send(answer);
@@ -113,7 +127,12 @@ async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), sqlx
 }
 
 /// Runs one command inside the open transaction, under a savepoint.
-async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, config: &StoreConfig) -> Pending {
+async fn run_one(
+    conn: &mut SqliteConnection,
+    cmd: Command,
+    clock: &dyn Clock,
+    config: &StoreConfig,
+) -> Pending {
     // A savepoint per request: a database error undoes this request only.
     if let Err(e) = exec(conn, "SAVEPOINT req").await {
         return fail(cmd, e.into());
@@ -139,7 +158,9 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
     match cmd {
         Command::Acquire(input, reply) => guarded!(
             reply,
-            ops::acquire_once(conn, &input, now).await.and_then(|o| o.ok_or(StoreError::Contention))
+            ops::acquire_once(conn, &input, now)
+                .await
+                .and_then(|o| o.ok_or(StoreError::Contention))
         ),
         Command::Complete(req, reply) => guarded!(
             reply,
@@ -147,8 +168,12 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
                 .await
                 .and_then(|o| o.ok_or(StoreError::Contention))
         ),
-        Command::ExpireLeases(limit, reply) => guarded!(reply, ops::expire_leases(conn, now, limit).await),
-        Command::CreateKey(info, hash, reply) => guarded!(reply, ops::insert_api_key(conn, &info, &hash).await),
+        Command::ExpireLeases(limit, reply) => {
+            guarded!(reply, ops::expire_leases(conn, now, limit).await)
+        }
+        Command::CreateKey(info, hash, reply) => {
+            guarded!(reply, ops::insert_api_key(conn, &info, &hash).await)
+        }
         Command::RevokeKey(id, reply) => guarded!(reply, ops::revoke_api_key(conn, &id, now).await),
     }
 }
@@ -163,7 +188,12 @@ fn fail(cmd: Command, e: StoreError) -> Pending {
     }
 }
 
-async fn writer_loop(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Command>, clock: Arc<dyn Clock>, config: StoreConfig) {
+async fn writer_loop(
+    mut conn: SqliteConnection,
+    mut rx: mpsc::Receiver<Command>,
+    clock: Arc<dyn Clock>,
+    config: StoreConfig,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
@@ -171,7 +201,10 @@ async fn writer_loop(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Command>
             Err(e) => {
                 let msg = e.to_string();
                 for cmd in batch.drain(..) {
-                    done.push(fail(cmd, StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))));
+                    done.push(fail(
+                        cmd,
+                        StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}"))),
+                    ));
                 }
                 None
             }
@@ -232,7 +265,8 @@ impl Store for SqliteStore {
         role: Role,
         secret: Option<String>,
     ) -> Result<(ApiKeyInfo, String), StoreError> {
-        let (info, secret) = crate::new_key_info(tenant, principal, role, secret, self.clock.now_ms())?;
+        let (info, secret) =
+            crate::new_key_info(tenant, principal, role, secret, self.clock.now_ms())?;
         let hash = hash_secret(&secret);
         let stored = info.clone();
         self.send(|r| Command::CreateKey(stored, hash, r)).await?;

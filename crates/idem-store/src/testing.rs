@@ -21,12 +21,17 @@ pub fn pg_admin_url() -> String {
 /// If the server cannot be reached: PostgreSQL tests must not pass silently without one.
 pub async fn fresh_pg_database(prefix: &str) -> String {
     let admin = pg_admin_url();
-    let mut conn = PgConnection::connect(&admin)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {admin} is not reachable ({e}); run ./scripts/test.sh, which starts it"));
+    let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL at {admin} is not reachable ({e}); run ./scripts/test.sh, which starts it"
+        )
+    });
     let name = format!("{prefix}_{}", uuid::Uuid::now_v7().simple());
     // The name is ours (prefix + UUID), not user input.
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.expect("create test database");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("create test database");
     let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
     format!("{base}/{name}")
 }

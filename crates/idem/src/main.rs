@@ -1,1 +1,49 @@
-fn main() {}
+//! `idem`: the command line. `serve` runs the service; `keys` manages API keys directly in
+//! the database; `ops`, `acquire` and `complete` talk to a running server over HTTP.
+
+mod cli;
+mod client;
+mod keys;
+mod output;
+mod serve;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("idem: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            // One line, no backtrace: the message names what was wrong.
+            eprintln!("idem: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn one_line(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+    parts.dedup();
+    parts.join(": ").replace('\n', " ")
+}
+
+async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        cli::Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Keys(k) => keys::run(k).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Ops(o) => client::ops(o).await,
+        cli::Command::Acquire(a) => client::acquire(a).await,
+        cli::Command::Complete(c) => client::complete(c).await,
+    }
+}

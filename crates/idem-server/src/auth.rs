@@ -1,0 +1,115 @@
+//! Authentication: `Authorization: Bearer <api key>` on every `/v1` call.
+//!
+//! The key is looked up by its SHA-256 digest (see `idem_store::keys`); the caller's
+//! tenant scopes every query that follows. A missing, malformed, unknown or revoked key
+//! is answered 401 with `WWW-Authenticate: Bearer` (RFC 6750 §3).
+
+use crate::AppState;
+use crate::problem::Problem;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idem_core::Actor;
+use idem_store::keys::Role;
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Tenant every query is scoped to.
+    pub tenant: String,
+    /// Principal recorded on every event.
+    pub principal: String,
+    /// What the key may do.
+    pub role: Role,
+    /// The request's id (`x-request-id`).
+    pub request_id: Option<String>,
+}
+
+impl Caller {
+    /// The actor stamped on events caused by this request.
+    pub fn actor(&self) -> Actor {
+        Actor {
+            principal: self.principal.clone(),
+            request_id: self.request_id.clone(),
+        }
+    }
+
+    /// Refuses with 403 unless the caller's role is at least `role`.
+    ///
+    /// # Errors
+    /// A 403 `forbidden` problem.
+    pub fn require(&self, role: Role) -> Result<(), Problem> {
+        if self.role >= role {
+            Ok(())
+        } else {
+            Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("this call needs the {role} role; the key has {}", self.role),
+            ))
+        }
+    }
+}
+
+/// The request id set by the request-id layer, if any.
+pub fn request_id(parts: &Parts) -> Option<String> {
+    parts
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+fn unauthorized(detail: &str, rid: Option<&str>) -> Response {
+    let mut r = Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+        .with_request_id(rid)
+        .into_response();
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"idem\""),
+    );
+    r
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let rid = request_id(parts);
+        let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
+            return Err(unauthorized(
+                "missing Authorization: Bearer <api key>",
+                rid.as_deref(),
+            ));
+        };
+        let secret = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, s)| s.trim())
+            .filter(|s| !s.is_empty() && s.len() <= 256);
+        let Some(secret) = secret else {
+            return Err(unauthorized(
+                "the Authorization header must be `Bearer <api key>`",
+                rid.as_deref(),
+            ));
+        };
+        match state.store.authenticate(secret).await {
+            Ok(Some(info)) => Ok(Caller {
+                tenant: info.tenant,
+                principal: info.principal,
+                role: info.role,
+                request_id: rid,
+            }),
+            Ok(None) => Err(unauthorized("unknown or revoked API key", rid.as_deref())),
+            Err(e) => Err(crate::operations::store_problem(e)
+                .with_request_id(rid.as_deref())
+                .into_response()),
+        }
+    }
+}

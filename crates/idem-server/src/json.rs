@@ -1,0 +1,82 @@
+//! Request extractors whose rejections are RFC 9457 problems instead of axum's plain text.
+
+use crate::problem::Problem;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+/// A JSON body; malformed JSON, wrong types and unknown fields are 400 `invalid-request`,
+/// a body over the limit 413 `payload-too-large`, a non-JSON content type 415.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let rid = req
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(json_problem(&rejection).with_request_id(rid.as_deref())),
+        }
+    }
+}
+
+fn json_problem(rejection: &JsonRejection) -> Problem {
+    match rejection {
+        JsonRejection::MissingJsonContentType(_) => Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "expected Content-Type: application/json",
+        ),
+        JsonRejection::BytesRejection(b) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "the request body is larger than the server accepts",
+            )
+        }
+        JsonRejection::JsonSyntaxError(e) => {
+            Problem::invalid(format!("the body is not valid JSON: {}", source_text(e)))
+        }
+        JsonRejection::JsonDataError(e) => Problem::invalid(format!(
+            "the body does not fit the schema: {}",
+            source_text(e)
+        )),
+        other => Problem::invalid(other.body_text()),
+    }
+}
+
+/// The innermost error message (serde's, with line and column), without axum's prefix.
+fn source_text(e: &dyn std::error::Error) -> String {
+    let mut cur: &dyn std::error::Error = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// Query parameters; a malformed query is 400 `invalid-request`.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(e) => Err(Problem::invalid(query_text(&e))),
+        }
+    }
+}
+
+fn query_text(e: &QueryRejection) -> String {
+    format!("invalid query string: {}", source_text(e))
+}

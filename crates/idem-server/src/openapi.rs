@@ -1,0 +1,54 @@
+//! The OpenAPI 3.1 document served at `/openapi.json`, generated from the handlers'
+//! annotations (utoipa), so it cannot drift from the routes' types.
+
+use crate::dto::{AcquireBody, CompleteBody, ErrorView, EventView, OperationPage, OperationView};
+use crate::problem::Problem;
+use axum::response::{IntoResponse, Response};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+/// The API description.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "idem",
+        description = "idem makes side effects safe to retry. Acquire an idempotency key before a side effect, \
+perform it only when granted (201), then complete with the fencing token. Repeated triggers get the recorded \
+result (200 + `Idempotent-Replayed: true`), 409 while another worker holds the lease, 202 while the outcome is \
+UNKNOWN, and 422 when the key is reused with another payload. Status codes follow the IETF httpapi \
+Idempotency-Key draft; errors are RFC 9457 problem+json whose `type` is `/problems/<slug>`. Instants are \
+RFC 3339 UTC, durations milliseconds. Every /v1 call needs `Authorization: Bearer <api key>` and sees only \
+its tenant: another tenant's key is answered exactly like a missing one (404).\n\nRetention: records are \
+kept until retention is configured (not yet available); no record expires today.",
+    ),
+    paths(
+        crate::operations::acquire,
+        crate::operations::complete,
+        crate::operations::get_one,
+        crate::operations::list,
+        crate::healthz,
+        crate::readyz,
+    ),
+    components(schemas(AcquireBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem)),
+    modifiers(&BearerAuth),
+    tags((name = "operations", description = "The ledger of side effects"), (name = "health", description = "Probes"))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        if let Some(components) = openapi.components.as_mut() {
+            components.add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+            );
+        }
+    }
+}
+
+/// `GET /openapi.json`.
+pub async fn serve() -> Response {
+    axum::Json(ApiDoc::openapi()).into_response()
+}

@@ -1,0 +1,449 @@
+//! `/v1/operations`: acquire, complete, get, list (DESIGN.md §3 and §10).
+//!
+//! Handlers validate input, ask the store, and translate the decision into the status
+//! codes of DESIGN.md §3. They decide nothing about the protocol themselves.
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::dto::{AcquireBody, CompleteBody, EventView, ListQuery, OperationPage, OperationView};
+use crate::json::{ApiJson, ApiQuery};
+use crate::problem::Problem;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use idem_core::decision::{DEFAULT_LEASE_MS, MAX_LEASE_MS, MIN_LEASE_MS};
+use idem_core::{AcquireInput, CompleteError, Decision, IdempotencyKey, Outcome, fingerprint};
+use idem_store::{CompleteRequest, ListFilter, StoreError};
+use std::time::Duration;
+
+/// Longest `wait_ms` a caller may ask for.
+pub const MAX_WAIT_MS: i64 = 30_000;
+/// How often a waiting trigger looks at the record again (ms).
+const WAIT_POLL_MS: u64 = 25;
+
+/// Maps a store error to its problem.
+pub fn store_problem(e: StoreError) -> Problem {
+    match e {
+        StoreError::NotFound => Problem::not_found(),
+        StoreError::Complete(c) => complete_problem(c),
+        StoreError::Contention => Problem::new(StatusCode::CONFLICT, "contention", e.to_string()),
+        StoreError::Invalid(msg) => Problem::invalid(msg),
+        StoreError::Database(_) | StoreError::Closed => {
+            tracing::error!(error = %e, "store unavailable");
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the database did not answer",
+            )
+        }
+        StoreError::Corrupt(_) | StoreError::Migrate(_) => {
+            tracing::error!(error = %e, "store error");
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error",
+            )
+        }
+    }
+}
+
+fn complete_problem(e: CompleteError) -> Problem {
+    let detail = e.to_string();
+    match e {
+        CompleteError::StaleToken { current, .. } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "stale-fencing-token", detail);
+            p.current_fencing_token = Some(current);
+            p
+        }
+        CompleteError::AlreadyFinal { state } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "operation-final", detail);
+            p.state = Some(state.as_str().into());
+            p
+        }
+        CompleteError::NotExecuting { state } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "operation-not-executing", detail);
+            p.state = Some(state.as_str().into());
+            p
+        }
+        CompleteError::Invalid(_) => Problem::invalid(detail),
+    }
+}
+
+fn parse_key(raw: &str) -> Result<IdempotencyKey, Problem> {
+    IdempotencyKey::parse(raw).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid-idempotency-key",
+            e.to_string(),
+        )
+    })
+}
+
+fn check_action(action: &str) -> Result<(), Problem> {
+    let ok = !action.is_empty()
+        && action.len() <= 128
+        && action
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Problem::invalid(
+            "action must be 1-128 characters of [A-Za-z0-9_.:-]",
+        ))
+    }
+}
+
+fn in_range(name: &str, v: Option<i64>, min: i64, max: i64, default: i64) -> Result<i64, Problem> {
+    match v {
+        None => Ok(default),
+        Some(x) if (min..=max).contains(&x) => Ok(x),
+        Some(x) => Err(Problem::invalid(format!(
+            "{name} is {x}; it must be between {min} and {max}"
+        ))),
+    }
+}
+
+/// The key from the body or the `Idempotency-Key` header (IETF httpapi draft §2); both
+/// present and different is an error.
+fn key_of(body: Option<&str>, headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
+    let header = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(v.to_str().map_err(|_| {
+            Problem::new(
+                StatusCode::BAD_REQUEST,
+                "invalid-idempotency-key",
+                "the Idempotency-Key header is not ASCII",
+            )
+        })?),
+    };
+    // The header is an RFC 8941 sf-string: accept it quoted or bare.
+    let header = header.map(|h| {
+        h.strip_prefix('"')
+            .and_then(|h| h.strip_suffix('"'))
+            .unwrap_or(h)
+    });
+    match (body, header) {
+        (Some(b), Some(h)) if b != h => Err(Problem::invalid(
+            "the body's key and the Idempotency-Key header differ",
+        )),
+        (Some(k), _) | (None, Some(k)) => parse_key(k),
+        (None, None) => Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "missing-idempotency-key",
+            "no idempotency key: send \"key\" in the body or an Idempotency-Key header",
+        )),
+    }
+}
+
+fn with_rid(p: Problem, caller: &Caller) -> Problem {
+    p.with_request_id(caller.request_id.as_deref())
+}
+
+/// Trigger an operation: acquire its lease, or learn what it already is.
+#[utoipa::path(
+    post, path = "/v1/operations", tag = "operations",
+    request_body = AcquireBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "The key, if not in the body")),
+    responses(
+        (status = 201, description = "Lease granted: perform the side effect, then complete with the fencing token", body = OperationView),
+        (status = 200, description = "Replay of a SUCCEEDED or FAILED operation; header `Idempotent-Replayed: true`", body = OperationView),
+        (status = 202, description = "Outcome UNKNOWN: reconciliation pending, nothing executed", body = OperationView),
+        (status = 400, description = "Malformed request, missing or invalid key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "In progress (another lease), or the next attempt is not due; header `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another payload or action", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn acquire(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiJson(body): ApiJson<AcquireBody>,
+) -> Result<Response, Problem> {
+    let input = acquire_input(&caller, &headers, body.key.as_deref(), &body)
+        .map_err(|p| with_rid(p, &caller))?;
+    let wait_ms =
+        in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+    loop {
+        let out = state
+            .store
+            .acquire(input.clone())
+            .await
+            .map_err(|e| with_rid(store_problem(e), &caller))?;
+        let view = || OperationView::of(out.record.clone());
+        return Ok(match out.decision {
+            Decision::Acquire => (StatusCode::CREATED, axum::Json(view())).into_response(),
+            Decision::Replay => {
+                let mut r = (StatusCode::OK, axum::Json(view())).into_response();
+                r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+                r
+            }
+            Decision::Unknown | Decision::ExpireToUnknown => (StatusCode::ACCEPTED, axum::Json(view())).into_response(),
+            Decision::InProgress { retry_after_ms } => {
+                if tokio::time::Instant::now() < deadline {
+                    wait_for_change(&state, &input, deadline).await;
+                    continue;
+                }
+                let mut p = Problem::new(
+                    StatusCode::CONFLICT,
+                    "operation-in-progress",
+                    "another worker holds the lease for this key",
+                );
+                p.retry_after_ms = Some(retry_after_ms);
+                p.state = Some("EXECUTING".into());
+                with_rid(p, &caller).into_response()
+            }
+            Decision::RetryNotDue { retry_after_ms } => {
+                let mut p = Problem::new(
+                    StatusCode::CONFLICT,
+                    "retry-not-due",
+                    format!("the next attempt is due in {retry_after_ms} ms"),
+                );
+                p.retry_after_ms = Some(retry_after_ms);
+                p.state = Some("PENDING".into());
+                with_rid(p, &caller).into_response()
+            }
+            Decision::Mismatch => with_rid(
+                Problem::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "fingerprint-mismatch",
+                    "this key was first used with another payload or action; a new intent needs a new key",
+                ),
+                &caller,
+            )
+            .into_response(),
+        });
+    }
+}
+
+/// Polls the record until its lease ends or `deadline` passes (reads only; the next
+/// trigger after the wait is recorded as usual).
+async fn wait_for_change(state: &AppState, input: &AcquireInput, deadline: tokio::time::Instant) {
+    loop {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(WAIT_POLL_MS).min(deadline - now)).await;
+        match state.store.get(&input.tenant, &input.key).await {
+            Ok(Some(r)) if r.lease_valid_at(state.clock.now_ms()) => {}
+            _ => return,
+        }
+    }
+}
+
+fn acquire_input(
+    caller: &Caller,
+    headers: &HeaderMap,
+    key: Option<&str>,
+    body: &AcquireBody,
+) -> Result<AcquireInput, Problem> {
+    let key = key_of(key, headers)?;
+    check_action(&body.action)?;
+    let lease_ms = in_range(
+        "lease_ms",
+        body.lease_ms,
+        MIN_LEASE_MS,
+        MAX_LEASE_MS,
+        DEFAULT_LEASE_MS,
+    )?;
+    let payload = body
+        .payload
+        .as_ref()
+        .map_or(serde_json::Value::Null, |p| p.0.clone());
+    let fp = fingerprint(&payload, body.fingerprint_fields.as_deref())
+        .map_err(|e| Problem::invalid(e.to_string()))?;
+    Ok(AcquireInput {
+        tenant: caller.tenant.clone(),
+        key: key.to_string(),
+        action: body.action.clone(),
+        payload,
+        fingerprint: fp.0,
+        lease_ms,
+        redo_safe: body.redo_safe.unwrap_or(false),
+        actor: caller.actor(),
+    })
+}
+
+fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
+    let extra = |name: &str, present: bool| {
+        if present {
+            Err(Problem::invalid(format!(
+                "{name} does not apply to outcome {}",
+                b.outcome
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    let need = |name: &str, v: Option<String>| {
+        v.ok_or_else(|| Problem::invalid(format!("outcome {} needs {name}", b.outcome)))
+    };
+    match b.outcome.as_str() {
+        "succeeded" => {
+            extra("error_class", b.error_class.is_some())?;
+            extra("retry_after_ms", b.retry_after_ms.is_some())?;
+            extra("message", b.message.is_some())?;
+            Ok(Outcome::Succeeded {
+                provider_ref: need("provider_ref (the evidence)", b.provider_ref.clone())?,
+                result: b.result,
+            })
+        }
+        "retryable_failure" => {
+            extra("provider_ref", b.provider_ref.is_some())?;
+            extra("result", b.result.is_some())?;
+            Ok(Outcome::RetryableFailure {
+                error_class: need("error_class", b.error_class.clone())?,
+                message: b.message,
+                retry_after_ms: b.retry_after_ms,
+            })
+        }
+        "final_failure" => {
+            extra("provider_ref", b.provider_ref.is_some())?;
+            extra("retry_after_ms", b.retry_after_ms.is_some())?;
+            Ok(Outcome::FinalFailure {
+                error_class: need("error_class", b.error_class.clone())?,
+                message: b.message,
+                result: b.result,
+            })
+        }
+        "unknown" => {
+            extra("provider_ref", b.provider_ref.is_some())?;
+            extra("result", b.result.is_some())?;
+            extra("error_class", b.error_class.is_some())?;
+            extra("retry_after_ms", b.retry_after_ms.is_some())?;
+            Ok(Outcome::Unknown { message: b.message })
+        }
+        other => Err(Problem::invalid(format!(
+            "unknown outcome {other:?}: expected succeeded, retryable_failure, final_failure or unknown"
+        ))),
+    }
+}
+
+/// Report the outcome of the attempt that holds `fencing_token`.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/complete", tag = "operations",
+    params(("key" = String, Path, description = "Idempotency key (percent-encoded)")),
+    request_body = CompleteBody,
+    responses(
+        (status = 200, description = "The updated record (or the unchanged one, for an identical repeat)", body = OperationView),
+        (status = 400, description = "Malformed request or outcome", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such operation in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Stale fencing token, already final, or not executing; nothing changed", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn complete(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(raw_key): Path<String>,
+    ApiJson(body): ApiJson<CompleteBody>,
+) -> Result<Response, Problem> {
+    let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
+    let fencing_token = body.fencing_token;
+    let outcome = outcome_of(body).map_err(|p| with_rid(p, &caller))?;
+    let out = state
+        .store
+        .complete(CompleteRequest {
+            tenant: caller.tenant.clone(),
+            key: key.to_string(),
+            fencing_token,
+            outcome,
+            actor: caller.actor(),
+        })
+        .await
+        .map_err(|e| with_rid(store_problem(e), &caller))?;
+    Ok((StatusCode::OK, axum::Json(OperationView::of(out.record))).into_response())
+}
+
+/// One operation with its event timeline.
+#[utoipa::path(
+    get, path = "/v1/operations/{key}", tag = "operations",
+    params(("key" = String, Path, description = "Idempotency key (percent-encoded)")),
+    responses(
+        (status = 200, description = "The record with `events`", body = OperationView),
+        (status = 404, description = "No such operation in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_one(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(raw_key): Path<String>,
+) -> Result<Response, Problem> {
+    let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
+    let rec = state
+        .store
+        .get(&caller.tenant, key.as_str())
+        .await
+        .map_err(|e| with_rid(store_problem(e), &caller))?;
+    let Some(rec) = rec else {
+        return Err(with_rid(Problem::not_found(), &caller));
+    };
+    let events = state
+        .store
+        .events(&caller.tenant, key.as_str())
+        .await
+        .map_err(|e| with_rid(store_problem(e), &caller))?;
+    let mut view = OperationView::of(rec);
+    view.events = Some(events.into_iter().map(EventView::of).collect());
+    Ok(axum::Json(view).into_response())
+}
+
+/// Operations of the caller's tenant, newest first, filtered and paginated.
+#[utoipa::path(
+    get, path = "/v1/operations", tag = "operations",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "One page", body = OperationPage),
+        (status = 400, description = "Invalid filter", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Response, Problem> {
+    let filter = list_filter(q).map_err(|p| with_rid(p, &caller))?;
+    let page = state
+        .store
+        .list(&caller.tenant, &filter)
+        .await
+        .map_err(|e| with_rid(store_problem(e), &caller))?;
+    Ok(axum::Json(OperationPage {
+        items: page.items.into_iter().map(OperationView::of).collect(),
+        next_cursor: page.next_cursor.map(|c| c.to_string()),
+    })
+    .into_response())
+}
+
+fn list_filter(q: ListQuery) -> Result<ListFilter, Problem> {
+    let state = q
+        .state
+        .as_deref()
+        .map(str::parse::<idem_core::State>)
+        .transpose()
+        .map_err(|e| Problem::invalid(e.to_string()))?;
+    let cursor = q
+        .cursor
+        .as_deref()
+        .map(|c| {
+            c.parse::<i64>()
+                .ok()
+                .filter(|c| *c > 0)
+                .ok_or_else(|| Problem::invalid("cursor is not one this server issued"))
+        })
+        .transpose()?;
+    Ok(ListFilter {
+        state,
+        action: q.action,
+        needs_review: q.needs_review,
+        limit: in_range("limit", q.limit, 1, idem_store::MAX_PAGE, 50)?,
+        cursor,
+    })
+}

@@ -1,0 +1,201 @@
+//! Errors over HTTP: RFC 9457 problem details (`application/problem+json`).
+//!
+//! Every error response carries a stable `type`, a relative URI `/problems/<slug>` that
+//! the server itself resolves to a short description (RFC 9457 §3.1.1 allows relative
+//! references). Clients should branch on `type`, never on `detail`.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// The problem types idem answers with: (slug, title, description).
+pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
+    (
+        "unauthorized",
+        "Missing or invalid API key",
+        "Every /v1 call needs `Authorization: Bearer <api key>`; the key was missing, malformed, unknown or revoked.",
+    ),
+    (
+        "forbidden",
+        "The API key's role does not allow this",
+        "The key is valid but its role (client, operator, admin) is too low for this call.",
+    ),
+    (
+        "invalid-request",
+        "The request is malformed",
+        "The body is not valid JSON, has unknown or duplicate fields, a field has the wrong type or is out of range, or a query parameter is invalid. Nothing was recorded.",
+    ),
+    (
+        "missing-idempotency-key",
+        "The idempotency key is missing",
+        "POST /v1/operations needs a `key` (or an `Idempotency-Key` header). IETF httpapi Idempotency-Key draft §2.7: 400.",
+    ),
+    (
+        "invalid-idempotency-key",
+        "The idempotency key is not acceptable",
+        "Keys are 1-255 printable ASCII characters, without surrounding spaces, and must not contain personal data such as e-mail addresses or phone numbers.",
+    ),
+    (
+        "payload-too-large",
+        "The request body is too large",
+        "The body exceeds the server's limit (`--max-body-bytes`, default 1 MiB). Nothing was recorded.",
+    ),
+    (
+        "unsupported-media-type",
+        "The body must be JSON",
+        "Send `Content-Type: application/json`.",
+    ),
+    (
+        "not-found",
+        "No such operation",
+        "No operation with this key exists for the caller's tenant.",
+    ),
+    (
+        "operation-in-progress",
+        "The operation is in progress",
+        "Another worker holds the lease. Retry after `Retry-After` seconds, or pass `wait_ms`. IETF httpapi Idempotency-Key draft §2.7: 409.",
+    ),
+    (
+        "retry-not-due",
+        "The next attempt is not due yet",
+        "The operation failed retryably and its next attempt is scheduled; retry after `Retry-After` seconds.",
+    ),
+    (
+        "fingerprint-mismatch",
+        "The key was reused with another payload",
+        "The key is bound to the first payload (fingerprint) and action it was used with; a different one is a different intent and needs a new key. IETF httpapi Idempotency-Key draft §2.7: 422. Nothing was changed.",
+    ),
+    (
+        "stale-fencing-token",
+        "The lease was lost",
+        "The fencing token is not the operation's current one: another lease was granted, or the token never existed. The completion was ignored.",
+    ),
+    (
+        "operation-final",
+        "The operation is already final",
+        "The operation is SUCCEEDED or FAILED; only an identical repeat of the completion that made it final is accepted.",
+    ),
+    (
+        "operation-not-executing",
+        "The operation is not executing",
+        "Only an EXECUTING operation (or an UNKNOWN one, by the holder of the last lease) can be completed; acquire it first.",
+    ),
+    (
+        "contention",
+        "Too much contention on this key",
+        "Concurrent writers kept changing the record; retry shortly.",
+    ),
+    (
+        "unavailable",
+        "The store is unavailable",
+        "The database did not answer; nothing is known to have been recorded for this request. Retry.",
+    ),
+    (
+        "internal",
+        "Internal error",
+        "An unexpected error; see the server log with the request id.",
+    ),
+];
+
+/// A problem details object (RFC 9457 §3).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Problem {
+    /// Stable problem type, `/problems/<slug>`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Short summary of the problem type.
+    pub title: String,
+    /// HTTP status code.
+    pub status: u16,
+    /// What went wrong with this request, in words.
+    pub detail: String,
+    /// Request id (also in the `x-request-id` response header).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// For 409: milliseconds to wait before retrying.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<i64>,
+    /// For `stale-fencing-token`: the operation's current token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_fencing_token: Option<i64>,
+    /// For `operation-final` / `operation-not-executing`: the operation's state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+impl Problem {
+    /// A problem of type `slug` with `status` and `detail`.
+    ///
+    /// # Panics
+    /// In debug builds, if `slug` is not in [`PROBLEM_TYPES`].
+    pub fn new(status: StatusCode, slug: &str, detail: impl Into<String>) -> Self {
+        let title = PROBLEM_TYPES
+            .iter()
+            .find(|(s, _, _)| *s == slug)
+            .map(|(_, t, _)| *t);
+        debug_assert!(title.is_some(), "unknown problem slug {slug}");
+        Problem {
+            kind: format!("/problems/{slug}"),
+            title: title.unwrap_or("Error").into(),
+            status: status.as_u16(),
+            detail: detail.into(),
+            request_id: None,
+            retry_after_ms: None,
+            current_fencing_token: None,
+            state: None,
+        }
+    }
+
+    /// 400 `invalid-request`.
+    pub fn invalid(detail: impl Into<String>) -> Self {
+        Problem::new(StatusCode::BAD_REQUEST, "invalid-request", detail)
+    }
+
+    /// 404 `not-found`.
+    pub fn not_found() -> Self {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "not-found",
+            "no operation with this key",
+        )
+    }
+
+    /// Sets the request id shown in the body.
+    pub fn with_request_id(mut self, id: Option<&str>) -> Self {
+        self.request_id = id.map(str::to_owned);
+        self
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let retry = self.retry_after_ms;
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        let mut resp = (status, body).into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(ms) = retry {
+            // Retry-After is in whole seconds (RFC 9110 §10.2.3): round up, at least 1.
+            let secs = ((ms.max(1) + 999) / 1000).to_string();
+            if let Ok(v) = HeaderValue::from_str(&secs) {
+                h.insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}
+
+/// `GET /problems/{slug}`: the description of a problem type, as plain text.
+pub async fn describe(axum::extract::Path(slug): axum::extract::Path<String>) -> Response {
+    match PROBLEM_TYPES.iter().find(|(s, _, _)| *s == slug) {
+        Some((_, title, text)) => (StatusCode::OK, format!("{title}\n\n{text}\n")).into_response(),
+        None => {
+            Problem::new(StatusCode::NOT_FOUND, "not-found", "no such problem type").into_response()
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The command-line grammar (clap). Every flag with an environment variable says so in
+//! `--help`.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Default database: an SQLite file in the working directory, created on first start.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "Make side effects safe to retry: one idempotency key, at most one side effect.",
+    long_about = "idem records each business intent under an idempotency key and a payload fingerprint, \
+lets exactly one worker execute it (lease + fencing token), and answers repeated triggers with the \
+recorded result instead of a second side effect. A timeout is UNKNOWN, never \"it did not happen\".\n\n\
+Start the service:    idem serve            (SQLite file ./idem.db, http://127.0.0.1:8080)\n\
+Then, with IDEM_API_KEY set to the key `serve` printed on first start:\n\
+  idem acquire INQ-001:confirmation:v1 --action send_confirmation --payload '{\"to\":\"c-42\"}'\n\
+  idem complete INQ-001:confirmation:v1 --token 1 --outcome succeeded --provider-ref msg-001\n\
+  idem ops get INQ-001:confirmation:v1"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTP service (API under /v1, OpenAPI at /openapi.json).
+    Serve(ServeArgs),
+    /// Manage API keys, directly in the database the server uses.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Read operations from a running server.
+    #[command(subcommand)]
+    Ops(OpsCommand),
+    /// Trigger an operation: acquire its lease, or learn its recorded outcome.
+    ///
+    /// Exit status: 0 = lease granted (201: do the side effect, then `idem complete`);
+    /// 10 = replay of a SUCCEEDED/FAILED operation (200: do nothing);
+    /// 11 = outcome UNKNOWN, reconciliation pending (202: do nothing);
+    /// 12 = in progress or retry not due (409: try later);
+    /// 1 = error (bad input, 422 key reused with another payload, server unreachable).
+    Acquire(AcquireArgs),
+    /// Report the outcome of the attempt that holds a fencing token.
+    Complete(CompleteArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DbArgs {
+    /// Database: `sqlite://PATH` (or a plain path) for the embedded store, or
+    /// `postgres://user@host:port/db` for several nodes.
+    #[arg(long, env = "IDEM_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = idem_server::DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// How often expired leases are turned into UNKNOWN, in milliseconds.
+    #[arg(long, env = "IDEM_SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub sweep_interval_ms: u64,
+    /// Secret of the admin key (tenant "default") to create on first start; without it a
+    /// key is generated and printed once. 32-256 printable characters.
+    #[arg(long, env = "IDEM_BOOTSTRAP_KEY", hide_env_values = true)]
+    pub bootstrap_key: Option<String>,
+    /// Log format on stderr (level via RUST_LOG, default info).
+    #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RoleArg {
+    Client,
+    Operator,
+    Admin,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Create a key and print its secret (only the secret, on stdout; shown only once).
+    Create {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Tenant the key acts for (1-64 of [A-Za-z0-9._-]).
+        #[arg(long)]
+        tenant: String,
+        /// What the key may do.
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// Principal recorded on every change made with the key (default: the role name).
+        #[arg(long)]
+        principal: Option<String>,
+        /// Print {id, tenant, principal, role, secret} as JSON instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List keys (never their secrets).
+    List {
+        #[command(flatten)]
+        db: DbArgs,
+        /// Only this tenant's keys.
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a key by id; it stops authenticating at once.
+    Revoke {
+        #[command(flatten)]
+        db: DbArgs,
+        /// The key's id (from `idem keys list`).
+        id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Base URL of the idem server.
+    #[arg(long, env = "IDEM_URL", default_value = "http://127.0.0.1:8080")]
+    pub server: String,
+    /// API key (Bearer).
+    #[arg(long, env = "IDEM_API_KEY", hide_env_values = true)]
+    pub api_key: String,
+    /// Print the server's JSON instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OpsCommand {
+    /// Show one operation with its event timeline.
+    Get {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Idempotency key.
+        key: String,
+    },
+    /// List operations, newest first.
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Only this state (PENDING, EXECUTING, SUCCEEDED, FAILED, UNKNOWN).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this action.
+        #[arg(long)]
+        action: Option<String>,
+        /// Only operations flagged for review.
+        #[arg(long)]
+        needs_review: bool,
+        /// Page size (1-500).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        /// Cursor from the previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Idempotency key, e.g. INQ-001:confirmation:v1.
+    pub key: String,
+    /// Action (kind of side effect), e.g. send_confirmation.
+    #[arg(long)]
+    pub action: String,
+    /// Payload as JSON text.
+    #[arg(long, conflicts_with = "payload_file")]
+    pub payload: Option<String>,
+    /// Payload read from a JSON file (`-` for stdin).
+    #[arg(long)]
+    pub payload_file: Option<PathBuf>,
+    /// JSON pointer of a field that defines the intent (repeatable); default: all.
+    #[arg(long = "fingerprint-field")]
+    pub fingerprint_fields: Vec<String>,
+    /// Lease length in milliseconds.
+    #[arg(long)]
+    pub lease_ms: Option<i64>,
+    /// Wait up to this many milliseconds for another worker's lease.
+    #[arg(long)]
+    pub wait_ms: Option<i64>,
+    /// Declare the action safe to redo after an expired lease.
+    #[arg(long)]
+    pub redo_safe: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OutcomeArg {
+    Succeeded,
+    RetryableFailure,
+    FinalFailure,
+    Unknown,
+}
+
+#[derive(Debug, Args)]
+pub struct CompleteArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Idempotency key.
+    pub key: String,
+    /// Fencing token from the acquire.
+    #[arg(long)]
+    pub token: i64,
+    /// What happened.
+    #[arg(long, value_enum)]
+    pub outcome: OutcomeArg,
+    /// Provider's reference (required for succeeded).
+    #[arg(long)]
+    pub provider_ref: Option<String>,
+    /// Result to store and replay, as JSON text.
+    #[arg(long)]
+    pub result: Option<String>,
+    /// Error class (required for failures).
+    #[arg(long)]
+    pub error_class: Option<String>,
+    /// Message.
+    #[arg(long)]
+    pub message: Option<String>,
+    /// Provider's requested wait before the next attempt, in milliseconds.
+    #[arg(long)]
+    pub retry_after_ms: Option<i64>,
+}

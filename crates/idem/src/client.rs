@@ -1,0 +1,243 @@
+//! `idem ops …`, `idem acquire`, `idem complete`: HTTP calls to a running server.
+
+use crate::cli::{AcquireArgs, CompleteArgs, OpsCommand, OutcomeArg, ServerArgs};
+use crate::output;
+use anyhow::{Context, bail};
+use reqwest::{Method, StatusCode, Url};
+use serde_json::{Value, json};
+use std::io::Read;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Exit status of `idem acquire` for each answer (see `idem acquire --help`).
+pub const EXIT_REPLAY: u8 = 10;
+pub const EXIT_UNKNOWN: u8 = 11;
+pub const EXIT_BUSY: u8 = 12;
+
+struct Api {
+    http: reqwest::Client,
+    base: Url,
+    key: String,
+}
+
+/// A server answer: status, body (JSON or text), and whether it was a replay.
+struct Answer {
+    status: StatusCode,
+    body: Value,
+    replayed: bool,
+}
+
+impl Api {
+    fn new(args: &ServerArgs) -> anyhow::Result<Self> {
+        let base = Url::parse(&args.server)
+            .with_context(|| format!("--server {:?} is not a URL", args.server))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            bail!("--server must be an http:// or https:// URL");
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Api {
+            http,
+            base,
+            key: args.api_key.clone(),
+        })
+    }
+
+    /// `segments` are appended percent-encoded (keys may hold `/`, `?`, spaces).
+    fn url(&self, segments: &[&str]) -> anyhow::Result<Url> {
+        let mut u = self.base.clone();
+        u.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("--server cannot be a base URL"))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(u)
+    }
+
+    async fn call(&self, method: Method, url: Url, body: Option<Value>) -> anyhow::Result<Answer> {
+        let mut req = self
+            .http
+            .request(method, url.clone())
+            .bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the idem server at {}", self.base))?;
+        let status = resp.status();
+        let replayed = resp
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true");
+        let text = resp
+            .text()
+            .await
+            .context("the server's answer was cut off")?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok(Answer {
+            status,
+            body,
+            replayed,
+        })
+    }
+}
+
+/// Fails with the problem's one-line summary for an error status.
+fn check(a: &Answer) -> anyhow::Result<()> {
+    if a.status.is_success() {
+        return Ok(());
+    }
+    bail!("{}", output::problem_line(a.status.as_u16(), &a.body))
+}
+
+fn print(json_mode: bool, a: &Answer, human: impl FnOnce(&Value) -> String) {
+    if json_mode {
+        println!("{}", a.body);
+    } else {
+        println!("{}", human(&a.body));
+    }
+}
+
+pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        OpsCommand::Get { server, key } => {
+            let api = Api::new(&server)?;
+            let a = api
+                .call(Method::GET, api.url(&["v1", "operations", &key])?, None)
+                .await?;
+            check(&a)?;
+            print(server.json, &a, output::operation_with_events);
+        }
+        OpsCommand::List {
+            server,
+            state,
+            action,
+            needs_review,
+            limit,
+            cursor,
+        } => {
+            let api = Api::new(&server)?;
+            let mut url = api.url(&["v1", "operations"])?;
+            {
+                let mut q = url.query_pairs_mut();
+                q.append_pair("limit", &limit.to_string());
+                if let Some(s) = &state {
+                    q.append_pair("state", s);
+                }
+                if let Some(a) = &action {
+                    q.append_pair("action", a);
+                }
+                if needs_review {
+                    q.append_pair("needs_review", "true");
+                }
+                if let Some(c) = &cursor {
+                    q.append_pair("cursor", c);
+                }
+            }
+            let a = api.call(Method::GET, url, None).await?;
+            check(&a)?;
+            print(server.json, &a, output::operation_table);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_payload(args: &AcquireArgs) -> anyhow::Result<Option<Value>> {
+    let text = match (&args.payload, &args.payload_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) if f.as_os_str() == "-" => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("cannot read the payload from stdin")?;
+            s
+        }
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?
+        }
+        (None, None) => return Ok(None),
+    };
+    // Sent as raw JSON text so the server's duplicate-member check sees it as written.
+    let v: Value = serde_json::from_str(&text).context("--payload is not valid JSON")?;
+    Ok(Some(v))
+}
+
+pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::new(&args.server)?;
+    let mut body = json!({ "key": args.key, "action": args.action });
+    if let Some(p) = read_payload(&args)? {
+        body["payload"] = p;
+    }
+    if !args.fingerprint_fields.is_empty() {
+        body["fingerprint_fields"] = json!(args.fingerprint_fields);
+    }
+    if let Some(l) = args.lease_ms {
+        body["lease_ms"] = json!(l);
+    }
+    if let Some(w) = args.wait_ms {
+        body["wait_ms"] = json!(w);
+    }
+    if args.redo_safe {
+        body["redo_safe"] = json!(true);
+    }
+    let a = api
+        .call(Method::POST, api.url(&["v1", "operations"])?, Some(body))
+        .await?;
+    let code = match a.status.as_u16() {
+        201 => 0,
+        200 if a.replayed => EXIT_REPLAY,
+        202 => EXIT_UNKNOWN,
+        409 => EXIT_BUSY,
+        _ => {
+            check(&a)?;
+            bail!("unexpected answer {} from the server", a.status)
+        }
+    };
+    if args.server.json {
+        println!("{}", a.body);
+    } else if a.status == StatusCode::CONFLICT {
+        println!("{}", output::problem_line(409, &a.body));
+    } else {
+        println!("{}", output::acquire_summary(a.status.as_u16(), &a.body));
+    }
+    Ok(ExitCode::from(code))
+}
+
+pub async fn complete(args: CompleteArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::new(&args.server)?;
+    let outcome = match args.outcome {
+        OutcomeArg::Succeeded => "succeeded",
+        OutcomeArg::RetryableFailure => "retryable_failure",
+        OutcomeArg::FinalFailure => "final_failure",
+        OutcomeArg::Unknown => "unknown",
+    };
+    let mut body = json!({ "fencing_token": args.token, "outcome": outcome });
+    if let Some(r) = &args.provider_ref {
+        body["provider_ref"] = json!(r);
+    }
+    if let Some(r) = &args.result {
+        body["result"] = serde_json::from_str(r).context("--result is not valid JSON")?;
+    }
+    if let Some(c) = &args.error_class {
+        body["error_class"] = json!(c);
+    }
+    if let Some(m) = &args.message {
+        body["message"] = json!(m);
+    }
+    if let Some(ms) = args.retry_after_ms {
+        body["retry_after_ms"] = json!(ms);
+    }
+    let a = api
+        .call(
+            Method::POST,
+            api.url(&["v1", "operations", &args.key, "complete"])?,
+            Some(body),
+        )
+        .await?;
+    check(&a)?;
+    print(args.server.json, &a, output::operation_summary);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,168 @@
+//! Human-readable renderings of the server's JSON (`--json` prints the JSON itself).
+
+use serde_json::Value;
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or("-")
+}
+
+fn n(v: &Value, k: &str) -> String {
+    v.get(k)
+        .and_then(Value::as_i64)
+        .map_or_else(|| "-".into(), |x| x.to_string())
+}
+
+/// `409 operation-in-progress: another worker holds the lease (retry after 2 s)`.
+pub fn problem_line(status: u16, body: &Value) -> String {
+    let slug = s(body, "type").trim_start_matches("/problems/");
+    let detail = body
+        .get("detail")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| body.as_str().unwrap_or("").trim().to_owned());
+    let mut line = format!("{status} {slug}: {detail}");
+    if let Some(ms) = body.get("retry_after_ms").and_then(Value::as_i64) {
+        line.push_str(&format!(" (retry after {ms} ms)"));
+    }
+    line
+}
+
+/// One line per answer of `idem acquire`.
+pub fn acquire_summary(status: u16, v: &Value) -> String {
+    match status {
+        201 => format!(
+            "acquired {}: attempt {}, fencing token {}, lease until {} — perform the side effect, then `idem complete {} --token {} …`",
+            s(v, "key"),
+            n(v, "attempt"),
+            n(v, "fencing_token"),
+            s(v, "lease_expires_at"),
+            s(v, "key"),
+            n(v, "fencing_token"),
+        ),
+        200 => format!(
+            "replay {}: {} {} — already done, nothing to do",
+            s(v, "key"),
+            s(v, "state"),
+            evidence(v)
+        ),
+        202 => format!(
+            "unknown {}: outcome UNKNOWN, reconciliation pending — do not redo the side effect",
+            s(v, "key")
+        ),
+        _ => operation_summary(v),
+    }
+}
+
+fn evidence(v: &Value) -> String {
+    match (
+        v.get("provider_ref").and_then(Value::as_str),
+        v.get("error"),
+    ) {
+        (Some(r), _) => format!("(provider_ref {r})"),
+        (None, Some(e)) if !e.is_null() => {
+            format!("(error {}: {})", s(e, "class"), s(e, "message"))
+        }
+        _ => String::new(),
+    }
+}
+
+/// `KEY  STATE  attempt N  token T  evidence`.
+pub fn operation_summary(v: &Value) -> String {
+    format!(
+        "{}  {}  attempt {}  token {}  {}",
+        s(v, "key"),
+        s(v, "state"),
+        n(v, "attempt"),
+        n(v, "fencing_token"),
+        evidence(v)
+    )
+    .trim_end()
+    .to_owned()
+}
+
+/// The record's fields, then its event timeline.
+pub fn operation_with_events(v: &Value) -> String {
+    let mut out = String::new();
+    for k in [
+        "key",
+        "action",
+        "state",
+        "fingerprint",
+        "lease_owner",
+        "lease_expires_at",
+        "next_attempt_at",
+        "provider_ref",
+        "verified_at",
+        "evidence_source",
+        "created_at",
+        "updated_at",
+        "completed_at",
+    ] {
+        out.push_str(&format!("{k:<17} {}\n", s(v, k)));
+    }
+    out.push_str(&format!("{:<17} {}\n", "attempt", n(v, "attempt")));
+    out.push_str(&format!(
+        "{:<17} {}\n",
+        "fencing_token",
+        n(v, "fencing_token")
+    ));
+    out.push_str(&format!(
+        "{:<17} {}\n",
+        "needs_review",
+        v.get("needs_review").unwrap_or(&Value::Null)
+    ));
+    if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+        out.push_str(&format!(
+            "{:<17} {}: {}\n",
+            "error",
+            s(e, "class"),
+            s(e, "message")
+        ));
+    }
+    out.push_str("events:\n");
+    for e in v
+        .get("events")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(&format!(
+            "  #{:<4} {}  {:<15} {:>9} -> {:<9} by {} ({})\n",
+            n(e, "seq"),
+            s(e, "at"),
+            s(e, "kind"),
+            s(e, "from_state"),
+            s(e, "to_state"),
+            s(e, "principal"),
+            s(e, "reason"),
+        ));
+    }
+    out.trim_end().to_owned()
+}
+
+/// A table of a page of operations, with the next cursor.
+pub fn operation_table(v: &Value) -> String {
+    let mut out = format!(
+        "{:<40}  {:<24}  {:<9}  {:>7}  EVIDENCE\n",
+        "KEY", "ACTION", "STATE", "ATTEMPT"
+    );
+    for op in v
+        .get("items")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(&format!(
+            "{:<40}  {:<24}  {:<9}  {:>7}  {}\n",
+            s(op, "key"),
+            s(op, "action"),
+            s(op, "state"),
+            n(op, "attempt"),
+            evidence(op)
+        ));
+    }
+    if let Some(c) = v.get("next_cursor").and_then(Value::as_str) {
+        out.push_str(&format!("more: --cursor {c}\n"));
+    }
+    out.trim_end().to_owned()
+}
