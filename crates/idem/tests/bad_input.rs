@@ -1,0 +1,162 @@
+//! Bad input gets a clear problem+json error and changes nothing already recorded.
+
+mod common;
+
+use common::{ADMIN_KEY, Backend, Db, Server, event_kinds};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_clear_errors_and_change_nothing() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let key = "INQ-200:confirmation:v1";
+    assert_eq!(s.acquire(key, json!({"to": "c"})).await.status, 201);
+    let ok = s
+        .complete(
+            key,
+            json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "m-200"}),
+        )
+        .await;
+    assert_eq!(ok.status, 200);
+    let before = s.record(key).await.body;
+    let raw = |body: String| {
+        s.http
+            .post(s.url("/v1/operations"))
+            .bearer_auth(ADMIN_KEY)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    // Oversized body: 413 (default limit 1 MiB).
+    let big = format!(
+        r#"{{"key":"{key}","action":"send_confirmation","payload":"{}"}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let r = raw(big).await.unwrap();
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    // Invalid JSON: 400.
+    let r = raw(format!(r#"{{"key":"{key}","action":"#)).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["type"], "/problems/invalid-request");
+    assert!(
+        body["detail"].as_str().unwrap().contains("not valid JSON"),
+        "{body}"
+    );
+    // Missing key: 400 missing-idempotency-key.
+    let r = s
+        .post(
+            ADMIN_KEY,
+            "/v1/operations",
+            &json!({"action": "send_confirmation"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.problem()),
+        (400, "missing-idempotency-key")
+    );
+    // A key with an e-mail address: 400 invalid-idempotency-key.
+    let r = s.acquire("welcome:jane.doe@example.com", json!({})).await;
+    assert_eq!(
+        (r.status.as_u16(), r.problem()),
+        (400, "invalid-idempotency-key")
+    );
+    assert!(r.body["detail"].as_str().unwrap().contains("e-mail"));
+    // Unknown field, duplicate member, out-of-range lease: 400.
+    let r = s
+        .post(
+            ADMIN_KEY,
+            "/v1/operations",
+            &json!({"key": key, "action": "a", "colour": "red"}),
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
+    assert!(r.body["detail"].as_str().unwrap().contains("colour"));
+    let r = raw(format!(
+        r#"{{"key":"{key}","action":"send_confirmation","payload":{{"to":"c","to":"d"}}}}"#
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    // Stale fencing token: 409 stale-fencing-token.
+    let r = s
+        .complete(
+            key,
+            json!({"fencing_token": 2, "outcome": "succeeded", "provider_ref": "other"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.problem()),
+        (409, "stale-fencing-token")
+    );
+    assert_eq!(r.body["current_fencing_token"], 1);
+    // Completion of a SUCCEEDED record with another outcome: 409 operation-final.
+    let r = s
+        .complete(
+            key,
+            json!({"fencing_token": 1, "outcome": "final_failure", "error_class": "validation"}),
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), r.problem()), (409, "operation-final"));
+    // Succeeded without evidence: 400.
+    let r = s
+        .complete(key, json!({"fencing_token": 1, "outcome": "succeeded"}))
+        .await;
+    assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
+    // No or wrong API key: 401 with WWW-Authenticate.
+    let r = s.acquire_as("idem_not-a-key", key, json!({})).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (401, "unauthorized"));
+    assert!(r.header("www-authenticate").unwrap().starts_with("Bearer"));
+    // Wrong content type: 415.
+    let r = s
+        .http
+        .post(s.url("/v1/operations"))
+        .bearer_auth(ADMIN_KEY)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    // Bad list filter: 400.
+    let r = s.get(ADMIN_KEY, "/v1/operations?state=DONE").await;
+    assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
+
+    // Nothing changed: the record and its log are exactly as before.
+    let after = s.record(key).await.body;
+    assert_eq!(before, after);
+    assert_eq!(event_kinds(&after), ["acquired", "completed"]);
+    let all = s.get(ADMIN_KEY, "/v1/operations").await.body;
+    assert_eq!(
+        all["items"].as_array().unwrap().len(),
+        1,
+        "no record created by a bad request"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_and_probes_are_served() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let doc = s.get(ADMIN_KEY, "/openapi.json").await.body;
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    for p in [
+        "/v1/operations",
+        "/v1/operations/{key}",
+        "/v1/operations/{key}/complete",
+        "/healthz",
+        "/readyz",
+    ] {
+        assert!(
+            doc["paths"].get(p).is_some(),
+            "{p} missing from the OpenAPI document"
+        );
+    }
+    assert!(doc["components"]["schemas"]["Problem"].is_object());
+    assert_eq!(s.get("", "/healthz").await.status, 200);
+    assert_eq!(s.get("", "/readyz").await.status, 200);
+    let described = s.get("", "/problems/stale-fencing-token").await;
+    assert_eq!(described.status, 200);
+    assert!(described.body.as_str().unwrap().contains("fencing token"));
+}

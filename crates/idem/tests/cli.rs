@@ -1,0 +1,192 @@
+//! The `idem` CLI against a running server: acquire/complete/ops with their exit codes,
+//! keys, and one-line errors for bad input.
+
+mod common;
+
+use common::{ADMIN_KEY, Backend, Db, Server, idem_bin};
+use std::process::{Command, Output};
+
+fn idem(s: &Server, args: &[&str]) -> Output {
+    Command::new(idem_bin())
+        .args(args)
+        .env("IDEM_URL", &s.base)
+        .env("IDEM_API_KEY", ADMIN_KEY)
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_complete_and_replay_from_the_command_line() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let key = "INQ-300:confirmation:v1";
+    let payload = r#"{"to":"c-300","template":"confirmation"}"#;
+    let first = idem(
+        &s,
+        &[
+            "acquire",
+            key,
+            "--action",
+            "send_confirmation",
+            "--payload",
+            payload,
+        ],
+    );
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+    assert!(text(&first.stdout).contains("fencing token 1"));
+    let busy = idem(
+        &s,
+        &[
+            "acquire",
+            key,
+            "--action",
+            "send_confirmation",
+            "--payload",
+            payload,
+        ],
+    );
+    assert_eq!(busy.status.code(), Some(12));
+    let done = idem(
+        &s,
+        &[
+            "complete",
+            key,
+            "--token",
+            "1",
+            "--outcome",
+            "succeeded",
+            "--provider-ref",
+            "msg-300",
+            "--json",
+        ],
+    );
+    assert_eq!(done.status.code(), Some(0), "{}", text(&done.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(v["state"], "SUCCEEDED");
+    let replay = idem(
+        &s,
+        &[
+            "acquire",
+            key,
+            "--action",
+            "send_confirmation",
+            "--payload",
+            payload,
+        ],
+    );
+    assert_eq!(replay.status.code(), Some(10));
+    assert!(text(&replay.stdout).contains("msg-300"));
+    let mismatch = idem(
+        &s,
+        &[
+            "acquire",
+            key,
+            "--action",
+            "send_confirmation",
+            "--payload",
+            r#"{"to":"x"}"#,
+        ],
+    );
+    assert_eq!(mismatch.status.code(), Some(1));
+    let err = text(&mismatch.stderr);
+    assert!(
+        err.starts_with("idem: 422 fingerprint-mismatch") && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
+    let got = idem(&s, &["ops", "get", key]);
+    assert!(text(&got.stdout).contains("SUCCEEDED") && text(&got.stdout).contains("replayed"));
+    let list = idem(&s, &["ops", "list", "--state", "SUCCEEDED", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(v["items"][0]["key"], key);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_one_line_and_non_zero() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    for args in [
+        &["acquire", "k", "--action", "a", "--payload", "{not json"][..],
+        &["acquire", "mail:jane@example.com", "--action", "a"][..],
+        &["complete", "k", "--token", "1", "--outcome", "succeeded"][..],
+        &["ops", "get", "never-used"][..],
+        &["ops", "list", "--state", "DONE"][..],
+    ] {
+        let out = idem(&s, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with("idem: ") && err.trim_end().lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+    let unreachable = Command::new(idem_bin())
+        .args([
+            "ops",
+            "list",
+            "--server",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(text(&unreachable.stderr).contains("cannot reach the idem server"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_create_list_revoke() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let secret = s.create_key("acme", "operator");
+    let ok = s.get(&secret, "/v1/operations").await;
+    assert_eq!(ok.status, 200);
+    let list = Command::new(idem_bin())
+        .args([
+            "keys",
+            "list",
+            "--json",
+            "--tenant",
+            "acme",
+            "--database-url",
+            &db.url,
+        ])
+        .output()
+        .unwrap();
+    let keys: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(keys.as_array().unwrap().len(), 1);
+    assert!(
+        !text(&list.stdout).contains(&secret),
+        "secrets are never listed"
+    );
+    let id = keys[0]["id"].as_str().unwrap();
+    let revoke = Command::new(idem_bin())
+        .args(["keys", "revoke", id, "--database-url", &db.url])
+        .output()
+        .unwrap();
+    assert!(revoke.status.success());
+    assert_eq!(
+        s.get(&secret, "/v1/operations").await.status,
+        401,
+        "revoked at once"
+    );
+    let bad = Command::new(idem_bin())
+        .args([
+            "keys",
+            "create",
+            "--tenant",
+            "bad tenant",
+            "--role",
+            "client",
+            "--database-url",
+            &db.url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(text(&bad.stderr).contains("tenant"));
+}

@@ -1,0 +1,82 @@
+//! Crash safety: `kill -9` between acquire and complete, restart on the same database.
+//! The record is intact, the lease expires into UNKNOWN (never a second grant), and every
+//! acknowledged write survives.
+
+mod common;
+
+use common::{ADMIN_KEY, Backend, Db, Server, event_kinds};
+use serde_json::json;
+use std::time::Duration;
+
+async fn crash_between_acquire_and_complete(b: Backend) {
+    let db = Db::new(b).await;
+    let s = Server::start(&db.url);
+    let key = "ORD-102:create-order";
+    let body = json!({"key": key, "action": "create_order", "payload": {"sku": "A-1", "qty": 2}, "lease_ms": 800});
+    let granted = s.post(ADMIN_KEY, "/v1/operations", &body).await;
+    assert_eq!(granted.status, 201);
+    // Acknowledged writes before the crash: 50 more acquires.
+    for i in 0..50 {
+        let r = s.acquire(&format!("ack-{i}"), json!({"i": i})).await;
+        assert_eq!(r.status, 201);
+    }
+    s.kill9();
+
+    let s = Server::start(&db.url);
+    let rec = s.record(key).await;
+    assert_eq!(rec.status, 200, "record survived the crash: {rec:?}");
+    assert_eq!(rec.body["payload"], json!({"sku": "A-1", "qty": 2}));
+    assert_eq!(rec.body["fencing_token"], 1);
+    for i in 0..50 {
+        assert_eq!(
+            s.record(&format!("ack-{i}")).await.status,
+            200,
+            "acknowledged acquire {i} lost"
+        );
+    }
+    // Let the lease run out: the sweeper (or the next trigger) turns it UNKNOWN.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let retry = s.post(ADMIN_KEY, "/v1/operations", &body).await;
+    assert_eq!(retry.status, 202, "UNKNOWN, not a second grant: {retry:?}");
+    assert_eq!(retry.body["state"], "UNKNOWN");
+    assert_eq!(retry.body["fencing_token"], 1);
+    let rec = s.record(key).await.body;
+    assert_eq!(rec["state"], "UNKNOWN");
+    assert_eq!(rec["attempt"], 1);
+    assert_eq!(
+        event_kinds(&rec),
+        ["acquired", "lease_expired", "unknown_pending"]
+    );
+    let expired = &rec["events"][1];
+    assert_eq!(
+        (expired["from_state"].as_str(), expired["to_state"].as_str()),
+        (Some("EXECUTING"), Some("UNKNOWN"))
+    );
+    // The crashed worker's late report (same token, no newer grant) settles it with evidence.
+    let late = s
+        .complete(
+            key,
+            json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "ord-102"}),
+        )
+        .await;
+    assert_eq!(late.status, 200);
+    assert_eq!(late.body["state"], "SUCCEEDED");
+    let unknowns = s.get(ADMIN_KEY, "/v1/operations?state=UNKNOWN").await.body;
+    assert!(
+        unknowns["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["key"] != key)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_crash_between_acquire_and_complete() {
+    crash_between_acquire_and_complete(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_crash_between_acquire_and_complete() {
+    crash_between_acquire_and_complete(Backend::Postgres).await;
+}
