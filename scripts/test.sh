@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Runs every test of idem: unit, property, conformance (SQLite and PostgreSQL) and the
+# HTTP integration suite against real `idem serve` processes.
+#
+# It installs and starts what the tests need and is safe to run again:
+#   - PostgreSQL (Debian packages) on 127.0.0.1:5432, started if it is down;
+#   - the Rust test runner is plain `cargo test`.
+# Environment:
+#   IDEM_TEST_PG_URL  admin URL of the PostgreSQL server the tests create databases on
+#                     (default postgres://postgres@127.0.0.1:5432/postgres, or with a
+#                     password this script sets when the server does not trust loopback).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf 'test.sh: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    log "need root for: $*"; return 1; fi
+}
+
+ensure_postgres() {
+  if ! command -v pg_ctlcluster >/dev/null 2>&1; then
+    log "installing PostgreSQL (Debian packages)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql postgresql-client >/dev/null
+  fi
+  if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    local version
+    version=$(ls /etc/postgresql | sort -V | tail -n 1)
+    log "starting PostgreSQL $version"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+    for _ in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
+  fi
+  pg_isready -h 127.0.0.1 -p 5432 >/dev/null || { log "PostgreSQL did not come up on 127.0.0.1:5432"; exit 1; }
+
+  if [ -z "${IDEM_TEST_PG_URL:-}" ]; then
+    if psql "postgres://postgres@127.0.0.1:5432/postgres" -Atqc 'select 1' >/dev/null 2>&1; then
+      export IDEM_TEST_PG_URL="postgres://postgres@127.0.0.1:5432/postgres"
+    else
+      # A stock Debian server asks for a password on TCP: give the postgres role one (over
+      # the local socket, as the postgres OS user) and use it.
+      log "setting a password for the postgres role (loopback is not trusted)"
+      as_root su postgres -c "psql -qc \"ALTER USER postgres PASSWORD 'idem-test'\"" >/dev/null
+      export IDEM_TEST_PG_URL="postgres://postgres:idem-test@127.0.0.1:5432/postgres"
+    fi
+  fi
+  log "PostgreSQL ready"
+}
+
+drop_old_test_databases() {
+  # Databases left by killed earlier runs (each test creates its own).
+  psql "$IDEM_TEST_PG_URL" -Atqc "select datname from pg_database where datname like 'idem\_%\_%'" 2>/dev/null |
+    while read -r db; do psql "$IDEM_TEST_PG_URL" -qc "drop database if exists \"$db\" with (force)" >/dev/null 2>&1 || true; done
+}
+
+ensure_postgres
+drop_old_test_databases
+log "cargo test --workspace"
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+set +e
+cargo test --workspace --locked "$@" 2>&1 | tee "$out"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over all test binaries (cargo prints one "test result" per binary).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "summary: %d passed, %d failed\n", p, f }' "$out"
+exit "$status"
