@@ -10,6 +10,7 @@
 pub mod auth;
 pub mod dto;
 pub mod json;
+pub mod keys;
 pub mod openapi;
 pub mod operations;
 pub mod problem;
@@ -62,6 +63,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         )
         .route("/v1/operations/{key}", get(operations::get_one))
         .route("/v1/operations/{key}/complete", post(operations::complete))
+        .route("/v1/keys", post(keys::create).get(keys::list))
+        .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi::serve))
@@ -117,11 +120,23 @@ pub async fn bootstrap(
         return Ok(None);
     }
     let generated = supplied.is_none();
-    let (info, secret) = store
-        .create_api_key("default", "bootstrap", Role::Admin, supplied)
-        .await?;
-    tracing::info!(id = %info.id, "created the bootstrap admin key for tenant \"default\"");
-    Ok(generated.then_some(secret))
+    match store
+        .create_api_key("default", "bootstrap", Role::Admin, supplied.clone())
+        .await
+    {
+        Ok((info, secret)) => {
+            tracing::info!(id = %info.id, "created the bootstrap admin key for tenant \"default\"");
+            Ok(generated.then_some(secret))
+        }
+        Err(idem_store::StoreError::Invalid(msg)) => {
+            // Another node sharing the database may have created the same supplied key first.
+            match supplied {
+                Some(s) if store.authenticate(&s).await?.is_some() => Ok(None),
+                _ => Err(idem_store::StoreError::Invalid(msg)),
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Runs the lease sweeper until the process ends: every `interval`, expired leases of

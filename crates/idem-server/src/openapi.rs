@@ -26,12 +26,15 @@ kept until retention is configured (not yet available); no record expires today.
         crate::operations::complete,
         crate::operations::get_one,
         crate::operations::list,
+        crate::keys::create,
+        crate::keys::list,
+        crate::keys::revoke,
         crate::healthz,
         crate::readyz,
     ),
-    components(schemas(AcquireBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem)),
+    components(schemas(AcquireBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::keys::ApiKeyView)),
     modifiers(&BearerAuth),
-    tags((name = "operations", description = "The ledger of side effects"), (name = "health", description = "Probes"))
+    tags((name = "operations", description = "The ledger of side effects"), (name = "keys", description = "API keys of the caller's tenant (admin role)"), (name = "health", description = "Probes"))
 )]
 pub struct ApiDoc;
 

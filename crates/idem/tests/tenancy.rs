@@ -64,3 +64,72 @@ async fn tenant_b_cannot_read_acquire_or_learn_of_tenant_a_key() {
             .all(|e| e["principal"] == "client")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_management_needs_the_admin_role_and_stays_in_the_tenant() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let client = s.create_key("tenant-a", "client");
+    let admin_a = s.create_key("tenant-a", "admin");
+    let admin_b = s.create_key("tenant-b", "admin");
+
+    let r = s
+        .post(&client, "/v1/keys", &json!({"role": "client"}))
+        .await;
+    assert_eq!((r.status.as_u16(), r.problem()), (403, "forbidden"));
+    assert_eq!(s.get(&client, "/v1/keys").await.status, 403);
+
+    let made = s
+        .post(
+            &admin_a,
+            "/v1/keys",
+            &json!({"role": "operator", "principal": "ops-bot"}),
+        )
+        .await;
+    assert_eq!(made.status, 201, "{made:?}");
+    assert_eq!(made.body["tenant"], "tenant-a");
+    let secret = made.body["secret"].as_str().unwrap().to_string();
+    let id = made.body["id"].as_str().unwrap().to_string();
+    assert_eq!(s.get(&secret, "/v1/operations").await.status, 200);
+    let listed = s.get(&admin_a, "/v1/keys").await.body;
+    assert_eq!(listed.as_array().unwrap().len(), 3);
+    assert!(
+        !listed.to_string().contains(&secret),
+        "secrets are never listed"
+    );
+    assert!(
+        s.get(&admin_b, "/v1/keys")
+            .await
+            .body
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|k| k["tenant"] == "tenant-b")
+    );
+
+    let bad = s.post(&admin_a, "/v1/keys", &json!({"role": "root"})).await;
+    assert_eq!(
+        (bad.status.as_u16(), bad.problem()),
+        (400, "invalid-request")
+    );
+
+    // B's admin cannot revoke A's key: it looks like no such key.
+    let del = s
+        .http
+        .delete(s.url(&format!("/v1/keys/{id}")))
+        .bearer_auth(&admin_b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 404);
+    assert_eq!(s.get(&secret, "/v1/operations").await.status, 200);
+    let del = s
+        .http
+        .delete(s.url(&format!("/v1/keys/{id}")))
+        .bearer_auth(&admin_a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(del.status(), 204);
+    assert_eq!(s.get(&secret, "/v1/operations").await.status, 401);
+}
