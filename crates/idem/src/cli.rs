@@ -13,14 +13,19 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
     name = "idem",
     version,
     about = "Make side effects safe to retry: one idempotency key, at most one side effect.",
-    long_about = "idem records each business intent under an idempotency key and a payload fingerprint, \
-lets exactly one worker execute it (lease + fencing token), and answers repeated triggers with the \
-recorded result instead of a second side effect. A timeout is UNKNOWN, never \"it did not happen\".\n\n\
-Start the service:    idem serve            (SQLite file ./idem.db, http://127.0.0.1:8080)\n\
-Then, with IDEM_API_KEY set to the key `serve` printed on first start:\n\
-  idem acquire INQ-001:confirmation:v1 --action send_confirmation --payload '{\"to\":\"c-42\"}'\n\
-  idem complete INQ-001:confirmation:v1 --token 1 --outcome succeeded --provider-ref msg-001\n\
-  idem ops get INQ-001:confirmation:v1"
+    long_about = concat!(
+        "idem records each business intent under an idempotency key and a payload fingerprint, ",
+        "lets exactly one worker execute it (lease + fencing token), and answers repeated triggers ",
+        "with the recorded result instead of a second side effect. A timeout is UNKNOWN, never ",
+        "\"it did not happen\".\n\n",
+        "Start the service (SQLite file ./idem.db, http://127.0.0.1:8080):\n",
+        "  idem serve\n",
+        "Then, with IDEM_API_KEY set to the key `serve` printed on first start:\n",
+        "  idem acquire INQ-001:confirmation:v1 --action send_confirmation --payload '{\"to\":\"c-42\"}'\n",
+        "  idem complete INQ-001:confirmation:v1 --token 1 --outcome succeeded --provider-ref msg-001\n",
+        "  idem ops get INQ-001:confirmation:v1\n\n",
+        "The HTTP API is described at /openapi.json on the running server."
+    )
 )]
 pub struct Cli {
     #[command(subcommand)]
