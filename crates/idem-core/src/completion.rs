@@ -240,15 +240,22 @@ pub fn plan_completion(
             next.error_class = Some(error_class.clone());
             next.error_message = message.clone();
             ev.error_class = Some(error_class.clone());
-            if rec.attempt_count >= policy.max_attempts {
+            let wait = policy.delay_ms(rec.attempt_count, jitter, *retry_after_ms);
+            let elapsed_out = policy
+                .max_elapsed_ms
+                .is_some_and(|max| now_ms + wait - rec.created_at > max);
+            if rec.attempt_count >= policy.max_attempts || elapsed_out {
                 next.state = State::Failed;
                 next.completed_at = Some(now_ms);
-                reason.push_str(&format!(
-                    "; retry limit reached after {} attempts",
-                    rec.attempt_count
-                ));
+                reason.push_str(&if elapsed_out {
+                    format!(
+                        "; retry time limit reached after {} attempts",
+                        rec.attempt_count
+                    )
+                } else {
+                    format!("; retry limit reached after {} attempts", rec.attempt_count)
+                });
             } else {
-                let wait = policy.delay_ms(rec.attempt_count, jitter, *retry_after_ms);
                 next.state = State::Pending;
                 next.next_attempt_at = Some(now_ms + wait);
                 ev.wait_ms = Some(wait);
@@ -289,6 +296,7 @@ mod tests {
             fingerprint: "f".into(),
             lease_ms: 1000,
             redo_safe: false,
+            connector: None,
             actor: Actor::default(),
         };
         plan_acquire(None, &input, 0).record

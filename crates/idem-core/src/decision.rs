@@ -42,18 +42,23 @@ pub enum Decision {
 
 /// The table of DESIGN.md §3, for a trigger with `fingerprint` and `action` at `now_ms`.
 ///
-/// `existing` is the stored record, if any. The action counts as part of the intent: the
-/// same key with another action is a mismatch, like another fingerprint.
+/// `existing` is the stored record, if any. The action and the connector count as part of
+/// the intent: the same key with another action or connector is a mismatch, like another
+/// fingerprint.
 pub fn decide(
     existing: Option<&OperationRecord>,
     fingerprint: &str,
     action: &str,
+    connector: Option<&str>,
     now_ms: i64,
 ) -> Decision {
     let Some(rec) = existing else {
         return Decision::Acquire;
     };
-    if rec.fingerprint != fingerprint || rec.action != action {
+    if rec.fingerprint != fingerprint
+        || rec.action != action
+        || rec.connector.as_deref() != connector
+    {
         return Decision::Mismatch;
     }
     match rec.state {
@@ -92,6 +97,9 @@ pub struct AcquireInput {
     pub lease_ms: i64,
     /// Whether the action may be redone after an expired lease.
     pub redo_safe: bool,
+    /// Connector that executes the side effect (server-side execution); `None` = the
+    /// caller performs it. Part of the intent, like the action.
+    pub connector: Option<String>,
     /// Who triggers, and through which request.
     pub actor: Actor,
 }
@@ -120,7 +128,13 @@ pub fn plan_acquire(
     input: &AcquireInput,
     now_ms: i64,
 ) -> AcquirePlan {
-    let decision = decide(existing, &input.fingerprint, &input.action, now_ms);
+    let decision = decide(
+        existing,
+        &input.fingerprint,
+        &input.action,
+        input.connector.as_deref(),
+        now_ms,
+    );
     let mut record = existing.cloned().unwrap_or_else(|| OperationRecord {
         tenant: input.tenant.clone(),
         key: input.key.clone(),
@@ -141,6 +155,8 @@ pub fn plan_acquire(
         evidence_source: None,
         needs_review: false,
         redo_safe: input.redo_safe,
+        connector: input.connector.clone(),
+        lookup_attempts: 0,
         created_at: now_ms,
         updated_at: now_ms,
         completed_at: None,
@@ -277,6 +293,7 @@ mod tests {
             fingerprint: fp.into(),
             lease_ms: 1000,
             redo_safe: false,
+            connector: None,
             actor: Actor {
                 principal: "p".into(),
                 request_id: None,
@@ -293,47 +310,57 @@ mod tests {
     #[test]
     fn the_table_of_design_section_3() {
         let now = 10_000;
-        assert_eq!(decide(None, "a", "send", now), Decision::Acquire);
+        assert_eq!(decide(None, "a", "send", None, now), Decision::Acquire);
         let mut pending = with_state(State::Pending);
         pending.next_attempt_at = Some(now + 500);
         assert_eq!(
-            decide(Some(&pending), "a", "send", now),
+            decide(Some(&pending), "a", "send", None, now),
             Decision::RetryNotDue {
                 retry_after_ms: 500
             }
         );
         pending.next_attempt_at = Some(now);
-        assert_eq!(decide(Some(&pending), "a", "send", now), Decision::Acquire);
+        assert_eq!(
+            decide(Some(&pending), "a", "send", None, now),
+            Decision::Acquire
+        );
         let mut exec = with_state(State::Executing);
         exec.lease_expires_at = Some(now + 1);
         assert_eq!(
-            decide(Some(&exec), "a", "send", now),
+            decide(Some(&exec), "a", "send", None, now),
             Decision::InProgress { retry_after_ms: 1 }
         );
         exec.lease_expires_at = Some(now);
         assert_eq!(
-            decide(Some(&exec), "a", "send", now),
+            decide(Some(&exec), "a", "send", None, now),
             Decision::ExpireToUnknown
         );
         exec.redo_safe = true;
-        assert_eq!(decide(Some(&exec), "a", "send", now), Decision::Acquire);
+        assert_eq!(
+            decide(Some(&exec), "a", "send", None, now),
+            Decision::Acquire
+        );
         for s in [State::Succeeded, State::Failed] {
             assert_eq!(
-                decide(Some(&with_state(s)), "a", "send", now),
+                decide(Some(&with_state(s)), "a", "send", None, now),
                 Decision::Replay
             );
         }
         assert_eq!(
-            decide(Some(&with_state(State::Unknown)), "a", "send", now),
+            decide(Some(&with_state(State::Unknown)), "a", "send", None, now),
             Decision::Unknown
         );
         for s in State::ALL {
             assert_eq!(
-                decide(Some(&with_state(s)), "b", "send", now),
+                decide(Some(&with_state(s)), "b", "send", None, now),
                 Decision::Mismatch
             );
             assert_eq!(
-                decide(Some(&with_state(s)), "a", "other", now),
+                decide(Some(&with_state(s)), "a", "other", None, now),
+                Decision::Mismatch
+            );
+            assert_eq!(
+                decide(Some(&with_state(s)), "a", "send", Some("mail"), now),
                 Decision::Mismatch
             );
         }

@@ -5,6 +5,7 @@
 //! - [`state`]: the states and their legal transitions (DESIGN.md §2).
 //! - [`decision`]: the decision table of DESIGN.md §3 ([`decide`]) and acquire plans.
 //! - [`completion`]: fenced completions and their plans.
+//! - [`reconcile`]: settling UNKNOWN by lookup evidence or operator resolution.
 //! - [`retry`]: the durable backoff schedule (full jitter).
 //! - [`record`]: the operation record and event log entries.
 //! - [`clock`]: epoch-millisecond time behind a trait.
@@ -16,6 +17,7 @@ pub mod completion;
 pub mod decision;
 pub mod fingerprint;
 pub mod key;
+pub mod reconcile;
 pub mod record;
 pub mod retry;
 pub mod state;
@@ -25,6 +27,7 @@ pub use completion::{CompleteError, CompletionPlan, Outcome, plan_completion};
 pub use decision::{AcquireInput, AcquirePlan, Decision, decide, plan_acquire, plan_lease_expiry};
 pub use fingerprint::{Fingerprint, FingerprintError, Payload, fingerprint};
 pub use key::{IdempotencyKey, KeyError};
+pub use reconcile::{Lookup, ResolveError, plan_reconciliation, plan_resolution};
 pub use record::{Actor, EventKind, OperationEvent, OperationRecord};
 pub use retry::RetryPolicy;
 pub use state::State;

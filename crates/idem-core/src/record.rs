@@ -50,6 +50,11 @@ pub struct OperationRecord {
     /// Declared safe to redo: an expired lease is re-granted instead of becoming UNKNOWN
     /// (DESIGN.md §2 invariant 4).
     pub redo_safe: bool,
+    /// Name of the configured connector idem executes the side effect with; `None` when
+    /// the caller performs it and reports the outcome ("external").
+    pub connector: Option<String>,
+    /// Reconciliation lookups made since the record last became UNKNOWN.
+    pub lookup_attempts: i64,
     /// Creation instant (epoch ms).
     pub created_at: i64,
     /// Last change (epoch ms).
@@ -122,6 +127,10 @@ pub enum EventKind {
     LeaseExpired,
     /// A worker's completion was applied.
     Completed,
+    /// A reconciliation lookup asked the provider what happened.
+    Reconciled,
+    /// An operator resolved the operation by hand.
+    Resolved,
 }
 
 impl EventKind {
@@ -136,6 +145,8 @@ impl EventKind {
             EventKind::Mismatch => "mismatch",
             EventKind::LeaseExpired => "lease_expired",
             EventKind::Completed => "completed",
+            EventKind::Reconciled => "reconciled",
+            EventKind::Resolved => "resolved",
         }
     }
 }

@@ -14,15 +14,19 @@ pub struct RetryPolicy {
     pub cap_ms: i64,
     /// Attempts after which a retryable failure becomes final (FAILED).
     pub max_attempts: i64,
+    /// Time since the operation was created after which no further attempt is scheduled
+    /// (ms); `None` = no limit.
+    pub max_elapsed_ms: Option<i64>,
 }
 
 impl Default for RetryPolicy {
-    /// base 1 000 ms, cap 60 000 ms, 8 attempts.
+    /// base 1 000 ms, cap 60 000 ms, 8 attempts, no elapsed-time limit.
     fn default() -> Self {
         RetryPolicy {
             base_ms: 1_000,
             cap_ms: 60_000,
             max_attempts: 8,
+            max_elapsed_ms: None,
         }
     }
 }

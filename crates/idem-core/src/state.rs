@@ -8,6 +8,8 @@
 //! EXECUTING ─► EXECUTING                   lease expired, action redo_safe: re-grant
 //! UNKNOWN ─► SUCCEEDED | PENDING | FAILED   reconciliation / operator resolution /
 //!                                          late completion by the last lease holder
+//! PENDING ─► SUCCEEDED | FAILED            operator resolution only (with a reason;
+//!                                          SUCCEEDED with an evidence reference)
 //! ```
 //! SUCCEEDED and FAILED are final: nothing leaves them.
 
@@ -62,7 +64,7 @@ impl State {
         use State::*;
         matches!(
             (self, to),
-            (Pending, Executing)
+            (Pending, Executing | Succeeded | Failed)
                 | (
                     Executing,
                     Succeeded | Failed | Pending | Unknown | Executing
@@ -109,7 +111,7 @@ mod tests {
     #[test]
     fn unknown_is_never_re_executed_directly() {
         assert!(!State::Unknown.can_become(State::Executing));
-        assert!(!State::Pending.can_become(State::Succeeded));
+        assert!(!State::Pending.can_become(State::Unknown));
     }
 
     #[test]

@@ -60,6 +60,7 @@ fn input(w: usize, p: u8, redo_safe: bool) -> AcquireInput {
         fingerprint: format!("fp{p}"),
         lease_ms: LEASE_MS,
         redo_safe,
+        connector: None,
         actor: Actor {
             principal: format!("w{w}"),
             request_id: None,
@@ -72,6 +73,7 @@ fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
         base_ms: 10,
         cap_ms: 50,
         max_attempts: 4,
+        max_elapsed_ms: None,
     };
     let mut now = 0i64;
     let mut rec: Option<OperationRecord> = None;

@@ -26,6 +26,7 @@ pub fn store_problem(e: StoreError) -> Problem {
     match e {
         StoreError::NotFound => Problem::not_found(),
         StoreError::Complete(c) => complete_problem(c),
+        StoreError::Resolve(r) => resolve_problem(r),
         StoreError::Contention => Problem::new(StatusCode::CONFLICT, "contention", e.to_string()),
         StoreError::Invalid(msg) => Problem::invalid(msg),
         StoreError::Database(_) | StoreError::Closed => {
@@ -66,6 +67,18 @@ fn complete_problem(e: CompleteError) -> Problem {
             p
         }
         CompleteError::Invalid(_) => Problem::invalid(detail),
+    }
+}
+
+fn resolve_problem(e: idem_core::ResolveError) -> Problem {
+    let detail = e.to_string();
+    match e {
+        idem_core::ResolveError::NotResolvable { state } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "not-resolvable", detail);
+            p.state = Some(state.as_str().into());
+            p
+        }
+        _ => Problem::invalid(detail),
     }
 }
 
@@ -265,6 +278,7 @@ fn acquire_input(
         fingerprint: fp.0,
         lease_ms,
         redo_safe: body.redo_safe.unwrap_or(false),
+        connector: None,
         actor: caller.actor(),
     })
 }
@@ -354,6 +368,7 @@ pub async fn complete(
             fencing_token,
             outcome,
             actor: caller.actor(),
+            policy: None,
         })
         .await
         .map_err(|e| with_rid(store_problem(e), &caller))?;

@@ -100,6 +100,7 @@ fn input(h: &Harness, key: &str, fp: &str) -> AcquireInput {
         fingerprint: format!("fp-{fp}"),
         lease_ms: 1_000,
         redo_safe: false,
+        connector: None,
         actor: actor("worker-a"),
     }
 }
@@ -111,6 +112,7 @@ fn complete(h: &Harness, key: &str, token: i64, outcome: Outcome) -> CompleteReq
         fencing_token: token,
         outcome,
         actor: actor("worker-a"),
+        policy: None,
     }
 }
 
@@ -495,6 +497,7 @@ async fn tenants_are_isolated(h: Harness) {
             fencing_token: 1,
             outcome: success("b"),
             actor: actor("b"),
+            policy: None,
         })
         .await;
     assert!(err.is_ok());

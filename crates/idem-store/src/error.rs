@@ -1,6 +1,6 @@
 //! Store errors.
 
-use idem_core::CompleteError;
+use idem_core::{CompleteError, ResolveError};
 
 /// Why a store call failed. Logic refusals (stale token, final record) come back as
 /// [`StoreError::Complete`]; everything else is infrastructure.
@@ -12,6 +12,9 @@ pub enum StoreError {
     /// The completion was refused; nothing was written.
     #[error(transparent)]
     Complete(#[from] CompleteError),
+    /// The resolution was refused; nothing was written.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
     /// A conditional write kept losing to concurrent writers (after bounded retries).
     #[error("the record kept changing under concurrent writers; try again")]
     Contention,

@@ -27,8 +27,8 @@ pub mod testing;
 use async_trait::async_trait;
 pub use error::StoreError;
 use idem_core::{
-    AcquireInput, Actor, Clock, Decision, OperationEvent, OperationRecord, Outcome, RetryPolicy,
-    State,
+    AcquireInput, Actor, Clock, Decision, Lookup, OperationEvent, OperationRecord, Outcome,
+    RetryPolicy, State,
 };
 use keys::{ApiKeyInfo, Role};
 use std::sync::Arc;
@@ -57,6 +57,52 @@ pub struct CompleteRequest {
     /// What happened.
     pub outcome: Outcome,
     /// Who reports, and through which request.
+    pub actor: Actor,
+    /// Retry schedule for a retryable failure; `None` = the store's default
+    /// ([`StoreConfig::retry_policy`]). Connector-executed operations pass their connector's.
+    pub policy: Option<RetryPolicy>,
+}
+
+/// The provider's answer about an UNKNOWN operation, to record.
+#[derive(Debug, Clone)]
+pub struct ReconcileRequest {
+    /// Tenant of the operation.
+    pub tenant: String,
+    /// Idempotency key.
+    pub key: String,
+    /// What the lookup found.
+    pub lookup: Lookup,
+    /// Who asked (`system` for the reconciler loop, the operator for `ops reconcile`).
+    pub actor: Actor,
+    /// Spacing of inconclusive lookups.
+    pub policy: RetryPolicy,
+    /// Inconclusive lookups before the operation is flagged `needs_review`.
+    pub max_lookups: i64,
+}
+
+/// The record after a reconciliation.
+#[derive(Debug, Clone)]
+pub struct ReconcileOutcome {
+    /// The record as stored now.
+    pub record: OperationRecord,
+    /// False when the record was in no state to be reconciled (a valid lease, or settled).
+    pub changed: bool,
+}
+
+/// An operator's resolution of an operation.
+#[derive(Debug, Clone)]
+pub struct ResolveRequest {
+    /// Tenant of the operation.
+    pub tenant: String,
+    /// Idempotency key.
+    pub key: String,
+    /// SUCCEEDED, PENDING or FAILED.
+    pub to: State,
+    /// Why (mandatory, audited).
+    pub reason: String,
+    /// Evidence reference (mandatory for SUCCEEDED).
+    pub evidence: Option<String>,
+    /// The operator.
     pub actor: Actor,
 }
 
@@ -125,6 +171,26 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records of `tenant` matching `filter`, newest first.
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Page, StoreError>;
+
+    /// Up to `limit` PENDING operations with a connector whose next attempt is due, across
+    /// tenants (the executor's work queue).
+    async fn due_executions(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError>;
+
+    /// Up to `limit` UNKNOWN operations, not flagged for review, whose next lookup is due,
+    /// across tenants (the reconciler's work queue).
+    async fn due_reconciliations(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError>;
+
+    /// Records a lookup's answer atomically with its event (idem-core `plan_reconciliation`).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for a missing key.
+    async fn reconcile(&self, req: ReconcileRequest) -> Result<ReconcileOutcome, StoreError>;
+
+    /// Applies an operator's resolution atomically with its event.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], or [`StoreError::Resolve`] when idem-core refuses it.
+    async fn resolve(&self, req: ResolveRequest) -> Result<OperationRecord, StoreError>;
 
     /// Turns up to `limit` EXECUTING records whose lease expired (and whose action is not
     /// redo_safe) into UNKNOWN, across tenants. Returns how many changed.

@@ -13,6 +13,7 @@ use crate::{
     AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig,
     StoreError,
 };
+use crate::{ReconcileOutcome, ReconcileRequest, ResolveRequest};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -127,6 +128,33 @@ impl Store for PgStore {
 
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Page, StoreError> {
         ops::list(&mut *self.pool.acquire().await?, tenant, filter).await
+    }
+
+    async fn due_executions(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+        ops::due_executions(&mut *self.pool.acquire().await?, self.clock.now_ms(), limit).await
+    }
+
+    async fn due_reconciliations(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+        ops::due_reconciliations(&mut *self.pool.acquire().await?, self.clock.now_ms(), limit).await
+    }
+
+    async fn reconcile(&self, req: ReconcileRequest) -> Result<ReconcileOutcome, StoreError> {
+        retrying!(self, |conn| ops::reconcile_once(
+            conn,
+            &req,
+            crate::jitter(),
+            self.clock.now_ms()
+        )
+        .await)
+    }
+
+    async fn resolve(&self, req: ResolveRequest) -> Result<OperationRecord, StoreError> {
+        retrying!(self, |conn| ops::resolve_once(
+            conn,
+            &req,
+            self.clock.now_ms()
+        )
+        .await)
     }
 
     async fn expire_leases(&self, limit: i64) -> Result<u64, StoreError> {

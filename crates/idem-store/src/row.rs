@@ -30,6 +30,8 @@ pub(crate) struct OperationRow {
     pub evidence_source: Option<String>,
     pub needs_review: bool,
     pub redo_safe: bool,
+    pub connector: Option<String>,
+    pub lookup_attempts: i64,
     pub created_at: i64,
     pub updated_at: i64,
     pub completed_at: Option<i64>,
@@ -43,7 +45,8 @@ macro_rules! operation_columns {
     () => {
         "id, tenant, op_key, action, fingerprint, payload, state, attempt_count, \
     lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, \
-    error_message, verified_at, evidence_source, needs_review, redo_safe, created_at, updated_at, \
+    error_message, verified_at, evidence_source, needs_review, redo_safe, connector, lookup_attempts, \
+         created_at, updated_at, \
     completed_at, expires_at, version"
     };
 }
@@ -80,6 +83,8 @@ impl OperationRow {
             evidence_source: self.evidence_source,
             needs_review: self.needs_review,
             redo_safe: self.redo_safe,
+            connector: self.connector,
+            lookup_attempts: self.lookup_attempts,
             created_at: self.created_at,
             updated_at: self.updated_at,
             completed_at: self.completed_at,

@@ -37,8 +37,8 @@ macro_rules! sql_ops {
                 "INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
                  lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, \
                  error_message, verified_at, evidence_source, needs_review, redo_safe, created_at, updated_at, \
-                 completed_at, expires_at, version) \
-                 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24) \
+                 completed_at, expires_at, version, connector, lookup_attempts) \
+                 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26) \
                  ON CONFLICT (tenant, op_key) DO NOTHING",
             )
             .bind(&r.tenant)
@@ -65,6 +65,8 @@ macro_rules! sql_ops {
             .bind(r.completed_at)
             .bind(r.expires_at)
             .bind(r.version)
+            .bind(&r.connector)
+            .bind(r.lookup_attempts)
             .execute(&mut *conn)
             .await?;
             Ok(done.rows_affected() == 1)
@@ -76,8 +78,8 @@ macro_rules! sql_ops {
                 "UPDATE operations SET state = $1, attempt_count = $2, lease_owner = $3, lease_expires_at = $4, \
                  fencing_token = $5, next_attempt_at = $6, provider_ref = $7, result = $8, error_class = $9, \
                  error_message = $10, verified_at = $11, evidence_source = $12, needs_review = $13, \
-                 updated_at = $14, completed_at = $15, expires_at = $16, version = $17 \
-                 WHERE tenant = $18 AND op_key = $19 AND version = $20",
+                 updated_at = $14, completed_at = $15, expires_at = $16, version = $17, lookup_attempts = $18 \
+                 WHERE tenant = $19 AND op_key = $20 AND version = $21",
             )
             .bind(r.state.as_str())
             .bind(r.attempt_count)
@@ -96,6 +98,7 @@ macro_rules! sql_ops {
             .bind(r.completed_at)
             .bind(r.expires_at)
             .bind(r.version)
+            .bind(r.lookup_attempts)
             .bind(&r.tenant)
             .bind(&r.key)
             .bind(read_version)
@@ -158,6 +161,7 @@ macro_rules! sql_ops {
             let Some(rec) = load(conn, &req.tenant, &req.key).await? else {
                 return Err(StoreError::NotFound);
             };
+            let policy = req.policy.as_ref().unwrap_or(policy);
             let plan = plan_completion(&rec, req.fencing_token, &req.outcome, &req.actor, policy, jitter, now_ms)?;
             if plan.changed && !update_cas(conn, &plan.record, rec.version).await? {
                 return Ok(None);
@@ -186,6 +190,60 @@ macro_rules! sql_ops {
                 }
             }
             Ok(changed)
+        }
+
+        /// PENDING operations with a connector whose next attempt is due, oldest due first.
+        pub(crate) async fn due_executions(conn: &mut $Conn, now_ms: i64, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+            let sql = concat!(
+                "SELECT ", operation_columns!(), " FROM operations WHERE state = 'PENDING' AND connector IS NOT NULL \
+                 AND (next_attempt_at IS NULL OR next_attempt_at <= $1) ORDER BY next_attempt_at LIMIT $2"
+            );
+            let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
+            rows.into_iter().map(OperationRow::into_record).collect()
+        }
+
+        /// UNKNOWN operations not yet flagged for review whose next lookup is due.
+        pub(crate) async fn due_reconciliations(conn: &mut $Conn, now_ms: i64, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+            let sql = concat!(
+                "SELECT ", operation_columns!(), " FROM operations WHERE state = 'UNKNOWN' AND needs_review = FALSE \
+                 AND (next_attempt_at IS NULL OR next_attempt_at <= $1) ORDER BY next_attempt_at LIMIT $2"
+            );
+            let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
+            rows.into_iter().map(OperationRow::into_record).collect()
+        }
+
+        /// One try of a reconciliation; `Ok(None)` = lost a race, retry; the inner `None` =
+        /// the record is in no state to be reconciled (returned unchanged).
+        pub(crate) async fn reconcile_once(
+            conn: &mut $Conn,
+            req: &$crate::ReconcileRequest,
+            jitter: f64,
+            now_ms: i64,
+        ) -> Result<Option<$crate::ReconcileOutcome>, StoreError> {
+            let Some(rec) = load(conn, &req.tenant, &req.key).await? else {
+                return Err(StoreError::NotFound);
+            };
+            let Some((next, ev)) = idem_core::plan_reconciliation(&rec, &req.lookup, &req.actor, &req.policy, req.max_lookups, jitter, now_ms) else {
+                return Ok(Some($crate::ReconcileOutcome { record: rec, changed: false }));
+            };
+            if !update_cas(conn, &next, rec.version).await? {
+                return Ok(None);
+            }
+            append_event(conn, &ev).await?;
+            Ok(Some($crate::ReconcileOutcome { record: next, changed: true }))
+        }
+
+        /// One try of an operator's resolution; `None` = lost a race, retry.
+        pub(crate) async fn resolve_once(conn: &mut $Conn, req: &$crate::ResolveRequest, now_ms: i64) -> Result<Option<OperationRecord>, StoreError> {
+            let Some(rec) = load(conn, &req.tenant, &req.key).await? else {
+                return Err(StoreError::NotFound);
+            };
+            let (next, ev) = idem_core::plan_resolution(&rec, req.to, &req.reason, req.evidence.as_deref(), &req.actor, now_ms)?;
+            if !update_cas(conn, &next, rec.version).await? {
+                return Ok(None);
+            }
+            append_event(conn, &ev).await?;
+            Ok(Some(next))
         }
 
         pub(crate) async fn events(conn: &mut $Conn, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {

@@ -19,6 +19,7 @@ use crate::{
     AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig,
     StoreError,
 };
+use crate::{ReconcileOutcome, ReconcileRequest, ResolveRequest};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
 use sqlx::sqlite::{
@@ -48,6 +49,8 @@ enum Command {
     Acquire(AcquireInput, Reply<AcquireOutcome>),
     Complete(CompleteRequest, Reply<CompleteOutcome>),
     ExpireLeases(i64, Reply<u64>),
+    Reconcile(ReconcileRequest, Reply<ReconcileOutcome>),
+    Resolve(ResolveRequest, Reply<OperationRecord>),
     CreateKey(ApiKeyInfo, String, Reply<()>),
     RevokeKey(String, Reply<bool>),
 }
@@ -171,6 +174,18 @@ async fn run_one(
         Command::ExpireLeases(limit, reply) => {
             guarded!(reply, ops::expire_leases(conn, now, limit).await)
         }
+        Command::Reconcile(req, reply) => guarded!(
+            reply,
+            ops::reconcile_once(conn, &req, crate::jitter(), now)
+                .await
+                .and_then(|o| o.ok_or(StoreError::Contention))
+        ),
+        Command::Resolve(req, reply) => guarded!(
+            reply,
+            ops::resolve_once(conn, &req, now)
+                .await
+                .and_then(|o| o.ok_or(StoreError::Contention))
+        ),
         Command::CreateKey(info, hash, reply) => {
             guarded!(reply, ops::insert_api_key(conn, &info, &hash).await)
         }
@@ -183,6 +198,8 @@ fn fail(cmd: Command, e: StoreError) -> Pending {
         Command::Acquire(_, r) => pending(r, Err(e)),
         Command::Complete(_, r) => pending(r, Err(e)),
         Command::ExpireLeases(_, r) => pending(r, Err(e)),
+        Command::Reconcile(_, r) => pending(r, Err(e)),
+        Command::Resolve(_, r) => pending(r, Err(e)),
         Command::CreateKey(_, _, r) => pending(r, Err(e)),
         Command::RevokeKey(_, r) => pending(r, Err(e)),
     }
@@ -256,6 +273,24 @@ impl Store for SqliteStore {
 
     async fn expire_leases(&self, limit: i64) -> Result<u64, StoreError> {
         self.send(|r| Command::ExpireLeases(limit, r)).await
+    }
+
+    async fn due_executions(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+        let mut conn = self.readers.acquire().await?;
+        ops::due_executions(&mut conn, self.clock.now_ms(), limit).await
+    }
+
+    async fn due_reconciliations(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+        let mut conn = self.readers.acquire().await?;
+        ops::due_reconciliations(&mut conn, self.clock.now_ms(), limit).await
+    }
+
+    async fn reconcile(&self, req: ReconcileRequest) -> Result<ReconcileOutcome, StoreError> {
+        self.send(|r| Command::Reconcile(req, r)).await
+    }
+
+    async fn resolve(&self, req: ResolveRequest) -> Result<OperationRecord, StoreError> {
+        self.send(|r| Command::Resolve(req, r)).await
     }
 
     async fn create_api_key(
