@@ -8,9 +8,11 @@
 //!   completion: nobody was granted since, and the worker's report is the best evidence
 //!   there is — it settles the UNKNOWN as reconciliation would).
 //! - SUCCEEDED requires evidence: a non-empty `provider_ref` (invariant 2).
-//! - Repeating the completion that was already applied (same outcome, same provider_ref or
-//!   error class) is idempotent: it returns the record unchanged. Any other completion of a
-//!   SUCCEEDED or FAILED record is refused ([`CompleteError::AlreadyFinal`]).
+//! - Repeating the completion that was already applied under the same token (same outcome
+//!   with the same provider_ref or error class) is idempotent: it returns the record
+//!   unchanged (a repeat's `result` is not stored again), so a worker may retry a completion
+//!   whose answer it lost. Any other completion of a SUCCEEDED or FAILED record is refused
+//!   ([`CompleteError::AlreadyFinal`]).
 //! - A retryable failure goes back to PENDING with `next_attempt_at` from the
 //!   [`RetryPolicy`], or to FAILED once `max_attempts` attempts were made.
 
@@ -173,9 +175,11 @@ pub fn plan_completion(
                 (State::Succeeded, Outcome::Succeeded { provider_ref, .. }) => {
                     rec.provider_ref.as_deref() == Some(provider_ref.as_str())
                 }
-                (State::Failed, Outcome::FinalFailure { error_class, .. }) => {
-                    rec.error_class.as_deref() == Some(error_class.as_str())
-                }
+                (
+                    State::Failed,
+                    Outcome::FinalFailure { error_class, .. }
+                    | Outcome::RetryableFailure { error_class, .. },
+                ) => rec.error_class.as_deref() == Some(error_class.as_str()),
                 _ => false,
             };
             if repeat {
@@ -187,7 +191,19 @@ pub fn plan_completion(
             }
             return Err(CompleteError::AlreadyFinal { state: rec.state });
         }
-        State::Pending => return Err(CompleteError::NotExecuting { state: rec.state }),
+        State::Pending => {
+            // A repeat of the retryable failure that made it PENDING (same lease, same class).
+            let repeat = matches!(outcome, Outcome::RetryableFailure { error_class, .. }
+                if rec.error_class.as_deref() == Some(error_class.as_str()));
+            if repeat {
+                return Ok(CompletionPlan {
+                    record: rec.clone(),
+                    changed: false,
+                    event: None,
+                });
+            }
+            return Err(CompleteError::NotExecuting { state: rec.state });
+        }
     }
     if rec.state == State::Unknown && matches!(outcome, Outcome::Unknown { .. }) {
         // Still unknown: nothing new to record.
@@ -380,8 +396,15 @@ mod tests {
         let p = done(&rec, 1, o.clone(), 100).unwrap();
         assert_eq!(p.record.state, State::Pending);
         assert_eq!(p.record.next_attempt_at, Some(1600));
+        let repeat = done(&p.record, 1, o.clone(), 200).unwrap();
+        assert!(!repeat.changed, "a lost answer's retry is idempotent");
+        let other = Outcome::RetryableFailure {
+            error_class: "timeout".into(),
+            message: None,
+            retry_after_ms: None,
+        };
         assert!(matches!(
-            done(&p.record, 1, o.clone(), 200),
+            done(&p.record, 1, other, 200),
             Err(CompleteError::NotExecuting { .. })
         ));
         let mut last = rec.clone();

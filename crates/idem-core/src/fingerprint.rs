@@ -5,13 +5,17 @@
 //! whitespace and number spelling (`1`, `1.0`, `1e0`) do not change it. Any client can
 //! recompute it: canonicalize with RFC 8785, hash with SHA-256, print lowercase hex.
 //!
-//! Subsets: `fingerprint_fields` is a list of JSON pointers (RFC 6901). The fingerprint is
-//! then taken over the object `{pointer: value}` of the named fields; a pointer that names
-//! nothing is left out of that object (so "absent" and `null` stay different).
+//! Subsets: `fingerprint_fields` is a non-empty list of JSON pointers (RFC 6901). The
+//! fingerprint is then taken over the object `{pointer: value}` of the named fields. Every
+//! pointer must name a value in the payload (send `null` for an optional field): a typo
+//! must not silently switch the check off.
 //!
-//! Duplicate member names are refused before hashing ([`Payload`]'s `Deserialize`), as
-//! I-JSON (RFC 7493 §2.3) requires: `serde_json` would otherwise keep the last one silently
-//! and two different documents would share one fingerprint.
+//! Two payloads that differ must never share a fingerprint, so [`Payload`]'s `Deserialize`
+//! refuses, before hashing, what I-JSON (RFC 7493) calls non-interoperable:
+//! - duplicate member names (§2.3): `serde_json` would keep the last one silently;
+//! - numbers of magnitude above 2^53 (§2.2): RFC 8785 writes numbers as IEEE 754 doubles,
+//!   so `9007199254740993` and `9007199254740992` would canonicalize alike. Send large
+//!   identifiers as strings.
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -51,6 +55,14 @@ pub enum FingerprintError {
     TooManyFields(usize),
     #[error("fingerprint field {0:?} is named twice")]
     DuplicateField(String),
+    #[error(
+        "fingerprint field {0:?} names nothing in the payload (pointers are case-sensitive; send null for an absent optional field)"
+    )]
+    FieldNotFound(String),
+    #[error(
+        "fingerprint_fields is empty: name at least one field, or leave it out to fingerprint the whole payload"
+    )]
+    NoFields,
     #[error("the payload cannot be canonicalized (RFC 8785): {0}")]
     Canonicalize(String),
 }
@@ -87,6 +99,9 @@ pub fn fingerprint(
     let canonical = match fields {
         None => canonical_json(payload)?,
         Some(fields) => {
+            if fields.is_empty() {
+                return Err(FingerprintError::NoFields);
+            }
             if fields.len() > MAX_FINGERPRINT_FIELDS {
                 return Err(FingerprintError::TooManyFields(fields.len()));
             }
@@ -99,9 +114,10 @@ pub fn fingerprint(
                 if !seen.insert(f.as_str()) {
                     return Err(FingerprintError::DuplicateField(f.clone()));
                 }
-                if let Some(v) = payload.pointer(f) {
-                    subset.insert(f.clone(), v.clone());
-                }
+                let v = payload
+                    .pointer(f)
+                    .ok_or_else(|| FingerprintError::FieldNotFound(f.clone()))?;
+                subset.insert(f.clone(), v.clone());
             }
             canonical_json(&Value::Object(subset))?
         }
@@ -120,7 +136,16 @@ impl<'de> Deserialize<'de> for Payload {
     }
 }
 
-/// Builds a `serde_json::Value`, failing on a repeated member name.
+/// Largest integer magnitude a double holds exactly: 2^53 (I-JSON, RFC 7493 §2.2).
+pub const MAX_EXACT_INTEGER: u64 = 1 << 53;
+
+fn too_big<E: de::Error>(shown: impl fmt::Display) -> E {
+    E::custom(format_args!(
+        "the number {shown} is beyond ±2^53, which JSON numbers cannot carry exactly (I-JSON, RFC 7493 §2.2); send it as a string"
+    ))
+}
+
+/// Builds a `serde_json::Value`, failing on a repeated member name or an inexact number.
 struct StrictValue;
 
 impl<'de> DeserializeSeed<'de> for StrictValue {
@@ -139,13 +164,22 @@ impl<'de> Visitor<'de> for StrictValue {
     fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
         Ok(Value::Bool(v))
     }
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        if v.unsigned_abs() > MAX_EXACT_INTEGER {
+            return Err(too_big(v));
+        }
         Ok(Value::from(v))
     }
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        if v > MAX_EXACT_INTEGER {
+            return Err(too_big(v));
+        }
         Ok(Value::from(v))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        if v.abs() > MAX_EXACT_INTEGER as f64 {
+            return Err(too_big(v));
+        }
         serde_json::Number::from_f64(v)
             .map(Value::Number)
             .ok_or_else(|| E::custom("a number that is not finite"))
@@ -219,19 +253,47 @@ mod tests {
     }
 
     #[test]
-    fn subset_ignores_other_fields_and_keeps_absent_distinct_from_null() {
+    fn subset_ignores_other_fields_and_refuses_pointers_that_name_nothing() {
         let f = vec!["/to".to_string(), "/template".to_string()];
         let a = fingerprint(&json!({"to":"x","template":"t","trace":"1"}), Some(&f)).unwrap();
         let b = fingerprint(&json!({"template":"t","to":"x","trace":"2"}), Some(&f)).unwrap();
         assert_eq!(a, b);
-        let absent = fingerprint(&json!({"to":"x"}), Some(&f)).unwrap();
-        let null = fingerprint(&json!({"to":"x","template":null}), Some(&f)).unwrap();
-        assert_ne!(absent, null);
+        let c = fingerprint(&json!({"template":"t","to":"y","trace":"2"}), Some(&f)).unwrap();
+        assert_ne!(a, c);
+        assert_eq!(
+            fingerprint(&json!({"to":"x"}), Some(&f)),
+            Err(FingerprintError::FieldNotFound("/template".into()))
+        );
+        assert!(fingerprint(&json!({"to":"x","template":null}), Some(&f)).is_ok());
+        assert_eq!(
+            fingerprint(&json!({}), Some(&[])),
+            Err(FingerprintError::NoFields)
+        );
+    }
+
+    #[test]
+    fn numbers_beyond_2_pow_53_are_refused() {
+        for text in [
+            "9007199254740993",
+            "-9007199254740993",
+            "1795999717611524801",
+            "1e300",
+            "123456789012345678901234567890",
+        ] {
+            let e = serde_json::from_str::<Payload>(&format!(r#"{{"id":{text}}}"#)).unwrap_err();
+            assert!(e.to_string().contains("2^53"), "{text}: {e}");
+        }
+        for ok in ["9007199254740992", "-9007199254740992", "1.5", "0"] {
+            assert!(
+                serde_json::from_str::<Payload>(&format!(r#"{{"id":{ok}}}"#)).is_ok(),
+                "{ok}"
+            );
+        }
     }
 
     #[test]
     fn rejects_bad_fields() {
-        let v = json!({});
+        let v = json!({"a": 1});
         assert!(matches!(
             fingerprint(&v, Some(&["to".into()])),
             Err(FingerprintError::BadPointer(_))

@@ -6,6 +6,8 @@
 //!   (draft-ietf-httpapi-idempotency-key-header-07 §2) uses for the header value, so a key
 //!   taken here can also travel in that header.
 //! - No leading or trailing space (they would be invisible in logs and the UI).
+//! - Not `.` or `..`: URLs treat those path segments as "this/parent directory" (RFC 3986
+//!   §5.2.4), so `/v1/operations/{key}` could never address them.
 //! - No personal data: a key is logged, shown to operators and kept in tombstones long
 //!   after the payload is gone, so keys that contain an e-mail address or a phone number
 //!   are refused. Derive keys from business identifiers (`INQ-001:confirmation:v1`), not
@@ -14,7 +16,8 @@
 //! The personal-data check is a conservative detector, not a proof:
 //! - e-mail: `local@domain.tld` with a non-empty local part, a dotted domain and an
 //!   alphabetic top-level label of at least two letters;
-//! - phone: a `+` followed by 8–15 digits (E.164, separators ` .-()` allowed), or the North
+//! - phone: a `+` that does not follow a letter, digit or dot, followed by 8–15 digits
+//!   (E.164, separators ` .-()` allowed; so `release-1.2.3+20261130` is fine), or the North
 //!   American grouping `(ddd) ddd-dddd` / `ddd-ddd-dddd` / `ddd.ddd.dddd` standing alone.
 //!   Plain runs of digits are *not* flagged, because order numbers and dates look like that.
 
@@ -37,6 +40,8 @@ pub enum KeyError {
     NotPrintableAscii(usize),
     #[error("the idempotency key starts or ends with a space")]
     SurroundingSpace,
+    #[error("the idempotency key cannot be \".\" or \"..\": URLs treat those as directory steps")]
+    DotSegment,
     #[error(
         "the idempotency key contains an e-mail address; keys are logged and kept after the payload expires, so derive them from business ids, not personal data"
     )]
@@ -69,6 +74,9 @@ impl IdempotencyKey {
         }
         if raw.starts_with(' ') || raw.ends_with(' ') {
             return Err(KeyError::SurroundingSpace);
+        }
+        if raw == "." || raw == ".." {
+            return Err(KeyError::DotSegment);
         }
         if contains_email(raw) {
             return Err(KeyError::ContainsEmail);
@@ -141,7 +149,8 @@ fn contains_phone(s: &str) -> bool {
     let is_sep = |c: u8| b" .-()".contains(&c);
     // E.164: '+' then digits with optional separators.
     for (i, &c) in b.iter().enumerate() {
-        if c == b'+' {
+        let after_word = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'.');
+        if c == b'+' && !after_word {
             let digits = b[i + 1..]
                 .iter()
                 .take_while(|&&c| c.is_ascii_digit() || is_sep(c))
@@ -217,6 +226,7 @@ mod tests {
             "user@",
             "x@y",
             "v1.2.3-rc.4",
+            "release-1.2.3+20261130",
         ] {
             assert!(IdempotencyKey::parse(k).is_ok(), "{k} should be accepted");
         }
@@ -242,6 +252,8 @@ mod tests {
             IdempotencyKey::parse(" abc"),
             Err(KeyError::SurroundingSpace)
         );
+        assert_eq!(IdempotencyKey::parse(".."), Err(KeyError::DotSegment));
+        assert!(IdempotencyKey::parse("...").is_ok());
     }
 
     #[test]

@@ -72,7 +72,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(e) => Err(Problem::invalid(query_text(&e))),
+            Err(e) => {
+                let rid = parts
+                    .headers
+                    .get("x-request-id")
+                    .and_then(|v| v.to_str().ok());
+                Err(Problem::invalid(query_text(&e)).with_request_id(rid))
+            }
         }
     }
 }

@@ -69,6 +69,7 @@ impl ApiKeyView {
         (status = 201, description = "The new key with its `secret`", body = ApiKeyView),
         (status = 400, description = "Bad role or principal", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -104,6 +105,7 @@ pub async fn create(
     responses(
         (status = 200, description = "Keys, oldest first", body = Vec<ApiKeyView>),
         (status = 403, description = "Not an admin key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -128,6 +130,7 @@ pub async fn list(State(state): State<AppState>, caller: Caller) -> Result<Respo
         (status = 204, description = "Revoked"),
         (status = 403, description = "Not an admin key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No live key with that id in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

@@ -23,7 +23,6 @@ use axum::routing::{get, post};
 use idem_core::Clock;
 use idem_store::Store;
 use idem_store::keys::Role;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -43,8 +42,9 @@ pub struct AppState {
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Address to listen on (`127.0.0.1:8080`; port 0 picks a free one).
-    pub listen: SocketAddr,
+    /// Address to listen on, `HOST:PORT` (`127.0.0.1:8080`, `localhost:0`; port 0 picks a
+    /// free one).
+    pub listen: String,
     /// Largest accepted request body (bytes).
     pub max_body_bytes: usize,
     /// How often the lease sweeper turns expired leases into UNKNOWN.
@@ -70,11 +70,21 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/openapi.json", get(openapi::serve))
         .route("/problems/{slug}", get(problem::describe))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
+}
+
+async fn method_not_allowed() -> Response {
+    problem::Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "this route does not take that method",
+    )
+    .into_response()
 }
 
 async fn not_found() -> Response {
@@ -191,7 +201,11 @@ pub async fn run(
         );
         println!("idem: IDEM_API_KEY={secret}");
     }
-    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
+        })?;
     println!("idem: listening on http://{}", listener.local_addr()?);
     let sweeper = spawn_lease_sweeper(store.clone(), config.sweep_interval);
     let app = router(AppState { store, clock }, config.max_body_bytes);

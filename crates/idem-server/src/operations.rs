@@ -117,25 +117,49 @@ fn in_range(name: &str, v: Option<i64>, min: i64, max: i64, default: i64) -> Res
     }
 }
 
-/// The key from the body or the `Idempotency-Key` header (IETF httpapi draft §2); both
-/// present and different is an error.
-fn key_of(body: Option<&str>, headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
-    let header = match headers.get("idempotency-key") {
-        None => None,
-        Some(v) => Some(v.to_str().map_err(|_| {
-            Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid-idempotency-key",
-                "the Idempotency-Key header is not ASCII",
-            )
-        })?),
+/// An RFC 8941 sf-string (`"a\"b"`, the IETF draft's form of the header) or, leniently,
+/// a bare token; only `\"` and `\\` are escapes (RFC 8941 §3.3.3).
+fn sf_string(raw: &str) -> Result<String, String> {
+    let raw = raw.trim();
+    let Some(inner) = raw.strip_prefix('"') else {
+        return Ok(raw.to_owned());
     };
-    // The header is an RFC 8941 sf-string: accept it quoted or bare.
-    let header = header.map(|h| {
-        h.strip_prefix('"')
-            .and_then(|h| h.strip_suffix('"'))
-            .unwrap_or(h)
-    });
+    let Some(inner) = inner.strip_suffix('"') else {
+        return Err("the Idempotency-Key header opens a quoted string it does not close".into());
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('"' | '\\')) => out.push(e),
+                _ => return Err("the Idempotency-Key header has an invalid escape (only \\\" and \\\\ are allowed)".into()),
+            },
+            '"' => return Err("the Idempotency-Key header has an unescaped quote".into()),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+/// The key from the body or the `Idempotency-Key` header (IETF httpapi draft §2); both
+/// present and different, or the header twice, is an error.
+fn key_of(body: Option<&str>, headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
+    let bad =
+        |detail: &str| Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", detail);
+    let mut values = headers.get_all("idempotency-key").iter();
+    let header = match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(_), Some(_)) => return Err(bad("more than one Idempotency-Key header")),
+        (Some(v), None) => Some(
+            sf_string(
+                v.to_str()
+                    .map_err(|_| bad("the Idempotency-Key header is not ASCII"))?,
+            )
+            .map_err(|e| bad(&e))?,
+        ),
+    };
+    let header = header.as_deref();
     match (body, header) {
         (Some(b), Some(h)) if b != h => Err(Problem::invalid(
             "the body's key and the Idempotency-Key header differ",
@@ -181,6 +205,10 @@ pub async fn acquire(
     let wait_ms =
         in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+    if wait_ms > 0 {
+        // Wait before triggering, so a waiting trigger is logged once (with its outcome).
+        wait_for_change(&state, &input, deadline).await;
+    }
     loop {
         let out = state
             .store
@@ -233,19 +261,21 @@ pub async fn acquire(
     }
 }
 
-/// Polls the record until its lease ends or `deadline` passes (reads only; the next
-/// trigger after the wait is recorded as usual).
+/// Polls the record while another worker's lease is valid, until `deadline` (reads only;
+/// the trigger after the wait is recorded as usual).
 async fn wait_for_change(state: &AppState, input: &AcquireInput, deadline: tokio::time::Instant) {
     loop {
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(WAIT_POLL_MS).min(deadline - now)).await;
         match state.store.get(&input.tenant, &input.key).await {
-            Ok(Some(r)) if r.lease_valid_at(state.clock.now_ms()) => {}
+            Ok(Some(r))
+                if r.fingerprint == input.fingerprint && r.lease_valid_at(state.clock.now_ms()) => {
+            }
             _ => return,
         }
+        tokio::time::sleep(Duration::from_millis(WAIT_POLL_MS).min(deadline - now)).await;
     }
 }
 
@@ -348,6 +378,7 @@ fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
         (status = 400, description = "Malformed request or outcome", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in the caller's tenant", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Stale fencing token, already final, or not executing; nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -382,6 +413,7 @@ pub async fn complete(
     responses(
         (status = 200, description = "The record with `events`", body = OperationView),
         (status = 404, description = "No such operation in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -416,6 +448,7 @@ pub async fn get_one(
     responses(
         (status = 200, description = "One page", body = OperationPage),
         (status = 400, description = "Invalid filter", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -432,9 +465,31 @@ pub async fn list(
         .map_err(|e| with_rid(store_problem(e), &caller))?;
     Ok(axum::Json(OperationPage {
         items: page.items.into_iter().map(OperationView::of).collect(),
-        next_cursor: page.next_cursor.map(|c| c.to_string()),
+        next_cursor: page.next_cursor.map(|(at, key)| encode_cursor(at, &key)),
     })
     .into_response())
+}
+
+/// An opaque page cursor: hex of `created_at:key` of the page's last record.
+fn encode_cursor(at: i64, key: &str) -> String {
+    format!("{at}:{key}")
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn decode_cursor(c: &str) -> Result<(i64, String), Problem> {
+    let bad = || Problem::invalid("cursor is not one this server issued");
+    if c.len() % 2 != 0 || c.len() > 1024 {
+        return Err(bad());
+    }
+    let bytes: Vec<u8> = (0..c.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(c.get(i..i + 2).ok_or_else(bad)?, 16).map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (at, key) = text.split_once(':').ok_or_else(bad)?;
+    Ok((at.parse().map_err(|_| bad())?, key.to_owned()))
 }
 
 fn list_filter(q: ListQuery) -> Result<ListFilter, Problem> {
@@ -444,16 +499,7 @@ fn list_filter(q: ListQuery) -> Result<ListFilter, Problem> {
         .map(str::parse::<idem_core::State>)
         .transpose()
         .map_err(|e| Problem::invalid(e.to_string()))?;
-    let cursor = q
-        .cursor
-        .as_deref()
-        .map(|c| {
-            c.parse::<i64>()
-                .ok()
-                .filter(|c| *c > 0)
-                .ok_or_else(|| Problem::invalid("cursor is not one this server issued"))
-        })
-        .transpose()?;
+    let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
     Ok(ListFilter {
         state,
         action: q.action,

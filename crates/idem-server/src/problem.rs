@@ -48,8 +48,13 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     ),
     (
         "not-found",
-        "No such operation",
-        "No operation with this key exists for the caller's tenant.",
+        "Not found",
+        "No operation with this key exists for the caller's tenant (or no such route, API key or problem type).",
+    ),
+    (
+        "method-not-allowed",
+        "Method not allowed",
+        "The route exists, but not for this HTTP method; see /openapi.json.",
     ),
     (
         "operation-in-progress",
@@ -80,6 +85,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "operation-not-executing",
         "The operation is not executing",
         "Only an EXECUTING operation (or an UNKNOWN one, by the holder of the last lease) can be completed; acquire it first.",
+    ),
+    (
+        "not-resolvable",
+        "The operation cannot be resolved now",
+        "Only UNKNOWN or PENDING operations, or EXECUTING ones whose lease expired, can be resolved by an operator; final ones never change.",
     ),
     (
         "contention",

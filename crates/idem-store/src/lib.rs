@@ -126,17 +126,19 @@ pub struct ListFilter {
     pub needs_review: Option<bool>,
     /// Page size, clamped to 1..=[`MAX_PAGE`].
     pub limit: i64,
-    /// Continue after this cursor (from [`Page::next_cursor`]).
-    pub cursor: Option<i64>,
+    /// Continue after this position (from [`Page::next_cursor`]): `(created_at, key)` of
+    /// the last record of the previous page.
+    pub cursor: Option<(i64, String)>,
 }
 
-/// One page of records, newest first.
+/// One page of records, newest first (by `created_at`, then key, descending).
 #[derive(Debug, Clone)]
 pub struct Page {
     /// The records.
     pub items: Vec<OperationRecord>,
-    /// Cursor of the next page; `None` on the last page.
-    pub next_cursor: Option<i64>,
+    /// Position after which the next page starts; `None` on the last page. Made only of the
+    /// tenant's own data, so it reveals nothing about other tenants.
+    pub next_cursor: Option<(i64, String)>,
 }
 
 /// Store-wide settings.
@@ -144,6 +146,9 @@ pub struct Page {
 pub struct StoreConfig {
     /// Backoff schedule for retryable failures reported by workers.
     pub retry_policy: RetryPolicy,
+    /// Refuse to create a missing SQLite file (for tools that must find the server's
+    /// database, like `idem keys`).
+    pub must_exist: bool,
 }
 
 /// The ledger's storage. Every method is scoped to a tenant where it touches operations;
@@ -256,11 +261,49 @@ pub(crate) fn jitter() -> f64 {
     rand::rng().random::<f64>()
 }
 
-/// Opens the store a database URL names, applying migrations:
-/// `postgres://…` / `postgresql://…` ⇒ [`postgres::PgStore`]; `sqlite://PATH`,
-/// `sqlite:PATH` or a plain file path ⇒ [`sqlite::SqliteStore`] (file created if missing).
+/// Where a database URL points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl<'a> {
+    /// `postgres://…` / `postgresql://…`.
+    Postgres(&'a str),
+    /// `sqlite://PATH`, `sqlite:PATH` or a plain file path: the file's path.
+    Sqlite(&'a str),
+}
+
+/// Classifies `url`.
 ///
 /// # Errors
+/// [`StoreError::Invalid`] for another scheme (`mysql://…`, `foo:bar`): a typo must not
+/// silently become an SQLite file of that name.
+pub fn parse_database_url(url: &str) -> Result<DatabaseUrl<'_>, StoreError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(DatabaseUrl::Postgres(url));
+    }
+    if let Some(path) = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+    {
+        return Ok(DatabaseUrl::Sqlite(path));
+    }
+    let looks_like_scheme = url.split_once(':').is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+.-".contains(&b))
+    });
+    if looks_like_scheme || url.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "unsupported database URL {url:?}: use sqlite://PATH (or a file path) or postgres://user@host:port/db"
+        )));
+    }
+    Ok(DatabaseUrl::Sqlite(url))
+}
+
+/// Opens the store a database URL names (see [`parse_database_url`]), applying migrations.
+/// An SQLite file is created if missing unless `config.must_exist` is set.
+///
+/// # Errors
+/// [`StoreError::Invalid`] for an unsupported URL or a missing file that must exist,
 /// [`StoreError::Database`] if the database cannot be opened, [`StoreError::Migrate`] if
 /// its schema cannot be brought up to date.
 pub async fn open(
@@ -268,17 +311,19 @@ pub async fn open(
     clock: Arc<dyn Clock>,
     config: StoreConfig,
 ) -> Result<Arc<dyn Store>, StoreError> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(Arc::new(
+    match parse_database_url(url)? {
+        DatabaseUrl::Postgres(url) => Ok(Arc::new(
             postgres::PgStore::connect(url, clock, config).await?,
-        ))
-    } else {
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-            .unwrap_or(url);
-        Ok(Arc::new(
-            sqlite::SqliteStore::open(path, clock, config).await?,
-        ))
+        )),
+        DatabaseUrl::Sqlite(path) => {
+            if config.must_exist && !std::path::Path::new(path).exists() {
+                return Err(StoreError::Invalid(format!(
+                    "no database at {path}: point --database-url at the file idem serve uses"
+                )));
+            }
+            Ok(Arc::new(
+                sqlite::SqliteStore::open(path, clock, config).await?,
+            ))
+        }
     }
 }

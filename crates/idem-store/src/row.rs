@@ -10,7 +10,6 @@ use idem_core::{OperationEvent, OperationRecord, State};
 /// Columns of `operations` in `SELECT` order (see [`OPERATION_COLUMNS`]).
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct OperationRow {
-    pub id: i64,
     pub tenant: String,
     pub op_key: String,
     pub action: String,
@@ -43,7 +42,7 @@ pub(crate) struct OperationRow {
 /// (sqlx 0.9 refuses dynamic SQL text unless audited).
 macro_rules! operation_columns {
     () => {
-        "id, tenant, op_key, action, fingerprint, payload, state, attempt_count, \
+        "tenant, op_key, action, fingerprint, payload, state, attempt_count, \
     lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, \
     error_message, verified_at, evidence_source, needs_review, redo_safe, connector, lookup_attempts, \
          created_at, updated_at, \

@@ -265,27 +265,31 @@ macro_rules! sql_ops {
                  AND (CAST($2 AS TEXT) IS NULL OR state = $2) \
                  AND (CAST($3 AS TEXT) IS NULL OR action = $3) \
                  AND (CAST($4 AS BOOLEAN) IS NULL OR needs_review = $4) \
-                 AND (CAST($5 AS BIGINT) IS NULL OR id < $5) \
-                 ORDER BY id DESC LIMIT $6"
+                 AND (CAST($5 AS BIGINT) IS NULL OR created_at < $5 OR (created_at = $5 AND op_key < $6)) \
+                 ORDER BY created_at DESC, op_key DESC LIMIT $7"
             );
             let limit = f.limit.clamp(1, $crate::MAX_PAGE);
+            let (after_at, after_key) = match &f.cursor {
+                Some((at, key)) => (Some(*at), Some(key.as_str())),
+                None => (None, None),
+            };
             let rows: Vec<OperationRow> = sqlx::query_as(sql)
                 .bind(tenant)
                 .bind(f.state.map(|s| s.as_str()))
                 .bind(f.action.as_deref())
                 .bind(f.needs_review)
-                .bind(f.cursor)
+                .bind(after_at)
+                .bind(after_key)
                 .bind(limit + 1)
                 .fetch_all(&mut *conn)
                 .await?;
             let more = rows.len() as i64 > limit;
             let mut items = Vec::with_capacity(rows.len());
-            let mut last_id = None;
             for row in rows.into_iter().take(limit as usize) {
-                last_id = Some(row.id);
                 items.push(row.into_record()?);
             }
-            Ok(Page { items, next_cursor: if more { last_id } else { None } })
+            let next_cursor = if more { items.last().map(|r| (r.created_at, r.key.clone())) } else { None };
+            Ok(Page { items, next_cursor })
         }
 
         pub(crate) async fn insert_api_key(

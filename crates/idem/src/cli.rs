@@ -2,7 +2,6 @@
 //! `--help`.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// Default database: an SQLite file in the working directory, created on first start.
@@ -72,9 +71,10 @@ pub enum LogFormat {
 pub struct ServeArgs {
     #[command(flatten)]
     pub db: DbArgs,
-    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    /// Address to listen on, HOST:PORT (port 0 picks a free port; the bound address is
+    /// printed).
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
-    pub listen: SocketAddr,
+    pub listen: String,
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = idem_server::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,

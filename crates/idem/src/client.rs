@@ -95,9 +95,9 @@ fn check(a: &Answer) -> anyhow::Result<()> {
 
 fn print(json_mode: bool, a: &Answer, human: impl FnOnce(&Value) -> String) {
     if json_mode {
-        println!("{}", a.body);
+        crate::out!("{}", a.body);
     } else {
-        println!("{}", human(&a.body));
+        crate::out!("{}", human(&a.body));
     }
 }
 
@@ -160,9 +160,11 @@ fn read_payload(args: &AcquireArgs) -> anyhow::Result<Option<Value>> {
         }
         (None, None) => return Ok(None),
     };
-    // Sent as raw JSON text so the server's duplicate-member check sees it as written.
-    let v: Value = serde_json::from_str(&text).context("--payload is not valid JSON")?;
-    Ok(Some(v))
+    // Parsed with the server's rules (no duplicate member names, no numbers beyond 2^53),
+    // so what is sent is exactly what was written.
+    let v: idem_core::Payload =
+        serde_json::from_str(&text).context("the payload is not valid for idem")?;
+    Ok(Some(v.0))
 }
 
 pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
@@ -197,11 +199,11 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
         }
     };
     if args.server.json {
-        println!("{}", a.body);
+        crate::out!("{}", a.body);
     } else if a.status == StatusCode::CONFLICT {
-        println!("{}", output::problem_line(409, &a.body));
+        crate::out!("{}", output::problem_line(409, &a.body));
     } else {
-        println!("{}", output::acquire_summary(a.status.as_u16(), &a.body));
+        crate::out!("{}", output::acquire_summary(a.status.as_u16(), &a.body));
     }
     Ok(ExitCode::from(code))
 }

@@ -9,7 +9,11 @@ use idem_store::keys::Role;
 use std::sync::Arc;
 
 async fn open(url: &str) -> anyhow::Result<Arc<dyn idem_store::Store>> {
-    idem_store::open(url, Arc::new(SystemClock), Default::default())
+    let config = idem_store::StoreConfig {
+        must_exist: true,
+        ..Default::default()
+    };
+    idem_store::open(url, Arc::new(SystemClock), config)
         .await
         .with_context(|| format!("cannot open the database {}", redact(url)))
 }
@@ -40,9 +44,9 @@ pub async fn run(cmd: KeysCommand) -> anyhow::Result<()> {
             if json {
                 let mut v = serde_json::to_value(&info)?;
                 v["secret"] = secret.into();
-                println!("{v}");
+                crate::out!("{v}");
             } else {
-                println!("{secret}");
+                crate::out!("{secret}");
                 eprintln!(
                     "idem: created key {} for tenant {tenant} ({role}); the secret above is shown only once",
                     info.id
@@ -53,11 +57,14 @@ pub async fn run(cmd: KeysCommand) -> anyhow::Result<()> {
             let store = open(&db.database_url).await?;
             let keys = store.list_api_keys(tenant.as_deref()).await?;
             if json {
-                println!("{}", serde_json::to_string(&keys)?);
+                crate::out!("{}", serde_json::to_string(&keys)?);
             } else {
-                println!(
+                crate::out!(
                     "{:<36}  {:<16}  {:<16}  {:<8}  STATUS",
-                    "ID", "TENANT", "PRINCIPAL", "ROLE"
+                    "ID",
+                    "TENANT",
+                    "PRINCIPAL",
+                    "ROLE"
                 );
                 for k in keys {
                     let status = if k.revoked_at.is_some() {
@@ -65,9 +72,12 @@ pub async fn run(cmd: KeysCommand) -> anyhow::Result<()> {
                     } else {
                         "active"
                     };
-                    println!(
+                    crate::out!(
                         "{:<36}  {:<16}  {:<16}  {:<8}  {status}",
-                        k.id, k.tenant, k.principal, k.role
+                        k.id,
+                        k.tenant,
+                        k.principal,
+                        k.role
                     );
                 }
             }
@@ -77,7 +87,7 @@ pub async fn run(cmd: KeysCommand) -> anyhow::Result<()> {
             if !store.revoke_api_key(&id).await? {
                 anyhow::bail!("no active key with id {id}");
             }
-            println!("revoked {id}");
+            crate::out!("revoked {id}");
         }
     }
     Ok(())

@@ -10,6 +10,18 @@ mod serve;
 use clap::Parser;
 use std::process::ExitCode;
 
+/// `println!` that ends the process quietly when stdout is closed (`idem … | head`)
+/// instead of panicking on the broken pipe.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout().lock(), $($arg)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -19,21 +19,45 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// Takes an exclusive lock beside an SQLite file for this process's lifetime: one
+/// `idem serve` per file (its writer task assumes it is the only one batching writes).
+/// `idem keys …` does not take it, so it works beside a running server.
+fn lock_sqlite(path: &str) -> anyhow::Result<Option<std::fs::File>> {
+    let lock_path = format!("{path}.serve-lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot create the lock file {lock_path}"))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another idem serve already uses {path}: run one server per SQLite file, or use PostgreSQL for several nodes"
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {lock_path}"))
+        }
+    }
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
+    let _lock = match idem_store::parse_database_url(&args.db.database_url)? {
+        idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
+        idem_store::DatabaseUrl::Postgres(_) => None,
+    };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = idem_store::open(&args.db.database_url, clock.clone(), Default::default())
         .await
         .with_context(|| format!("cannot open the database {}", redact(&args.db.database_url)))?;
     let config = idem_server::ServerConfig {
-        listen: args.listen,
+        listen: args.listen.clone(),
         max_body_bytes: args.max_body_bytes,
         sweep_interval: Duration::from_millis(args.sweep_interval_ms),
         bootstrap_key: args.bootstrap_key,
     };
-    idem_server::run(store, clock, config)
-        .await
-        .with_context(|| format!("cannot serve on {}", args.listen))
+    Ok(idem_server::run(store, clock, config).await?)
 }
 
 /// The URL without its password, for messages.

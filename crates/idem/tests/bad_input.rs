@@ -80,6 +80,51 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     .await
     .unwrap();
     assert_eq!(r.status(), 400);
+    // Numbers a double cannot carry exactly would collide in the fingerprint: 400.
+    let r = raw(format!(
+        r#"{{"key":"big-id","action":"refund","payload":{{"payment_id":1795999717611524801}}}}"#
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("2^53"));
+    // A fingerprint field that names nothing (a typo) or an empty list: 400, never a silent pass.
+    let typo = json!({"key": "ff", "action": "send", "payload": {"to": "a"}, "fingerprint_fields": ["/To"]});
+    let r = s.post(ADMIN_KEY, "/v1/operations", &typo).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
+    let empty =
+        json!({"key": "ff", "action": "send", "payload": {"to": "a"}, "fingerprint_fields": []});
+    assert_eq!(
+        s.post(ADMIN_KEY, "/v1/operations", &empty).await.status,
+        400
+    );
+    // Keys URLs cannot address, and a doubled Idempotency-Key header: 400.
+    assert_eq!(
+        s.acquire("..", json!({})).await.problem(),
+        "invalid-idempotency-key"
+    );
+    let r = s
+        .http
+        .post(s.url("/v1/operations"))
+        .bearer_auth(ADMIN_KEY)
+        .header("idempotency-key", "m-1")
+        .header("idempotency-key", "m-2")
+        .json(&json!({"action": "send"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // Wrong method on a known route: 405 problem+json.
+    let r = s
+        .http
+        .delete(s.url("/v1/operations"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+
     // Stale fencing token: 409 stale-fencing-token.
     let r = s
         .complete(

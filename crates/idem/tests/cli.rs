@@ -114,6 +114,14 @@ async fn bad_input_is_one_line_and_non_zero() {
         &["complete", "k", "--token", "1", "--outcome", "succeeded"][..],
         &["ops", "get", "never-used"][..],
         &["ops", "list", "--state", "DONE"][..],
+        &[
+            "acquire",
+            "k",
+            "--action",
+            "a",
+            "--payload",
+            r#"{"a":1,"a":2}"#,
+        ][..],
     ] {
         let out = idem(&s, args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
@@ -189,4 +197,71 @@ async fn keys_create_list_revoke() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(1));
     assert!(text(&bad.stderr).contains("tenant"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_per_sqlite_file_and_keys_never_create_a_database() {
+    let db = Db::new(Backend::Sqlite).await;
+    let _s = Server::start(&db.url);
+    let second = Command::new(idem_bin())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &db.url,
+        ])
+        .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    assert!(
+        text(&second.stderr).contains("another idem serve already uses"),
+        "{}",
+        text(&second.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = dir.path().join("typo.db");
+    let keys = Command::new(idem_bin())
+        .args(["keys", "list", "--database-url", wrong.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(keys.status.code(), Some(1));
+    assert!(
+        !wrong.exists(),
+        "a wrong path must not become a new empty database"
+    );
+    let scheme = Command::new(idem_bin())
+        .args(["keys", "list", "--database-url", "mysql://x/y"])
+        .output()
+        .unwrap();
+    assert_eq!(scheme.status.code(), Some(1));
+    assert!(text(&scheme.stderr).contains("unsupported database URL"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_is_not_a_crash() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    for i in 0..30 {
+        s.acquire(&format!("k-{i}"), serde_json::json!({"i": i}))
+            .await;
+    }
+    let mut child = Command::new(idem_bin())
+        .args(["ops", "list", "--limit", "30"])
+        .env("IDEM_URL", &s.base)
+        .env("IDEM_API_KEY", ADMIN_KEY)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader went away (like `| head -c 0`)
+    let out = child.wait_with_output().unwrap();
+    assert_ne!(
+        out.status.code(),
+        Some(101),
+        "panicked: {}",
+        text(&out.stderr)
+    );
+    assert!(!text(&out.stderr).contains("panicked"));
 }

@@ -169,6 +169,19 @@ async fn s3_concurrent_claims_one_acquire(b: Backend) {
         assert_eq!(r.status, 200, "{r:?}");
         assert_eq!(r.body["provider_ref"], "msg-003b");
     }
+    let rec = s.record(key).await.body;
+    assert_eq!(
+        event_kinds(&rec),
+        [
+            "acquired",
+            "completed",
+            "replayed",
+            "replayed",
+            "replayed",
+            "replayed"
+        ],
+        "a waiting trigger is logged once"
+    );
 }
 
 async fn s5_validation_failure_is_replayed(b: Backend) {
