@@ -192,11 +192,14 @@ macro_rules! sql_ops {
             Ok(changed)
         }
 
-        /// PENDING operations with a connector whose next attempt is due, oldest due first.
+        /// Connector operations due for an attempt: PENDING whose next attempt is due, and
+        /// EXECUTING redo_safe ones whose lease expired; oldest due first.
         pub(crate) async fn due_executions(conn: &mut $Conn, now_ms: i64, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
             let sql = concat!(
-                "SELECT ", operation_columns!(), " FROM operations WHERE state = 'PENDING' AND connector IS NOT NULL \
-                 AND (next_attempt_at IS NULL OR next_attempt_at <= $1) ORDER BY next_attempt_at LIMIT $2"
+                "SELECT ", operation_columns!(), " FROM operations WHERE connector IS NOT NULL AND \
+                 ((state = 'PENDING' AND (next_attempt_at IS NULL OR next_attempt_at <= $1)) \
+                  OR (state = 'EXECUTING' AND redo_safe = TRUE AND lease_expires_at <= $1)) \
+                 ORDER BY next_attempt_at LIMIT $2"
             );
             let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
             rows.into_iter().map(OperationRow::into_record).collect()

@@ -1,0 +1,602 @@
+//! The connector configuration file (`idem serve --config idem.toml`).
+//!
+//! ```toml
+//! [executor]
+//! poll_interval_ms = 100      # how often due retries are looked for
+//! concurrency = 32            # attempts in flight per node
+//! [reconciler]
+//! interval_ms = 500           # how often due UNKNOWN operations are looked up
+//!
+//! [actions.create_order]      # optional: the connector an action runs on by default
+//! connector = "orders"
+//!
+//! [connectors.orders]
+//! kind = "http"
+//! url = "https://orders.example.com/v1/orders"
+//! headers = { Authorization = { env = "ORDERS_TOKEN", prefix = "Bearer " } }
+//! provider_ref = { json_pointer = "/id" }     # or { header = "Location" }
+//! lookup = { url = "https://orders.example.com/v1/orders?client_reference={idempotency_key}", found_pointer = "/0/id" }
+//! retry = { base_ms = 1000, cap_ms = 30000, max_attempts = 5, budget_per_s = 5, budget_burst = 10 }
+//!
+//! [connectors.mail]
+//! kind = "smtp"
+//! host = "smtp.example.com"
+//! port = 587
+//! tls = "starttls"
+//! username = "idem"
+//! password = { env = "SMTP_PASSWORD" }       # or { file = "/run/secrets/smtp" }
+//! from = "noreply@example.com"
+//! imap = { host = "imap.example.com", port = 993, tls = "tls", username = "idem", password = { env = "IMAP_PASSWORD" }, mailbox = "Sent" }
+//! ```
+//!
+//! Environment overrides: every plain string may contain `${VAR}`, replaced by the
+//! variable's value at start-up. Secrets (`password`, header values) are given as
+//! `{ env = "VAR" }` or `{ file = "PATH" }` and are never logged, printed or returned by the
+//! API ([`Secret`]'s `Debug` shows `***`). Every error names the field it is about.
+
+use idem_core::RetryPolicy;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+/// A configuration problem, naming the field (`connectors.mail.password`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ConfigError {
+    /// Dotted path of the field.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The executor loop.
+    #[serde(default)]
+    pub executor: ExecutorConfig,
+    /// The reconciler loop.
+    #[serde(default)]
+    pub reconciler: ReconcilerConfig,
+    /// Per-action defaults.
+    #[serde(default)]
+    pub actions: BTreeMap<String, ActionConfig>,
+    /// Named connectors.
+    #[serde(default)]
+    pub connectors: BTreeMap<String, ConnectorConfig>,
+}
+
+/// `[executor]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecutorConfig {
+    /// How often due retries are looked for (ms).
+    pub poll_interval_ms: u64,
+    /// Attempts in flight at once on this node.
+    pub concurrency: usize,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            poll_interval_ms: 100,
+            concurrency: 32,
+        }
+    }
+}
+
+/// `[reconciler]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcilerConfig {
+    /// How often due UNKNOWN operations are looked up (ms).
+    pub interval_ms: u64,
+}
+
+impl Default for ReconcilerConfig {
+    fn default() -> Self {
+        ReconcilerConfig { interval_ms: 500 }
+    }
+}
+
+/// `[actions.NAME]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ActionConfig {
+    /// Connector that performs this action when a trigger names none.
+    pub connector: Option<String>,
+}
+
+/// `[connectors.NAME]`: one connector, by kind.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ConnectorConfig {
+    /// An HTTP API or webhook.
+    Http(HttpConfig),
+    /// An SMTP server, with an IMAP mailbox for lookups.
+    Smtp(SmtpConfig),
+}
+
+impl ConnectorConfig {
+    /// The retry settings.
+    pub fn retry(&self) -> &RetryConfig {
+        match self {
+            ConnectorConfig::Http(h) => &h.retry,
+            ConnectorConfig::Smtp(s) => &s.retry,
+        }
+    }
+}
+
+/// Retry policy and retry budget of a connector (DESIGN.md §4).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Backoff base (ms).
+    pub base_ms: i64,
+    /// Backoff cap (ms).
+    pub cap_ms: i64,
+    /// Attempts before a retryable failure becomes FAILED.
+    pub max_attempts: i64,
+    /// No attempt is scheduled later than this after the operation was created (ms).
+    pub max_elapsed_ms: Option<i64>,
+    /// Retry budget: retries allowed per second, on average (token bucket refill).
+    pub budget_per_s: f64,
+    /// Retry budget: retries allowed in a burst (token bucket size).
+    pub budget_burst: f64,
+    /// Inconclusive lookups before an UNKNOWN operation is flagged for review.
+    pub max_lookups: i64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            base_ms: 1_000,
+            cap_ms: 60_000,
+            max_attempts: 8,
+            max_elapsed_ms: None,
+            budget_per_s: 10.0,
+            budget_burst: 20.0,
+            max_lookups: 5,
+        }
+    }
+}
+
+impl RetryConfig {
+    /// The durable schedule (idem-core's policy).
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            base_ms: self.base_ms,
+            cap_ms: self.cap_ms,
+            max_attempts: self.max_attempts,
+            max_elapsed_ms: self.max_elapsed_ms,
+        }
+    }
+
+    fn check(&self, field: &str) -> Result<(), ConfigError> {
+        if self.base_ms < 1 || self.cap_ms < self.base_ms {
+            return Err(err(format!("{field}.retry"), "need 1 <= base_ms <= cap_ms"));
+        }
+        if self.max_attempts < 1 || self.max_lookups < 1 {
+            return Err(err(
+                format!("{field}.retry"),
+                "max_attempts and max_lookups must be at least 1",
+            ));
+        }
+        if !(self.budget_per_s > 0.0 && self.budget_burst >= 1.0) {
+            return Err(err(
+                format!("{field}.retry"),
+                "need budget_per_s > 0 and budget_burst >= 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A secret: from an environment variable or a file, never from the config text itself.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    /// Environment variable holding the secret.
+    pub env: Option<String>,
+    /// File holding the secret (trailing newline trimmed).
+    pub file: Option<String>,
+    /// Text put before the secret (e.g. `"Bearer "`).
+    #[serde(default)]
+    pub prefix: String,
+}
+
+impl fmt::Debug for SecretRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretRef(env={:?}, file={:?})", self.env, self.file)
+    }
+}
+
+/// A resolved secret. `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the wire.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl SecretRef {
+    /// Reads the secret now.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] on `field` when the variable is unset or the file unreadable.
+    pub fn resolve(&self, field: &str) -> Result<Secret, ConfigError> {
+        let value = match (&self.env, &self.file) {
+            (Some(var), None) => std::env::var(var)
+                .map_err(|_| err(field, format!("the environment variable {var} is not set")))?,
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| err(field, format!("cannot read the secret file {path}: {e}")))?
+                .trim_end_matches(['\n', '\r'])
+                .to_owned(),
+            _ => {
+                return Err(err(
+                    field,
+                    "give exactly one of env = \"VAR\" or file = \"PATH\"",
+                ));
+            }
+        };
+        if value.is_empty() {
+            return Err(err(field, "the secret is empty"));
+        }
+        Ok(Secret(format!("{}{value}", self.prefix)))
+    }
+}
+
+/// A header value: plain text (with `${VAR}` interpolation) or a secret.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderValueConfig {
+    /// Plain text.
+    Plain(String),
+    /// A secret.
+    Secret(SecretRef),
+}
+
+/// Where the provider's reference is in a 2xx answer.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderRefConfig {
+    /// JSON pointer into the response body (`/id`).
+    pub json_pointer: Option<String>,
+    /// Response header (`Location`).
+    pub header: Option<String>,
+}
+
+/// How to ask the provider whether an operation happened.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpLookupConfig {
+    /// URL template: `{key}`, `{tenant}`, `{idempotency_key}` are replaced (percent-encoded).
+    pub url: String,
+    /// JSON pointer to the provider's reference in a 200 answer; absent ⇒ Absent.
+    pub found_pointer: String,
+    /// Statuses that prove absence (default `[404]`).
+    #[serde(default = "default_absent_statuses")]
+    pub absent_statuses: Vec<u16>,
+}
+
+fn default_absent_statuses() -> Vec<u16> {
+    vec![404]
+}
+
+/// `kind = "http"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// URL template the payload is sent to (`{key}`, `{tenant}`, `{idempotency_key}`).
+    pub url: String,
+    /// HTTP method (default POST).
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Extra request headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, HeaderValueConfig>,
+    /// Whole-request timeout (ms); after it the outcome is UNKNOWN.
+    #[serde(default = "default_http_timeout")]
+    pub timeout_ms: u64,
+    /// Connect timeout (ms); a connect failure is retryable (nothing was sent).
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout_ms: u64,
+    /// Where the provider's reference is.
+    pub provider_ref: Option<ProviderRefConfig>,
+    /// How to look an operation up.
+    pub lookup: Option<HttpLookupConfig>,
+    /// Retry policy and budget.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Lease per attempt (ms); default timeout + 10 s.
+    pub lease_ms: Option<i64>,
+}
+
+fn default_method() -> String {
+    "POST".into()
+}
+fn default_http_timeout() -> u64 {
+    10_000
+}
+fn default_connect_timeout() -> u64 {
+    2_000
+}
+
+/// TLS mode of a mail connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// Plain TCP (loopback and tests only).
+    None,
+    /// Plain, upgraded with STARTTLS (SMTP only).
+    Starttls,
+    /// TLS from the first byte.
+    Tls,
+}
+
+/// `kind = "smtp"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpConfig {
+    /// SMTP server host.
+    pub host: String,
+    /// SMTP server port.
+    pub port: u16,
+    /// TLS mode.
+    #[serde(default = "default_tls")]
+    pub tls: TlsMode,
+    /// SMTP AUTH user.
+    pub username: Option<String>,
+    /// SMTP AUTH password.
+    pub password: Option<SecretRef>,
+    /// Default `From:` address (a payload's `from` overrides it).
+    pub from: String,
+    /// Domain of the deterministic `Message-ID`s (default: the host of `from`).
+    pub message_id_domain: Option<String>,
+    /// Timeout of each SMTP step (ms).
+    #[serde(default = "default_http_timeout")]
+    pub timeout_ms: u64,
+    /// Where sent messages can be found again.
+    pub imap: Option<ImapConfig>,
+    /// Retry policy and budget.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Lease per attempt (ms); default 4 × timeout + 10 s.
+    pub lease_ms: Option<i64>,
+}
+
+fn default_tls() -> TlsMode {
+    TlsMode::Starttls
+}
+
+/// `imap = {…}` of an SMTP connector: the mailbox that receives (a copy of) every message.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImapConfig {
+    /// IMAP server host.
+    pub host: String,
+    /// IMAP server port.
+    pub port: u16,
+    /// `none` or `tls`.
+    #[serde(default = "default_imap_tls")]
+    pub tls: TlsMode,
+    /// Login.
+    pub username: String,
+    /// Password.
+    pub password: SecretRef,
+    /// Mailbox to search (default INBOX).
+    #[serde(default = "default_mailbox")]
+    pub mailbox: String,
+    /// A message not found this soon after the attempt is "not yet delivered"
+    /// (inconclusive), not "absent" (ms, default 60 000).
+    #[serde(default = "default_grace")]
+    pub delivery_grace_ms: i64,
+}
+
+fn default_imap_tls() -> TlsMode {
+    TlsMode::Tls
+}
+fn default_mailbox() -> String {
+    "INBOX".into()
+}
+fn default_grace() -> i64 {
+    60_000
+}
+
+/// Replaces `${VAR}` with the environment variable's value.
+///
+/// # Errors
+/// A [`ConfigError`] on `field` for an unset variable or an unclosed `${`.
+pub fn interpolate(field: &str, text: &str) -> Result<String, ConfigError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| err(field, "unclosed ${ in the value"))?;
+        let var = &after[..end];
+        let value = std::env::var(var)
+            .map_err(|_| err(field, format!("the environment variable {var} is not set")))?;
+        out.push_str(&value);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Placeholders a URL template may use.
+pub const TEMPLATE_VARS: [&str; 3] = ["key", "tenant", "idempotency_key"];
+
+/// Checks a URL template: balanced braces, known placeholders, an http(s) URL.
+///
+/// # Errors
+/// A [`ConfigError`] on `field` naming the problem.
+pub fn check_template(field: &str, template: &str) -> Result<(), ConfigError> {
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let close = after
+            .find('}')
+            .ok_or_else(|| err(field, "a { in the template is not closed"))?;
+        let name = &after[..close];
+        if !TEMPLATE_VARS.contains(&name) {
+            return Err(err(
+                field,
+                format!(
+                    "unknown placeholder {{{name}}} (expected one of {{key}}, {{tenant}}, {{idempotency_key}})"
+                ),
+            ));
+        }
+        rest = &after[close + 1..];
+    }
+    if rest.contains('}') {
+        return Err(err(field, "a } in the template has no {"));
+    }
+    let probe = template
+        .replace("{key}", "k")
+        .replace("{tenant}", "t")
+        .replace("{idempotency_key}", "i");
+    let url =
+        reqwest::Url::parse(&probe).map_err(|e| err(field, format!("not a valid URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(err(field, "must be an http:// or https:// URL"));
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Reads and checks `path` (see the module docs).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the field (or `config` for unreadable or malformed TOML).
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| err("config", format!("cannot read {}: {e}", path.display())))?;
+        Config::parse(&text)
+    }
+
+    /// Parses and checks TOML text.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the field.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let config: Config =
+            toml::from_str(text).map_err(|e| err("config", e.to_string().replace('\n', " ")))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        for (name, action) in &self.actions {
+            if let Some(c) = &action.connector
+                && !self.connectors.contains_key(c)
+            {
+                return Err(err(
+                    format!("actions.{name}.connector"),
+                    format!("unknown connector {c:?}"),
+                ));
+            }
+        }
+        for (name, c) in &self.connectors {
+            let field = format!("connectors.{name}");
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
+            {
+                return Err(err(&field, "connector names are [A-Za-z0-9_-]+"));
+            }
+            c.retry().check(&field)?;
+        }
+        if self.executor.concurrency == 0
+            || self.executor.poll_interval_ms == 0
+            || self.reconciler.interval_ms == 0
+        {
+            return Err(err(
+                "executor",
+                "concurrency and intervals must be positive",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = Config::parse("[connectors.x]\nkind = \"ftp\"\n").unwrap_err();
+        assert_eq!(e.field, "config");
+        assert!(e.message.contains("ftp"), "{e}");
+        let e = Config::parse("[actions.send]\nconnector = \"mial\"\n").unwrap_err();
+        assert_eq!(e.field, "actions.send.connector");
+        let e = Config::parse("[connectors.h]\nkind = \"http\"\nurl = \"http://x/\"\nbogus = 1\n")
+            .unwrap_err();
+        assert!(e.message.contains("bogus"), "{e}");
+        assert_eq!(
+            check_template("connectors.h.lookup.url", "http://x/o?ref={keyy}")
+                .unwrap_err()
+                .field,
+            "connectors.h.lookup.url"
+        );
+        assert!(check_template("f", "http://x/o/{key}?t={tenant}&i={idempotency_key}").is_ok());
+        assert!(check_template("f", "ftp://x/{key}").is_err());
+        assert!(check_template("f", "http://x/{key").is_err());
+    }
+
+    #[test]
+    fn secrets_come_from_env_or_file_and_never_print() {
+        let r = SecretRef {
+            env: Some("IDEM_TEST_SURELY_UNSET_VAR".into()),
+            file: None,
+            prefix: String::new(),
+        };
+        let e = r.resolve("connectors.mail.password").unwrap_err();
+        assert_eq!(e.field, "connectors.mail.password");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s");
+        std::fs::write(&f, "hunter2\n").unwrap();
+        let r = SecretRef {
+            env: None,
+            file: Some(f.display().to_string()),
+            prefix: "Bearer ".into(),
+        };
+        let s = r.resolve("x").unwrap();
+        assert_eq!(s.expose(), "Bearer hunter2");
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn interpolation_reads_the_environment() {
+        assert_eq!(interpolate("f", "plain").unwrap(), "plain");
+        assert!(
+            interpolate("f", "${IDEM_TEST_SURELY_UNSET_VAR}")
+                .unwrap_err()
+                .message
+                .contains("IDEM_TEST_SURELY_UNSET_VAR")
+        );
+        assert!(interpolate("f", "${OPEN").is_err());
+    }
+}

@@ -1,0 +1,83 @@
+//! The connector contract (DESIGN.md §7): perform a side effect, and look it up afterwards.
+//!
+//! Outcomes are classified, never guessed (DESIGN.md §4): a failure *before* anything
+//! reached the provider is retryable; a failure *after* the request may have reached it is
+//! UNKNOWN, to be settled by [`Connector::lookup`]. Connectors never retry themselves:
+//! exactly one layer retries, the executor, on the durable schedule.
+
+use async_trait::async_trait;
+use idem_core::fingerprint::sha256_hex;
+use idem_core::{Lookup, Outcome};
+use serde_json::Value;
+
+/// What a connector knows about the attempt it performs.
+#[derive(Debug, Clone)]
+pub struct OperationCtx {
+    /// Tenant of the operation.
+    pub tenant: String,
+    /// The caller's idempotency key.
+    pub key: String,
+    /// The action.
+    pub action: String,
+    /// The payload (the connector's input).
+    pub payload: Value,
+    /// Fencing token of the lease this attempt runs under.
+    pub fencing_token: i64,
+    /// Attempt number (1-based).
+    pub attempt: i64,
+    /// When the operation last changed state (epoch ms): for an UNKNOWN one, about when
+    /// the attempt in doubt ended.
+    pub updated_at: i64,
+}
+
+impl OperationCtx {
+    /// The key as sent to providers: `tenant:key`, so two tenants' equal keys never collide
+    /// in a provider's own idempotency store.
+    pub fn provider_key(&self) -> String {
+        format!("{}:{}", self.tenant, self.key)
+    }
+
+    /// A stable digest of tenant and key (32 hex digits), e.g. for a `Message-ID`.
+    pub fn stable_id(&self) -> String {
+        sha256_hex(format!("{}\u{0}{}", self.tenant, self.key).as_bytes())[..32].to_owned()
+    }
+}
+
+/// Performs one kind of side effect against one provider.
+#[async_trait]
+pub trait Connector: Send + Sync + std::fmt::Debug {
+    /// Performs the side effect once and classifies what happened. Must not retry.
+    async fn execute(&self, op: &OperationCtx) -> Outcome;
+
+    /// Asks the provider whether the side effect of `op` happened.
+    async fn lookup(&self, op: &OperationCtx) -> Lookup;
+
+    /// Lease to take for one attempt (ms): longer than the connector's own timeouts, so a
+    /// lease never expires under a live attempt.
+    fn lease_ms(&self) -> i64;
+}
+
+/// `retryable_failure` with a class and message.
+pub fn retryable(class: &str, message: impl Into<String>, retry_after_ms: Option<i64>) -> Outcome {
+    Outcome::RetryableFailure {
+        error_class: class.into(),
+        message: Some(message.into()),
+        retry_after_ms,
+    }
+}
+
+/// `final_failure` with a class and message.
+pub fn final_failure(class: &str, message: impl Into<String>) -> Outcome {
+    Outcome::FinalFailure {
+        error_class: class.into(),
+        message: Some(message.into()),
+        result: None,
+    }
+}
+
+/// `unknown` with a message.
+pub fn unknown(message: impl Into<String>) -> Outcome {
+    Outcome::Unknown {
+        message: Some(message.into()),
+    }
+}

@@ -1,0 +1,190 @@
+//! The executor: performs connector-backed operations and records their outcomes.
+//!
+//! - [`Executor::run_attempt`] runs one attempt of a record the caller was just granted
+//!   (EXECUTING, with its fencing token): calls the connector, then completes with the
+//!   connector's retry policy. The fencing token guards the completion: if the lease was
+//!   lost meanwhile, the completion is refused and nothing is overwritten.
+//! - [`Executor::spawn_loop`] is the durable worker: it polls the store for due retries
+//!   (PENDING with `next_attempt_at` passed; EXECUTING `redo_safe` operations whose lease
+//!   expired), takes a token from the connector's retry budget, acquires the operation like
+//!   any trigger (so two nodes never run the same attempt), and runs it. Because the
+//!   schedule lives in the store, due retries resume after a restart.
+
+use crate::connector::OperationCtx;
+use crate::registry::Registry;
+use idem_core::{AcquireInput, Actor, Decision, OperationRecord};
+use idem_store::{CompleteRequest, Store, StoreError};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Runs connector attempts for one node.
+pub struct Executor {
+    store: Arc<dyn Store>,
+    registry: Arc<Registry>,
+    slots: Arc<Semaphore>,
+    poll_interval: Duration,
+}
+
+/// The context a connector sees for `rec`.
+pub fn ctx_of(rec: &OperationRecord) -> OperationCtx {
+    OperationCtx {
+        tenant: rec.tenant.clone(),
+        key: rec.key.clone(),
+        action: rec.action.clone(),
+        payload: rec.payload.clone(),
+        fencing_token: rec.fencing_token,
+        attempt: rec.attempt_count,
+        updated_at: rec.updated_at,
+    }
+}
+
+fn executor_actor() -> Actor {
+    Actor {
+        principal: "executor".into(),
+        request_id: None,
+    }
+}
+
+impl Executor {
+    /// An executor with `concurrency` attempts in flight at most.
+    pub fn new(
+        store: Arc<dyn Store>,
+        registry: Arc<Registry>,
+        concurrency: usize,
+        poll_interval: Duration,
+    ) -> Self {
+        Executor {
+            store,
+            registry,
+            slots: Arc::new(Semaphore::new(concurrency.max(1))),
+            poll_interval,
+        }
+    }
+
+    /// The registry this executor runs on.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Runs one attempt of `granted` (EXECUTING, just acquired) and returns the record as
+    /// stored afterwards.
+    ///
+    /// # Errors
+    /// Store errors while completing (the attempt's outcome is then not recorded; the lease
+    /// expires into UNKNOWN and the reconciler settles it).
+    pub async fn run_attempt(
+        &self,
+        granted: OperationRecord,
+    ) -> Result<OperationRecord, StoreError> {
+        let Some(name) = granted.connector.clone() else {
+            return Ok(granted);
+        };
+        let ctx = ctx_of(&granted);
+        let (outcome, policy) = match self.registry.get(&name) {
+            Some(entry) => (
+                entry.connector.execute(&ctx).await,
+                Some(entry.policy.clone()),
+            ),
+            // Nothing was sent: the connector is gone from the config.
+            None => (
+                crate::connector::retryable(
+                    "no_connector",
+                    format!("connector {name:?} is not configured on this node"),
+                    Some(60_000),
+                ),
+                None,
+            ),
+        };
+        tracing::info!(tenant = %ctx.tenant, connector = %name, attempt = ctx.attempt, outcome = outcome.name(), "attempt finished");
+        let req = CompleteRequest {
+            tenant: granted.tenant.clone(),
+            key: granted.key.clone(),
+            fencing_token: granted.fencing_token,
+            outcome,
+            actor: executor_actor(),
+            policy,
+        };
+        match self.store.complete(req).await {
+            Ok(done) => Ok(done.record),
+            Err(StoreError::Complete(e)) => {
+                tracing::warn!(tenant = %ctx.tenant, error = %e, "attempt's completion refused");
+                self.store
+                    .get(&granted.tenant, &granted.key)
+                    .await
+                    .map(|r| r.unwrap_or(granted))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs [`Executor::run_attempt`] in its own task (it finishes even if the caller
+    /// stops waiting), bounded by the concurrency limit.
+    pub fn spawn_attempt(
+        self: &Arc<Self>,
+        granted: OperationRecord,
+    ) -> tokio::task::JoinHandle<Result<OperationRecord, StoreError>> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _slot = this.slots.clone().acquire_owned().await;
+            this.run_attempt(granted).await
+        })
+    }
+
+    /// One pass over due work; returns how many attempts were started.
+    ///
+    /// # Errors
+    /// Store errors while listing due work.
+    pub async fn tick(self: &Arc<Self>) -> Result<usize, StoreError> {
+        let due = self.store.due_executions(64).await?;
+        let mut started = 0;
+        for rec in due {
+            let Some(entry) = rec.connector.as_deref().and_then(|c| self.registry.get(c)) else {
+                continue;
+            };
+            if !entry.budget.try_take() {
+                tracing::debug!(connector = %entry.name, "retry budget exhausted; retry deferred");
+                continue;
+            }
+            let input = AcquireInput {
+                tenant: rec.tenant.clone(),
+                key: rec.key.clone(),
+                action: rec.action.clone(),
+                payload: rec.payload.clone(),
+                fingerprint: rec.fingerprint.clone(),
+                lease_ms: entry.connector.lease_ms(),
+                redo_safe: rec.redo_safe,
+                connector: rec.connector.clone(),
+                actor: executor_actor(),
+            };
+            let out = self.store.acquire(input).await?;
+            if out.decision == Decision::Acquire {
+                self.spawn_attempt(out.record);
+                started += 1;
+            }
+        }
+        Ok(started)
+    }
+
+    /// Polls for due work every poll interval until the process ends.
+    pub fn spawn_loop(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(self.poll_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = self.tick().await {
+                    tracing::warn!(error = %e, "executor pass failed");
+                }
+            }
+        })
+    }
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,373 @@
+//! The HTTP connector (reqwest): sends the payload as JSON to a configured URL with the
+//! operation's key in `Idempotency-Key`, and looks operations up by a URL template.
+//!
+//! Classification (DESIGN.md §4):
+//! - 2xx ⇒ succeeded; the provider's reference comes from a JSON pointer or a header
+//!   (falling back to the `Idempotency-Key` sent, which the provider accepted);
+//! - 408, 425, 429, 500, 502, 503, 504 ⇒ retryable, `Retry-After` (delta-seconds) honoured;
+//! - other 4xx ⇒ final (`validation`, `auth`, `not_found`, `conflict`, `client_error`);
+//!   other 5xx ⇒ final (`server_error`);
+//! - connection refused or DNS failure (nothing was sent) ⇒ retryable (`connect`);
+//! - a timeout or reset after the connection was made ⇒ UNKNOWN: the request may have
+//!   been processed.
+//!
+//! The client never retries or follows redirects by itself: exactly one layer retries.
+
+use crate::config::{ConfigError, HeaderValueConfig, HttpConfig, check_template, interpolate};
+use crate::connector::{Connector, OperationCtx, final_failure, retryable, unknown};
+use async_trait::async_trait;
+use idem_core::{Lookup, Outcome};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use std::time::Duration;
+
+/// A configured HTTP connector.
+#[derive(Debug)]
+pub struct HttpConnector {
+    name: String,
+    client: reqwest::Client,
+    method: Method,
+    url: String,
+    headers: HeaderMap,
+    ref_pointer: Option<String>,
+    ref_header: Option<HeaderName>,
+    lookup: Option<crate::config::HttpLookupConfig>,
+    lease_ms: i64,
+}
+
+/// Replaces `{key}`, `{tenant}`, `{idempotency_key}` with percent-encoded values.
+fn fill(template: &str, op: &OperationCtx) -> String {
+    fn enc(s: &str) -> String {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+    template
+        .replace("{key}", &enc(&op.key))
+        .replace("{tenant}", &enc(&op.tenant))
+        .replace("{idempotency_key}", &enc(&op.provider_key()))
+}
+
+/// `Retry-After` as delta-seconds (RFC 9110 §10.2.3), in ms; HTTP-dates are not honoured.
+fn retry_after_ms(headers: &HeaderMap) -> Option<i64> {
+    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    v.trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|s| *s >= 0)
+        .map(|s| s.saturating_mul(1000).min(86_400_000))
+}
+
+/// The error class of a final 4xx/5xx answer.
+pub fn final_class(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 422 => "validation",
+        401 | 403 => "auth",
+        404 | 410 => "not_found",
+        409 => "conflict",
+        413 => "too_large",
+        400..=499 => "client_error",
+        _ => "server_error",
+    }
+}
+
+/// Whether a status is worth retrying (RFC 9110 semantics; 425 Too Early, 429 rate limit).
+pub fn is_retryable_status(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 425 | 429 | 500 | 502 | 503 | 504)
+}
+
+impl HttpConnector {
+    /// Builds the connector, resolving secrets and checking templates.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the field (`connectors.NAME.url`, `….headers.X`, …).
+    pub fn new(name: &str, c: &HttpConfig) -> Result<Self, ConfigError> {
+        let field = format!("connectors.{name}");
+        let bad = |f: &str, m: String| ConfigError {
+            field: format!("{field}.{f}"),
+            message: m,
+        };
+        let url = interpolate(&format!("{field}.url"), &c.url)?;
+        check_template(&format!("{field}.url"), &url)?;
+        let method = Method::from_bytes(c.method.to_ascii_uppercase().as_bytes())
+            .map_err(|_| bad("method", format!("not an HTTP method: {}", c.method)))?;
+        let mut headers = HeaderMap::new();
+        for (k, v) in &c.headers {
+            let hfield = format!("{field}.headers.{k}");
+            let name = HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| bad("headers", format!("{k:?} is not a header name")))?;
+            let (text, sensitive) = match v {
+                HeaderValueConfig::Plain(t) => (interpolate(&hfield, t)?, false),
+                HeaderValueConfig::Secret(s) => (s.resolve(&hfield)?.expose().to_owned(), true),
+            };
+            let mut value = HeaderValue::from_str(&text).map_err(|_| ConfigError {
+                field: hfield.clone(),
+                message: "not a valid header value".into(),
+            })?;
+            value.set_sensitive(sensitive);
+            headers.insert(name, value);
+        }
+        let (ref_pointer, ref_header) = match &c.provider_ref {
+            None => (None, None),
+            Some(p) => {
+                if let Some(ptr) = &p.json_pointer
+                    && !ptr.starts_with('/')
+                {
+                    return Err(bad(
+                        "provider_ref.json_pointer",
+                        "a JSON pointer starts with /".into(),
+                    ));
+                }
+                let header = p
+                    .header
+                    .as_deref()
+                    .map(|h| {
+                        HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                            bad("provider_ref.header", format!("{h:?} is not a header name"))
+                        })
+                    })
+                    .transpose()?;
+                (p.json_pointer.clone(), header)
+            }
+        };
+        let lookup = match &c.lookup {
+            None => None,
+            Some(l) => {
+                let mut l = l.clone();
+                l.url = interpolate(&format!("{field}.lookup.url"), &l.url)?;
+                check_template(&format!("{field}.lookup.url"), &l.url)?;
+                if !l.found_pointer.starts_with('/') {
+                    return Err(bad(
+                        "lookup.found_pointer",
+                        "a JSON pointer starts with /".into(),
+                    ));
+                }
+                Some(l)
+            }
+        };
+        if c.timeout_ms == 0 || c.connect_timeout_ms == 0 {
+            return Err(bad("timeout_ms", "timeouts must be positive".into()));
+        }
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(c.timeout_ms))
+            .connect_timeout(Duration::from_millis(c.connect_timeout_ms))
+            .redirect(reqwest::redirect::Policy::none())
+            .retry(reqwest::retry::never())
+            .build()
+            .map_err(|e| bad("url", format!("cannot build the HTTP client: {e}")))?;
+        Ok(HttpConnector {
+            name: name.to_owned(),
+            client,
+            method,
+            url,
+            headers,
+            ref_pointer,
+            ref_header,
+            lookup,
+            lease_ms: c.lease_ms.unwrap_or(c.timeout_ms as i64 + 10_000),
+        })
+    }
+
+    fn provider_ref(&self, headers: &HeaderMap, body: &Value, fallback: String) -> String {
+        let from_header = self
+            .ref_header
+            .as_ref()
+            .and_then(|h| headers.get(h))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let from_body = self
+            .ref_pointer
+            .as_deref()
+            .and_then(|p| body.pointer(p))
+            .and_then(|v| match v {
+                Value::String(s) => Some(s.clone()),
+                Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            });
+        from_header
+            .or(from_body)
+            .filter(|r| !r.is_empty())
+            .unwrap_or(fallback)
+    }
+}
+
+/// Classifies a transport error: before the request left ⇒ retryable, after ⇒ UNKNOWN.
+fn classify_error(e: &reqwest::Error) -> Outcome {
+    if e.is_connect() {
+        retryable(
+            "connect",
+            format!("could not connect, nothing was sent: {e}"),
+            None,
+        )
+    } else if e.is_builder() {
+        final_failure(
+            "invalid_request",
+            format!("the request could not be built: {e}"),
+        )
+    } else if e.is_timeout() {
+        unknown(format!("timed out after the request was sent: {e}"))
+    } else {
+        unknown(format!(
+            "the connection failed after the request was sent: {e}"
+        ))
+    }
+}
+
+#[async_trait]
+impl Connector for HttpConnector {
+    async fn execute(&self, op: &OperationCtx) -> Outcome {
+        let url = fill(&self.url, op);
+        let request = self
+            .client
+            .request(self.method.clone(), &url)
+            .headers(self.headers.clone())
+            .header("idempotency-key", op.provider_key())
+            .json(&op.payload);
+        let resp = match request.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(connector = %self.name, error = %e, "HTTP attempt failed");
+                return classify_error(&e);
+            }
+        };
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        if status.is_success() {
+            // The provider accepted; a body we cannot read does not undo that.
+            let body: Value = resp.json().await.unwrap_or(Value::Null);
+            let provider_ref = self.provider_ref(&headers, &body, op.provider_key());
+            return Outcome::Succeeded {
+                provider_ref,
+                result: Some(serde_json::json!({"status": status.as_u16(), "body": body})),
+            };
+        }
+        let text = resp.text().await.unwrap_or_default();
+        let snippet: String = text.chars().take(300).collect();
+        if is_retryable_status(status) {
+            let class = if status.as_u16() == 429 {
+                "rate_limited"
+            } else {
+                "unavailable"
+            };
+            return retryable(
+                class,
+                format!("HTTP {status}: {snippet}"),
+                retry_after_ms(&headers),
+            );
+        }
+        Outcome::FinalFailure {
+            error_class: final_class(status).into(),
+            message: Some(format!("HTTP {status}: {snippet}")),
+            result: Some(serde_json::json!({"status": status.as_u16()})),
+        }
+    }
+
+    async fn lookup(&self, op: &OperationCtx) -> Lookup {
+        let Some(l) = &self.lookup else {
+            return Lookup::Inconclusive {
+                why: format!("connector {} has no lookup configured", self.name),
+            };
+        };
+        let url = fill(&l.url, op);
+        let resp = match self
+            .client
+            .get(&url)
+            .headers(self.headers.clone())
+            .send()
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                return Lookup::Inconclusive {
+                    why: format!("lookup failed: {e}"),
+                };
+            }
+        };
+        let status = resp.status();
+        if l.absent_statuses.contains(&status.as_u16()) {
+            return Lookup::Absent;
+        }
+        if !status.is_success() {
+            return Lookup::Inconclusive {
+                why: format!("lookup answered HTTP {status}"),
+            };
+        }
+        match resp.json::<Value>().await {
+            Ok(body) => match body.pointer(&l.found_pointer) {
+                Some(Value::String(s)) if !s.is_empty() => Lookup::Found {
+                    provider_ref: s.clone(),
+                },
+                Some(Value::Number(n)) => Lookup::Found {
+                    provider_ref: n.to_string(),
+                },
+                None | Some(Value::Null) => Lookup::Absent,
+                Some(other) => Lookup::Inconclusive {
+                    why: format!("lookup's {} is not a reference: {other}", l.found_pointer),
+                },
+            },
+            Err(e) => Lookup::Inconclusive {
+                why: format!("lookup's answer is not JSON: {e}"),
+            },
+        }
+    }
+
+    fn lease_ms(&self) -> i64 {
+        self.lease_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_classified() {
+        for s in [408, 425, 429, 500, 502, 503, 504] {
+            assert!(is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+        for s in [400, 401, 403, 404, 409, 422, 501] {
+            assert!(
+                !is_retryable_status(StatusCode::from_u16(s).unwrap()),
+                "{s}"
+            );
+        }
+        assert_eq!(final_class(StatusCode::UNPROCESSABLE_ENTITY), "validation");
+        assert_eq!(final_class(StatusCode::FORBIDDEN), "auth");
+    }
+
+    #[test]
+    fn templates_are_filled_percent_encoded() {
+        let op = OperationCtx {
+            tenant: "acme".into(),
+            key: "ORD 1/2".into(),
+            action: "a".into(),
+            payload: Value::Null,
+            fencing_token: 1,
+            attempt: 1,
+            updated_at: 0,
+        };
+        assert_eq!(
+            fill("http://p/o?ref={idempotency_key}&k={key}", &op),
+            "http://p/o?ref=acme%3AORD%201%2F2&k=ORD%201%2F2"
+        );
+    }
+
+    #[test]
+    fn retry_after_in_seconds() {
+        let mut h = HeaderMap::new();
+        h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("2"));
+        assert_eq!(retry_after_ms(&h), Some(2000));
+        h.insert(
+            reqwest::header::RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after_ms(&h), None);
+    }
+}

@@ -1,0 +1,27 @@
+//! idem-connect: idem performs side effects itself.
+//!
+//! - [`config`]: the TOML connector configuration, secrets and `${VAR}` overrides.
+//! - [`connector`]: the `Connector` contract (execute, lookup) and outcome helpers.
+//! - [`http`], [`smtp`]: the HTTP/webhook and SMTP (+ IMAP lookup) connectors.
+//! - [`budget`]: per-connector retry budgets (token buckets).
+//! - [`registry`]: the configured connectors by name.
+//! - [`executor`]: runs attempts and the durable retry loop.
+//! - [`reconciler`]: settles UNKNOWN operations by lookup.
+//!
+//! This crate owns talking to providers and the loops; it must not decide protocol
+//! questions (idem-core does) or write SQL (idem-store does).
+
+pub mod budget;
+pub mod config;
+pub mod connector;
+pub mod executor;
+pub mod http;
+pub mod reconciler;
+pub mod registry;
+pub mod smtp;
+
+pub use config::{Config, ConfigError};
+pub use connector::{Connector, OperationCtx};
+pub use executor::Executor;
+pub use reconciler::Reconciler;
+pub use registry::Registry;

@@ -1,0 +1,112 @@
+//! The reconciler (DESIGN.md §5): settles UNKNOWN operations by asking the provider.
+//!
+//! Each pass takes the UNKNOWN operations whose next lookup is due and not flagged for
+//! review, calls the connector's `lookup`, and records the answer through idem-core's
+//! `plan_reconciliation`: found ⇒ SUCCEEDED with the provider's reference
+//! (`evidence_source = "lookup"`), absent ⇒ PENDING (the executor tries again), anything
+//! else ⇒ stays UNKNOWN, looked up again with backoff, flagged `needs_review` after the
+//! connector's `max_lookups`. An operation the caller executed itself (no connector) has
+//! nobody to ask: it is flagged for review at once.
+
+use crate::executor::ctx_of;
+use crate::registry::Registry;
+use idem_core::{Actor, Lookup, OperationRecord, RetryPolicy};
+use idem_store::{ReconcileOutcome, ReconcileRequest, Store, StoreError};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Reconciles UNKNOWN operations for one node.
+pub struct Reconciler {
+    store: Arc<dyn Store>,
+    registry: Arc<Registry>,
+    interval: Duration,
+}
+
+impl Reconciler {
+    /// A reconciler over `store` with the connectors of `registry`.
+    pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, interval: Duration) -> Self {
+        Reconciler {
+            store,
+            registry,
+            interval,
+        }
+    }
+
+    /// Looks `rec` up now and records the answer, on behalf of `actor`.
+    ///
+    /// # Errors
+    /// Store errors; [`StoreError::NotFound`] if the record vanished.
+    pub async fn reconcile_one(
+        &self,
+        rec: &OperationRecord,
+        actor: Actor,
+    ) -> Result<ReconcileOutcome, StoreError> {
+        let (lookup, policy, max_lookups) = match rec.connector.as_deref() {
+            None => (
+                Lookup::Inconclusive {
+                    why: "the caller performed the side effect (no connector to ask): an operator must resolve it".into(),
+                },
+                RetryPolicy::default(),
+                1,
+            ),
+            Some(name) => match self.registry.get(name) {
+                Some(entry) => (entry.connector.lookup(&ctx_of(rec)).await, entry.policy.clone(), entry.max_lookups),
+                None => (
+                    Lookup::Inconclusive {
+                        why: format!("connector {name:?} is not configured on this node"),
+                    },
+                    RetryPolicy::default(),
+                    i64::MAX,
+                ),
+            },
+        };
+        tracing::info!(tenant = %rec.tenant, connector = ?rec.connector, lookup = ?lookup, "reconciliation lookup");
+        self.store
+            .reconcile(ReconcileRequest {
+                tenant: rec.tenant.clone(),
+                key: rec.key.clone(),
+                lookup,
+                actor,
+                policy,
+                max_lookups,
+            })
+            .await
+    }
+
+    /// One pass over due UNKNOWN operations; returns how many were looked up.
+    ///
+    /// # Errors
+    /// Store errors while listing due work.
+    pub async fn tick(&self) -> Result<usize, StoreError> {
+        let due = self.store.due_reconciliations(32).await?;
+        let n = due.len();
+        for rec in due {
+            if let Err(e) = self.reconcile_one(&rec, Actor::system()).await {
+                tracing::warn!(tenant = %rec.tenant, error = %e, "reconciliation failed");
+            }
+        }
+        Ok(n)
+    }
+
+    /// Runs a pass every interval until the process ends.
+    pub fn spawn_loop(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(self.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = self.tick().await {
+                    tracing::warn!(error = %e, "reconciler pass failed");
+                }
+            }
+        })
+    }
+}
+
+impl std::fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}

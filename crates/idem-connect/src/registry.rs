@@ -1,0 +1,81 @@
+//! The configured connectors, by name, each with its retry policy and retry budget.
+
+use crate::budget::RetryBudget;
+use crate::config::{Config, ConfigError, ConnectorConfig};
+use crate::connector::Connector;
+use crate::http::HttpConnector;
+use crate::smtp::SmtpConnector;
+use idem_core::RetryPolicy;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// One configured connector.
+#[derive(Debug)]
+pub struct Entry {
+    /// Its name in the config.
+    pub name: String,
+    /// The connector.
+    pub connector: Arc<dyn Connector>,
+    /// Durable retry schedule of its operations.
+    pub policy: RetryPolicy,
+    /// Its retry budget.
+    pub budget: RetryBudget,
+    /// Inconclusive lookups before review.
+    pub max_lookups: i64,
+}
+
+/// All connectors and the action → connector defaults.
+#[derive(Debug, Default)]
+pub struct Registry {
+    entries: BTreeMap<String, Arc<Entry>>,
+    actions: BTreeMap<String, String>,
+}
+
+impl Registry {
+    /// Builds every connector of `config`, resolving secrets and checking templates now,
+    /// so a bad config fails at start-up.
+    ///
+    /// # Errors
+    /// The first [`ConfigError`], naming its field.
+    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        let mut entries = BTreeMap::new();
+        for (name, c) in &config.connectors {
+            let connector: Arc<dyn Connector> = match c {
+                ConnectorConfig::Http(h) => Arc::new(HttpConnector::new(name, h)?),
+                ConnectorConfig::Smtp(s) => Arc::new(SmtpConnector::new(name, s)?),
+            };
+            let r = c.retry();
+            entries.insert(
+                name.clone(),
+                Arc::new(Entry {
+                    name: name.clone(),
+                    connector,
+                    policy: r.policy(),
+                    budget: RetryBudget::new(r.budget_per_s, r.budget_burst),
+                    max_lookups: r.max_lookups,
+                }),
+            );
+        }
+        let actions = config
+            .actions
+            .iter()
+            .filter_map(|(a, c)| c.connector.clone().map(|c| (a.clone(), c)))
+            .collect();
+        Ok(Registry { entries, actions })
+    }
+
+    /// The connector named `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<Entry>> {
+        self.entries.get(name).cloned()
+    }
+
+    /// The connector an action runs on when a trigger names none.
+    pub fn for_action(&self, action: &str) -> Option<&str> {
+        self.actions.get(action).map(String::as_str)
+    }
+
+    /// Connector names.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+}
