@@ -43,6 +43,11 @@ pub struct AcquireBody {
     /// Whether the action can be redone safely: then an expired lease is re-granted
     /// instead of becoming UNKNOWN. Fixed by the first trigger. Default false.
     pub redo_safe: Option<bool>,
+    /// Name of a configured connector that performs the side effect (the payload is its
+    /// input); default: the action's connector in the config, else none (the caller
+    /// performs it). With a connector, idem executes on a grant and answers 201 with the
+    /// result if it finishes within `wait_ms`, else 202 with `Location`.
+    pub connector: Option<String>,
 }
 
 /// The last error of an operation.
@@ -94,6 +99,10 @@ pub struct OperationView {
     pub needs_review: bool,
     /// Declared safe to redo after an expired lease.
     pub redo_safe: bool,
+    /// Connector that performs the side effect; absent when the caller does.
+    pub connector: Option<String>,
+    /// Reconciliation lookups since the operation became UNKNOWN.
+    pub lookup_attempts: i64,
     /// Creation instant.
     pub created_at: String,
     /// Last change.
@@ -132,6 +141,8 @@ impl OperationView {
             evidence_source: r.evidence_source,
             needs_review: r.needs_review,
             redo_safe: r.redo_safe,
+            connector: r.connector,
+            lookup_attempts: r.lookup_attempts,
             created_at: rfc3339(r.created_at),
             updated_at: rfc3339(r.updated_at),
             completed_at: opt_time(r.completed_at),
@@ -149,7 +160,7 @@ pub struct EventView {
     /// When.
     pub at: String,
     /// `acquired`, `replayed`, `in_progress`, `retry_not_due`, `unknown_pending`,
-    /// `mismatch`, `lease_expired`, `completed`.
+    /// `mismatch`, `lease_expired`, `completed`, `reconciled`, `resolved`.
     pub kind: String,
     /// Who (`system` for the lease sweeper).
     pub principal: String,

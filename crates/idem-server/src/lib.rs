@@ -14,12 +14,14 @@ pub mod keys;
 pub mod openapi;
 pub mod operations;
 pub mod problem;
+pub mod review;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use idem_connect::{Executor, Reconciler, Registry};
 use idem_core::Clock;
 use idem_store::Store;
 use idem_store::keys::Role;
@@ -37,6 +39,38 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     /// Time source (the same one the store reads).
     pub clock: Arc<dyn Clock>,
+    /// Runs connector-backed operations.
+    pub executor: Arc<Executor>,
+    /// Settles UNKNOWN operations by lookup.
+    pub reconciler: Arc<Reconciler>,
+}
+
+impl AppState {
+    /// State with the connectors of `registry`, the loops set up by `config`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        registry: Arc<Registry>,
+        config: &idem_connect::Config,
+    ) -> Self {
+        let executor = Arc::new(Executor::new(
+            store.clone(),
+            registry.clone(),
+            config.executor.concurrency,
+            Duration::from_millis(config.executor.poll_interval_ms),
+        ));
+        let reconciler = Arc::new(Reconciler::new(
+            store.clone(),
+            registry,
+            Duration::from_millis(config.reconciler.interval_ms),
+        ));
+        AppState {
+            store,
+            clock,
+            executor,
+            reconciler,
+        }
+    }
 }
 
 /// Server settings.
@@ -51,6 +85,11 @@ pub struct ServerConfig {
     pub sweep_interval: Duration,
     /// Secret of the admin key to create on first start (`IDEM_BOOTSTRAP_KEY`).
     pub bootstrap_key: Option<String>,
+    /// Executor and reconciler settings (`--config`).
+    pub connect: idem_connect::Config,
+    /// The connectors built from `connect` (built before start-up, so a bad config fails
+    /// before anything listens).
+    pub registry: Arc<Registry>,
 }
 
 /// The application's routes with their middleware.
@@ -63,6 +102,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         )
         .route("/v1/operations/{key}", get(operations::get_one))
         .route("/v1/operations/{key}/complete", post(operations::complete))
+        .route("/v1/operations/{key}/resolve", post(review::resolve))
+        .route("/v1/operations/{key}/reconcile", post(review::reconcile))
         .route("/v1/keys", post(keys::create).get(keys::list))
         .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))
         .route("/healthz", get(healthz))
@@ -179,7 +220,8 @@ pub fn spawn_lease_sweeper(
     })
 }
 
-/// Serves the API on `config.listen` until SIGINT or SIGTERM.
+/// Serves the API on `config.listen` until SIGINT or SIGTERM, with the lease sweeper, the
+/// executor and the reconciler running beside it.
 ///
 /// Prints `idem: listening on http://ADDR` on stdout once bound (scripts and tests read
 /// the port from it), and the generated bootstrap key on first start.
@@ -207,12 +249,24 @@ pub async fn run(
             std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
         })?;
     println!("idem: listening on http://{}", listener.local_addr()?);
-    let sweeper = spawn_lease_sweeper(store.clone(), config.sweep_interval);
-    let app = router(AppState { store, clock }, config.max_body_bytes);
+    let state = AppState::new(
+        store.clone(),
+        clock,
+        config.registry.clone(),
+        &config.connect,
+    );
+    let loops = [
+        spawn_lease_sweeper(store, config.sweep_interval),
+        state.executor.clone().spawn_loop(),
+        state.reconciler.clone().spawn_loop(),
+    ];
+    let app = router(state, config.max_body_bytes);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await;
-    sweeper.abort();
+    for l in loops {
+        l.abort();
+    }
     result
 }
 

@@ -26,15 +26,17 @@ kept until retention is configured (not yet available); no record expires today.
         crate::operations::complete,
         crate::operations::get_one,
         crate::operations::list,
+        crate::review::resolve,
+        crate::review::reconcile,
         crate::keys::create,
         crate::keys::list,
         crate::keys::revoke,
         crate::healthz,
         crate::readyz,
     ),
-    components(schemas(AcquireBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::keys::ApiKeyView)),
+    components(schemas(AcquireBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView)),
     modifiers(&BearerAuth),
-    tags((name = "operations", description = "The ledger of side effects"), (name = "keys", description = "API keys of the caller's tenant (admin role)"), (name = "health", description = "Probes"))
+    tags((name = "operations", description = "The ledger of side effects"), (name = "review", description = "Operator actions: reconcile now, resolve by hand (operator role)"), (name = "keys", description = "API keys of the caller's tenant (admin role)"), (name = "health", description = "Probes"))
 )]
 pub struct ApiDoc;
 

@@ -82,7 +82,7 @@ fn resolve_problem(e: idem_core::ResolveError) -> Problem {
     }
 }
 
-fn parse_key(raw: &str) -> Result<IdempotencyKey, Problem> {
+pub fn parse_key(raw: &str) -> Result<IdempotencyKey, Problem> {
     IdempotencyKey::parse(raw).map_err(|e| {
         Problem::new(
             StatusCode::BAD_REQUEST,
@@ -200,8 +200,14 @@ pub async fn acquire(
     headers: HeaderMap,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> Result<Response, Problem> {
-    let input = acquire_input(&caller, &headers, body.key.as_deref(), &body)
-        .map_err(|p| with_rid(p, &caller))?;
+    let input = acquire_input(
+        &caller,
+        &headers,
+        body.key.as_deref(),
+        &body,
+        state.executor.registry(),
+    )
+    .map_err(|p| with_rid(p, &caller))?;
     let wait_ms =
         in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
@@ -217,6 +223,9 @@ pub async fn acquire(
             .map_err(|e| with_rid(store_problem(e), &caller))?;
         let view = || OperationView::of(out.record.clone());
         return Ok(match out.decision {
+            Decision::Acquire if out.record.connector.is_some() => {
+                run_connector_attempt(&state, out.record.clone(), deadline, &caller).await?
+            }
             Decision::Acquire => (StatusCode::CREATED, axum::Json(view())).into_response(),
             Decision::Replay => {
                 let mut r = (StatusCode::OK, axum::Json(view())).into_response();
@@ -279,11 +288,60 @@ async fn wait_for_change(state: &AppState, input: &AcquireInput, deadline: tokio
     }
 }
 
+/// Runs the attempt idem was just granted for a connector-backed operation, in its own
+/// task so it finishes even if the caller goes away, and waits for it until `deadline`.
+/// Finished (SUCCEEDED or FAILED) in time ⇒ 201 with the result; otherwise (still running,
+/// retry scheduled, or UNKNOWN) ⇒ 202 with `Location` to poll.
+async fn run_connector_attempt(
+    state: &AppState,
+    granted: idem_core::OperationRecord,
+    deadline: tokio::time::Instant,
+    caller: &Caller,
+) -> Result<Response, Problem> {
+    let location = format!("/v1/operations/{}", path_segment(&granted.key));
+    let task = state.executor.spawn_attempt(granted.clone());
+    let record = match tokio::time::timeout_at(deadline, task).await {
+        Ok(Ok(Ok(rec))) => rec,
+        Ok(Ok(Err(e))) => return Err(with_rid(store_problem(e), caller)),
+        Ok(Err(join)) => {
+            tracing::error!(error = %join, "attempt task failed");
+            granted
+        }
+        Err(_) => granted,
+    };
+    let status = if record.state.is_final() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::ACCEPTED
+    };
+    let mut resp = (status, axum::Json(OperationView::of(record))).into_response();
+    if status == StatusCode::ACCEPTED
+        && let Ok(v) = HeaderValue::from_str(&location)
+    {
+        resp.headers_mut().insert(axum::http::header::LOCATION, v);
+    }
+    Ok(resp)
+}
+
+/// Percent-encodes a key for a URL path segment (RFC 3986 unreserved characters stay).
+fn path_segment(key: &str) -> String {
+    key.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~:".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 fn acquire_input(
     caller: &Caller,
     headers: &HeaderMap,
     key: Option<&str>,
     body: &AcquireBody,
+    registry: &idem_connect::Registry,
 ) -> Result<AcquireInput, Problem> {
     let key = key_of(key, headers)?;
     check_action(&body.action)?;
@@ -298,6 +356,19 @@ fn acquire_input(
         .payload
         .as_ref()
         .map_or(serde_json::Value::Null, |p| p.0.clone());
+    let connector = match body
+        .connector
+        .as_deref()
+        .or_else(|| registry.for_action(&body.action))
+    {
+        None => None,
+        Some(name) if registry.get(name).is_some() => Some(name.to_owned()),
+        Some(name) => {
+            return Err(Problem::invalid(format!(
+                "unknown connector {name:?}: it is not configured on this server"
+            )));
+        }
+    };
     let fp = fingerprint(&payload, body.fingerprint_fields.as_deref())
         .map_err(|e| Problem::invalid(e.to_string()))?;
     Ok(AcquireInput {
@@ -308,7 +379,7 @@ fn acquire_input(
         fingerprint: fp.0,
         lease_ms,
         redo_safe: body.redo_safe.unwrap_or(false),
-        connector: None,
+        connector,
         actor: caller.actor(),
     })
 }

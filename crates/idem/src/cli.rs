@@ -48,6 +48,9 @@ pub enum Command {
     /// 11 = outcome UNKNOWN, reconciliation pending (202: do nothing);
     /// 12 = in progress or retry not due (409: try later);
     /// 1 = error (bad input, 422 key reused with another payload, server unreachable).
+    /// With a connector idem performs the effect itself: 0 = it succeeded, 1 = it failed
+    /// finally, 11 = not finished yet (running, retry scheduled or UNKNOWN; poll with
+    /// `idem ops get`).
     Acquire(AcquireArgs),
     /// Report the outcome of the attempt that holds a fencing token.
     Complete(CompleteArgs),
@@ -85,6 +88,10 @@ pub struct ServeArgs {
     /// key is generated and printed once. 32-256 printable characters.
     #[arg(long, env = "IDEM_BOOTSTRAP_KEY", hide_env_values = true)]
     pub bootstrap_key: Option<String>,
+    /// Connector configuration (TOML; see the README): connectors, action defaults,
+    /// executor and reconciler settings. Without it idem runs no connectors.
+    #[arg(long, env = "IDEM_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     /// Log format on stderr (level via RUST_LOG, default info).
     #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -177,6 +184,36 @@ pub enum OpsCommand {
         #[arg(long)]
         cursor: Option<String>,
     },
+    /// Look an UNKNOWN operation up at its provider now and record the answer (operator).
+    Reconcile {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Idempotency key.
+        key: String,
+    },
+    /// Resolve an operation by hand, with a reason (operator); SUCCEEDED needs --evidence.
+    Resolve {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Idempotency key.
+        key: String,
+        /// Target state.
+        #[arg(long, value_enum)]
+        to: ResolveTo,
+        /// Why (recorded in the event log).
+        #[arg(long)]
+        reason: String,
+        /// Evidence reference (the provider's id of the effect); required for succeeded.
+        #[arg(long)]
+        evidence: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum ResolveTo {
+    Succeeded,
+    Pending,
+    Failed,
 }
 
 #[derive(Debug, Args)]
@@ -206,6 +243,9 @@ pub struct AcquireArgs {
     /// Declare the action safe to redo after an expired lease.
     #[arg(long)]
     pub redo_safe: bool,
+    /// Let idem perform the side effect with this configured connector.
+    #[arg(long)]
+    pub connector: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -141,6 +141,42 @@ pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
             check(&a)?;
             print(server.json, &a, output::operation_table);
         }
+        OpsCommand::Reconcile { server, key } => {
+            let api = Api::new(&server)?;
+            let a = api
+                .call(
+                    Method::POST,
+                    api.url(&["v1", "operations", &key, "reconcile"])?,
+                    None,
+                )
+                .await?;
+            check(&a)?;
+            print(server.json, &a, output::operation_summary);
+        }
+        OpsCommand::Resolve {
+            server,
+            key,
+            to,
+            reason,
+            evidence,
+        } => {
+            let api = Api::new(&server)?;
+            let to = match to {
+                crate::cli::ResolveTo::Succeeded => "SUCCEEDED",
+                crate::cli::ResolveTo::Pending => "PENDING",
+                crate::cli::ResolveTo::Failed => "FAILED",
+            };
+            let body = json!({"to": to, "reason": reason, "evidence": evidence});
+            let a = api
+                .call(
+                    Method::POST,
+                    api.url(&["v1", "operations", &key, "resolve"])?,
+                    Some(body),
+                )
+                .await?;
+            check(&a)?;
+            print(server.json, &a, output::operation_summary);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -185,10 +221,15 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     if args.redo_safe {
         body["redo_safe"] = json!(true);
     }
+    if let Some(c) = &args.connector {
+        body["connector"] = json!(c);
+    }
     let a = api
         .call(Method::POST, api.url(&["v1", "operations"])?, Some(body))
         .await?;
+    let performed_by_idem = a.body.get("connector").is_some_and(Value::is_string);
     let code = match a.status.as_u16() {
+        201 if performed_by_idem && a.body["state"] == "FAILED" => 1,
         201 => 0,
         200 if a.replayed => EXIT_REPLAY,
         202 => EXIT_UNKNOWN,

@@ -29,7 +29,22 @@ pub fn problem_line(status: u16, body: &Value) -> String {
 
 /// One line per answer of `idem acquire`.
 pub fn acquire_summary(status: u16, v: &Value) -> String {
+    let by_connector = v.get("connector").and_then(Value::as_str);
     match status {
+        201 | 202 if by_connector.is_some() => format!(
+            "{} {}: {} by connector {} {}",
+            if status == 201 {
+                "performed"
+            } else {
+                "accepted"
+            },
+            s(v, "key"),
+            s(v, "state"),
+            by_connector.unwrap_or("-"),
+            evidence(v)
+        )
+        .trim_end()
+        .to_owned(),
         201 => format!(
             "acquired {}: attempt {}, fencing token {}, lease until {} — perform the side effect, then `idem complete {} --token {} …`",
             s(v, "key"),

@@ -47,6 +47,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
         idem_store::DatabaseUrl::Postgres(_) => None,
     };
+    // The configuration is checked before anything is opened: a bad one fails at once.
+    let connect = match &args.config {
+        Some(path) => idem_connect::Config::load(path)?,
+        None => idem_connect::Config::default(),
+    };
+    let registry = Arc::new(idem_connect::Registry::from_config(&connect)?);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = idem_store::open(&args.db.database_url, clock.clone(), Default::default())
         .await
@@ -56,6 +62,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_body_bytes: args.max_body_bytes,
         sweep_interval: Duration::from_millis(args.sweep_interval_ms),
         bootstrap_key: args.bootstrap_key,
+        connect,
+        registry,
     };
     Ok(idem_server::run(store, clock, config).await?)
 }
