@@ -4,6 +4,8 @@
 #
 # It installs and starts what the tests need and is safe to run again:
 #   - PostgreSQL (Debian packages) on 127.0.0.1:5432, started if it is down;
+#   - aiosmtpd and Dovecot (Debian python3-aiosmtpd, dovecot-imapd), which the SMTP
+#     connector's tests start on free loopback ports;
 #   - the Rust test runner is plain `cargo test`.
 # Environment:
 #   IDEM_TEST_PG_URL  admin URL of the PostgreSQL server the tests create databases on
@@ -54,7 +56,21 @@ drop_old_test_databases() {
     while read -r db; do psql "$IDEM_TEST_PG_URL" -qc "drop database if exists \"$db\" with (force)" >/dev/null 2>&1 || true; done
 }
 
+ensure_mail_servers() {
+  # The SMTP connector is tested against a real SMTP server (aiosmtpd) and IMAP server
+  # (Dovecot) on loopback; the tests start their own instances, as user nobody.
+  local missing=()
+  [ -x /usr/sbin/dovecot ] || missing+=(dovecot-imapd)
+  /usr/bin/python3 -c 'import aiosmtpd' 2>/dev/null || missing+=(python3-aiosmtpd)
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]} (Debian packages)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
 ensure_postgres
+ensure_mail_servers
 drop_old_test_databases
 log "cargo test --workspace"
 out=$(mktemp)

@@ -345,13 +345,7 @@ fn acquire_input(
 ) -> Result<AcquireInput, Problem> {
     let key = key_of(key, headers)?;
     check_action(&body.action)?;
-    let lease_ms = in_range(
-        "lease_ms",
-        body.lease_ms,
-        MIN_LEASE_MS,
-        MAX_LEASE_MS,
-        DEFAULT_LEASE_MS,
-    )?;
+
     let payload = body
         .payload
         .as_ref()
@@ -369,6 +363,20 @@ fn acquire_input(
             )));
         }
     };
+    // A connector's attempt gets the connector's lease (longer than its timeouts).
+    let default_lease = connector
+        .as_deref()
+        .and_then(|c| registry.get(c))
+        .map_or(DEFAULT_LEASE_MS, |e| {
+            e.connector.lease_ms().clamp(MIN_LEASE_MS, MAX_LEASE_MS)
+        });
+    let lease_ms = in_range(
+        "lease_ms",
+        body.lease_ms,
+        MIN_LEASE_MS,
+        MAX_LEASE_MS,
+        default_lease,
+    )?;
     let fp = fingerprint(&payload, body.fingerprint_fields.as_deref())
         .map_err(|e| Problem::invalid(e.to_string()))?;
     Ok(AcquireInput {

@@ -1,6 +1,9 @@
 //! Test support: run the real `idem serve` binary on loopback and talk to it over HTTP.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod mail;
+pub mod proxy;
+
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
@@ -51,6 +54,8 @@ pub struct Server {
     pub base: String,
     pub http: reqwest::Client,
     pub db_url: String,
+    config: Option<PathBuf>,
+    _config_dir: Option<tempfile::TempDir>,
 }
 
 pub fn idem_bin() -> PathBuf {
@@ -60,22 +65,49 @@ pub fn idem_bin() -> PathBuf {
 impl Server {
     /// Starts a server on a free loopback port and waits until it listens (at most 30 s).
     pub fn start(db_url: &str) -> Server {
-        let mut child = Command::new(idem_bin())
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--sweep-interval-ms",
-                "50",
-                "--database-url",
-                db_url,
-            ])
-            .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn idem serve");
+        Server::spawn(db_url, None, None)
+    }
+
+    /// As [`Server::start`], with a connector configuration (TOML text).
+    pub fn start_with_config(db_url: &str, config_toml: &str) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idem.toml");
+        std::fs::write(&path, config_toml).unwrap();
+        Server::spawn(db_url, Some(path), Some(dir))
+    }
+
+    /// A new server process on the same database and configuration (after a crash).
+    pub fn restart(self) -> Server {
+        let (db, config) = (self.db_url.clone(), self.config.clone());
+        let mut old = self;
+        let dir = old._config_dir.take();
+        old.kill9_in_place();
+        Server::spawn(&db, config, dir)
+    }
+
+    fn spawn(
+        db_url: &str,
+        config: Option<PathBuf>,
+        config_dir: Option<tempfile::TempDir>,
+    ) -> Server {
+        let mut cmd = Command::new(idem_bin());
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--sweep-interval-ms",
+            "50",
+            "--database-url",
+            db_url,
+        ])
+        .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        if let Some(c) = &config {
+            cmd.arg("--config").arg(c);
+        }
+        let mut child = cmd.spawn().expect("spawn idem serve");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -96,13 +128,35 @@ impl Server {
                 .build()
                 .unwrap(),
             db_url: db_url.to_string(),
+            config,
+            _config_dir: config_dir,
+        }
+    }
+
+    fn kill9_in_place(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Polls the record until `done` holds (at most `secs` seconds); returns it.
+    pub async fn wait_for(&self, key: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+        let start = std::time::Instant::now();
+        loop {
+            let r = self.record(key).await.body;
+            if done(&r) {
+                return r;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(secs),
+                "gave up waiting on {key}: {r}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     /// kill -9: no shutdown hook runs.
     pub fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+        self.kill9_in_place();
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -252,4 +306,24 @@ pub fn event_kinds(record: &Value) -> Vec<String> {
         .iter()
         .map(|e| e["kind"].as_str().unwrap().to_string())
         .collect()
+}
+
+/// The provider double of `idem scenarios provider`, served in this test's runtime.
+pub async fn start_provider() -> (idem::acceptance::provider::Provider, std::net::SocketAddr) {
+    let provider = idem::acceptance::provider::Provider::new();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(provider.clone().serve(listener));
+    (provider, addr)
+}
+
+/// A connector config for the provider double at `addr` (short timeouts for tests).
+pub fn orders_config(addr: std::net::SocketAddr, extra_retry: &str) -> String {
+    format!(
+        "[executor]\npoll_interval_ms = 50\n[reconciler]\ninterval_ms = 100\n\n\
+         [connectors.orders]\nkind = \"http\"\nurl = \"http://{addr}/orders\"\ntimeout_ms = 800\nconnect_timeout_ms = 500\n\
+         provider_ref = {{ json_pointer = \"/id\" }}\n\
+         lookup = {{ url = \"http://{addr}/orders?client_reference={{idempotency_key}}\", found_pointer = \"/0/id\" }}\n\
+         retry = {{ base_ms = 100, cap_ms = 400, max_attempts = 4{extra_retry} }}\n"
+    )
 }

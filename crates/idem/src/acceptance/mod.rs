@@ -1,0 +1,3 @@
+//! Acceptance runs: a scenario file executed against a running idem and a provider.
+
+pub mod provider;

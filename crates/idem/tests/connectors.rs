@@ -1,0 +1,470 @@
+//! idem performs side effects itself (issue 3): S4 over SMTP (real aiosmtpd + Dovecot) and
+//! over HTTP, S5, S6, C1 and C2 with kill -9, the retry storm, operator review, and bad
+//! configuration. The provider double counts every side effect; nothing here dedupes but
+//! idem.
+
+mod common;
+
+use common::mail::{IMAP_PASSWORD, IMAP_USER, MailServers};
+use common::proxy::FaultProxy;
+use common::{ADMIN_KEY, Backend, Db, Server, orders_config, start_provider};
+use idem::acceptance::provider::Step;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+fn trigger(key: &str, connector: &str, payload: Value, wait_ms: u64) -> Value {
+    json!({"key": key, "action": "create_order", "connector": connector, "payload": payload, "wait_ms": wait_ms})
+}
+
+fn events_of(rec: &Value, kind: &str) -> Vec<Value> {
+    rec["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+fn at_ms(e: &Value) -> i64 {
+    e["at"]
+        .as_str()
+        .unwrap()
+        .parse::<jiff::Timestamp>()
+        .unwrap()
+        .as_millisecond()
+}
+
+/// S4 over HTTP: the provider creates the order but the reply never comes (timeout after
+/// the request was sent) ⇒ UNKNOWN; the re-run gets 202 and sends nothing; the reconciler
+/// finds the order by the key ⇒ SUCCEEDED with evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_http_lost_reply_is_reconciled_never_resent() {
+    let (provider, addr) = start_provider().await;
+    let key = "INQ-004:confirmation:v1";
+    provider.script(key, vec![Step::EffectThenHang]);
+    let db = Db::new(Backend::Sqlite).await;
+    // A slow reconciler, so the 09:02 re-run surely finds the operation still UNKNOWN.
+    let config = orders_config(addr, "").replace("interval_ms = 100", "interval_ms = 1500");
+    let s = Server::start_with_config(&db.url, &config);
+    let t0 = s
+        .post(
+            ADMIN_KEY,
+            "/v1/operations",
+            &trigger(key, "orders", json!({"sku": "A"}), 5_000),
+        )
+        .await;
+    assert_eq!(t0.status, 202, "{t0:?}");
+    assert_eq!(t0.body["state"], "UNKNOWN");
+    assert!(
+        t0.header("location")
+            .unwrap()
+            .ends_with("/v1/operations/INQ-004:confirmation:v1")
+    );
+    let t1 = s
+        .post(
+            ADMIN_KEY,
+            "/v1/operations",
+            &trigger(key, "orders", json!({"sku": "A"}), 0),
+        )
+        .await;
+    assert_eq!(t1.status, 202, "reconciliation pending: {t1:?}");
+    let rec = s.wait_for(key, 15, |r| r["state"] == "SUCCEEDED").await;
+    assert_eq!(rec["provider_ref"], "ord-1");
+    assert_eq!(rec["evidence_source"], "lookup");
+    assert!(rec["verified_at"].is_string());
+    assert_eq!(
+        (provider.calls(key), provider.effects(key)),
+        (1, 1),
+        "one call, one order: nothing resent"
+    );
+    assert_eq!(events_of(&rec, "reconciled").len(), 1);
+}
+
+/// S4 over SMTP: the fault proxy lets the message through and cuts the connection before
+/// the server's 250 reaches idem ⇒ UNKNOWN; the re-run sends nothing; the reconciler finds
+/// the message by its Message-ID over IMAP ⇒ SUCCEEDED; the mailbox holds exactly one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s4_smtp_reply_cut_after_data_is_found_over_imap() {
+    let mail = MailServers::start();
+    let proxy = FaultProxy::start(
+        format!("127.0.0.1:{}", mail.smtp_port).parse().unwrap(),
+        b"\r\n.\r\n",
+        1,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("imap-password");
+    std::fs::write(&secret, IMAP_PASSWORD).unwrap();
+    let config = format!(
+        "[reconciler]\ninterval_ms = 1500\n[connectors.mail]\nkind = \"smtp\"\nhost = \"127.0.0.1\"\nport = {}\ntls = \"none\"\n\
+         from = \"idem@example.org\"\ntimeout_ms = 3000\n\
+         imap = {{ host = \"127.0.0.1\", port = {}, tls = \"none\", username = \"{IMAP_USER}\", password = {{ file = \"{}\" }}, delivery_grace_ms = 0 }}\n",
+        proxy.addr.port(),
+        mail.imap_port,
+        secret.display()
+    );
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &config);
+    let key = "INQ-004:confirmation:v1";
+    let body = json!({"key": key, "action": "send_confirmation", "connector": "mail", "wait_ms": 8000,
+                      "payload": {"to": "customer-42@example.org", "subject": "Your inquiry", "text": "Thank you."}});
+    let t0 = s.post(ADMIN_KEY, "/v1/operations", &body).await;
+    assert_eq!(t0.status, 202, "{t0:?}");
+    assert_eq!(t0.body["state"], "UNKNOWN", "reply lost after DATA: {t0:?}");
+    assert_eq!(proxy.cut_done.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let t1 = s.post(ADMIN_KEY, "/v1/operations", &body).await;
+    assert_eq!(t1.status, 202, "the 09:02 re-run sends nothing: {t1:?}");
+    let rec = s.wait_for(key, 20, |r| r["state"] == "SUCCEEDED").await;
+    assert_eq!(rec["evidence_source"], "lookup");
+    let message_id = rec["provider_ref"].as_str().unwrap().to_string();
+    assert!(message_id.starts_with("<idem."), "{message_id}");
+    let delivered = mail.delivered();
+    assert_eq!(delivered.len(), 1, "exactly one message in the mailbox");
+    assert!(delivered[0].contains(&message_id));
+    assert_eq!(rec["attempt"], 1);
+}
+
+/// S5: the provider refuses (422) ⇒ FAILED with class validation; the retry is a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s5_validation_failure_is_final_and_replayed() {
+    let (provider, addr) = start_provider().await;
+    let key = "INQ-005:confirmation:v1";
+    provider.script(key, vec![Step::Status(422, None)]);
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &orders_config(addr, ""));
+    let t0 = s
+        .post(
+            ADMIN_KEY,
+            "/v1/operations",
+            &trigger(key, "orders", json!({"to": "bad"}), 5_000),
+        )
+        .await;
+    assert_eq!(t0.status, 201, "{t0:?}");
+    assert_eq!(t0.body["state"], "FAILED");
+    assert_eq!(t0.body["error"]["class"], "validation");
+    let t1 = s
+        .post(
+            ADMIN_KEY,
+            "/v1/operations",
+            &trigger(key, "orders", json!({"to": "bad"}), 0),
+        )
+        .await;
+    assert_eq!(t1.status, 200);
+    assert_eq!(t1.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        (provider.calls(key), provider.effects(key)),
+        (1, 0),
+        "no second call to the provider"
+    );
+}
+
+/// S6: 503 (Retry-After 1), 503, then success: three attempts, each logged with its class
+/// and wait; Retry-After honoured; never more than max_attempts calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s6_retryable_failures_back_off_then_succeed() {
+    let (provider, addr) = start_provider().await;
+    let key = "INQ-006:confirmation:v1";
+    provider.script(
+        key,
+        vec![
+            Step::Status(503, Some(1)),
+            Step::Status(503, None),
+            Step::Ok,
+        ],
+    );
+    let exhausted = "INQ-006b:confirmation:v1";
+    provider.script(exhausted, vec![Step::Status(503, None); 10]);
+    let db = Db::new(Backend::Postgres).await;
+    let s = Server::start_with_config(&db.url, &orders_config(addr, ""));
+    let t0 = s
+        .post(
+            ADMIN_KEY,
+            "/v1/operations",
+            &trigger(key, "orders", json!({"n": 1}), 2_000),
+        )
+        .await;
+    assert_eq!(t0.status, 202, "first attempt failed retryably: {t0:?}");
+    let rec = s.wait_for(key, 15, |r| r["state"] == "SUCCEEDED").await;
+    assert_eq!(rec["attempt"], 3);
+    assert_eq!((provider.calls(key), provider.effects(key)), (3, 1));
+    let done = events_of(&rec, "completed");
+    assert_eq!(done.len(), 3);
+    assert_eq!(
+        (
+            done[0]["error_class"].as_str(),
+            done[1]["error_class"].as_str()
+        ),
+        (Some("unavailable"), Some("unavailable"))
+    );
+    assert!(
+        done[0]["wait_ms"].as_i64().unwrap() >= 1_000,
+        "Retry-After: 1 is a floor: {}",
+        done[0]
+    );
+    let grants = events_of(&rec, "acquired");
+    assert!(
+        at_ms(&grants[1]) - at_ms(&done[0]) >= 1_000,
+        "the second attempt waited for Retry-After"
+    );
+
+    s.post(
+        ADMIN_KEY,
+        "/v1/operations",
+        &trigger(exhausted, "orders", json!({"n": 2}), 0),
+    )
+    .await;
+    let rec = s.wait_for(exhausted, 15, |r| r["state"] == "FAILED").await;
+    assert_eq!(
+        provider.calls(exhausted),
+        4,
+        "at most max_attempts (4) calls"
+    );
+    assert_eq!(rec["attempt"], 4);
+}
+
+/// C1: the server dies mid-attempt before the provider acted; after restart the lease
+/// expires into UNKNOWN, the lookup proves absence, and the operation runs exactly once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c1_crash_before_the_effect_is_redone_once_after_lookup_absent() {
+    let (provider, addr) = start_provider().await;
+    let key = "ORD-101:create-order";
+    provider.script(key, vec![Step::Hang]);
+    let db = Db::new(Backend::Sqlite).await;
+    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 30000")
+        + "lease_ms = 1500\n";
+    let s = Server::start_with_config(&db.url, &config);
+    let t0 = s
+        .post(
+            ADMIN_KEY,
+            "/v1/operations",
+            &trigger(key, "orders", json!({"sku": "B"}), 200),
+        )
+        .await;
+    assert_eq!(t0.status, 202);
+    while provider.calls(key) == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let s = s.restart(); // kill -9 while the attempt is in flight, then a new process
+    let rec = s.wait_for(key, 20, |r| r["state"] == "SUCCEEDED").await;
+    assert_eq!(provider.effects(key), 1, "exactly one order");
+    assert_eq!(provider.calls(key), 2);
+    let reconciled = events_of(&rec, "reconciled");
+    assert!(
+        reconciled[0]["reason"].as_str().unwrap().contains("absent"),
+        "{reconciled:?}"
+    );
+    assert_eq!(rec["attempt"], 2);
+}
+
+/// C2: the provider created the order, the server died before recording it; after
+/// restart the reconciler finds the order by the key: SUCCEEDED, no second create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c2_crash_after_the_effect_is_found_not_redone() {
+    let (provider, addr) = start_provider().await;
+    let key = "ORD-102:create-order";
+    provider.script(key, vec![Step::EffectThenHang]);
+    let db = Db::new(Backend::Postgres).await;
+    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 30000")
+        + "lease_ms = 1500\n";
+    let s = Server::start_with_config(&db.url, &config);
+    s.post(
+        ADMIN_KEY,
+        "/v1/operations",
+        &trigger(key, "orders", json!({"sku": "C"}), 200),
+    )
+    .await;
+    while provider.effects(key) == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let s = s.restart();
+    let rec = s.wait_for(key, 20, |r| r["state"] == "SUCCEEDED").await;
+    assert_eq!(rec["provider_ref"], "ord-1");
+    assert_eq!(rec["evidence_source"], "lookup");
+    assert_eq!(
+        (provider.calls(key), provider.effects(key)),
+        (1, 1),
+        "no second create"
+    );
+}
+
+/// The storm: the provider answers 503 for 10 s while 200 operations are due. The retry
+/// budget (burst 20, 20/s) bounds the calls; all 200 succeed after recovery, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_does_not_become_a_retry_storm() {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let config = orders_config(addr, ", budget_per_s = 20, budget_burst = 20").replace(
+        "base_ms = 100, cap_ms = 400, max_attempts = 4",
+        "base_ms = 100, cap_ms = 300, max_attempts = 1000",
+    );
+    let s = Server::start_with_config(&db.url, &config);
+    let outage = Duration::from_secs(10);
+    provider.outage(outage);
+    let started = std::time::Instant::now();
+    for i in 0..200 {
+        let r = s
+            .post(
+                ADMIN_KEY,
+                "/v1/operations",
+                &trigger(&format!("storm-{i}"), "orders", json!({"i": i}), 0),
+            )
+            .await;
+        assert!(r.status == 201 || r.status == 202, "{r:?}");
+    }
+    tokio::time::sleep(outage.saturating_sub(started.elapsed()) + Duration::from_millis(200)).await;
+    let during = provider.outage_calls();
+    let secs = started.elapsed().as_secs_f64();
+    // 200 first attempts are not budgeted; retries are: burst + rate × time.
+    let allowed = 200.0 + 20.0 + 20.0 * secs;
+    assert!(
+        (during as f64) <= allowed,
+        "{during} calls during the outage, budget allows {allowed:.0}"
+    );
+    // Without a budget each operation would retry every 100-300 ms: thousands of calls.
+    assert!(during >= 200, "every operation was tried once: {during}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let page = s
+            .get(ADMIN_KEY, "/v1/operations?state=SUCCEEDED&limit=500")
+            .await
+            .body;
+        if page["items"].as_array().unwrap().len() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not all recovered: {} succeeded",
+            page["items"].as_array().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(provider.total_effects(), 200, "each operation once");
+}
+
+/// Review: an UNKNOWN operation waits for an operator; a client key cannot resolve it;
+/// SUCCEEDED needs evidence; the resolution is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_resolve_reviewed_operations_with_a_reason() {
+    let (provider, addr) = start_provider().await;
+    let key = "INQ-009:confirmation:v1";
+    provider.script(key, vec![Step::Hang]);
+    let db = Db::new(Backend::Sqlite).await;
+    // No lookup configured: every lookup is inconclusive, so it is flagged after 2.
+    let config = orders_config(addr, ", max_lookups = 2")
+        .lines()
+        .filter(|l| !l.starts_with("lookup"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let s = Server::start_with_config(&db.url, &config);
+    s.post(
+        ADMIN_KEY,
+        "/v1/operations",
+        &trigger(key, "orders", json!({}), 2_000),
+    )
+    .await;
+    let rec = s.wait_for(key, 15, |r| r["needs_review"] == true).await;
+    assert_eq!(rec["state"], "UNKNOWN");
+    assert_eq!(events_of(&rec, "reconciled").len(), 2);
+    let queue = s
+        .get(ADMIN_KEY, "/v1/operations?needs_review=true")
+        .await
+        .body;
+    assert_eq!(queue["items"][0]["key"], key);
+
+    let path = format!("/v1/operations/{}/resolve", common::enc(key));
+    let client = s.create_key("default", "client");
+    let r = s
+        .post(
+            &client,
+            &path,
+            &json!({"to": "SUCCEEDED", "reason": "checked", "evidence": "ord-77"}),
+        )
+        .await;
+    assert_eq!(r.status, 403);
+    let r = s
+        .post(
+            ADMIN_KEY,
+            &path,
+            &json!({"to": "SUCCEEDED", "reason": "checked the order system"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), r.problem()),
+        (400, "invalid-request"),
+        "SUCCEEDED needs evidence"
+    );
+    let r = s
+        .post(
+            ADMIN_KEY,
+            &path,
+            &json!({"to": "SUCCEEDED", "reason": " ", "evidence": "ord-77"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "a reason is mandatory");
+    let r = s.post(ADMIN_KEY, &path, &json!({"to": "SUCCEEDED", "reason": "found it in the order system", "evidence": "ord-77"})).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let rec = s.record(key).await.body;
+    assert_eq!(
+        (
+            rec["state"].as_str(),
+            rec["evidence_source"].as_str(),
+            rec["provider_ref"].as_str()
+        ),
+        (Some("SUCCEEDED"), Some("operator"), Some("ord-77"))
+    );
+    assert_eq!(rec["needs_review"], false);
+    let resolved = events_of(&rec, "resolved");
+    assert_eq!(resolved[0]["principal"], "bootstrap");
+    assert!(
+        resolved[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("found it in the order system")
+    );
+    let again = s
+        .post(ADMIN_KEY, &path, &json!({"to": "FAILED", "reason": "oops"}))
+        .await;
+    assert_eq!(
+        (again.status.as_u16(), again.problem()),
+        (409, "not-resolvable")
+    );
+    assert_eq!(provider.effects(key), 0);
+}
+
+/// Bad configuration fails at start-up with a message naming the field; nothing listens.
+#[test]
+fn bad_config_fails_at_start_up_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[connectors.x]\nkind = \"ftp\"\n", "ftp"),
+        (
+            "[actions.send]\nconnector = \"mial\"\n",
+            "actions.send.connector",
+        ),
+        (
+            "[connectors.mail]\nkind = \"smtp\"\nhost = \"h\"\nport = 25\nfrom = \"a@b.org\"\nusername = \"u\"\npassword = { env = \"IDEM_TEST_NO_SUCH_SECRET\" }\n",
+            "connectors.mail.password",
+        ),
+        (
+            "[connectors.orders]\nkind = \"http\"\nurl = \"http://127.0.0.1:1/o\"\nlookup = { url = \"http://127.0.0.1:1/o?r={client_ref}\", found_pointer = \"/0/id\" }\n",
+            "connectors.orders.lookup.url",
+        ),
+    ];
+    for (i, (toml, field)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        let out = std::process::Command::new(common::idem_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--database-url"])
+            .arg(dir.path().join(format!("db{i}.db")))
+            .arg("--config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{toml}: {err}");
+        assert!(err.contains(field), "{toml}: {err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
+}
