@@ -54,6 +54,34 @@ pub enum Command {
     Acquire(AcquireArgs),
     /// Report the outcome of the attempt that holds a fencing token.
     Complete(CompleteArgs),
+    /// The acceptance matrix: run a scenario file, or serve the provider double it uses.
+    #[command(subcommand)]
+    Scenarios(ScenariosCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScenariosCommand {
+    /// Run a scenario file (e.g. scenarios/acceptance.toml) against a running idem and the
+    /// provider double; prints the matrix, exits 1 if any scenario fails.
+    Run {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// The scenario file.
+        file: std::path::PathBuf,
+        /// Base URL of the provider double (`idem scenarios provider`).
+        #[arg(
+            long,
+            env = "IDEM_SCENARIO_PROVIDER",
+            default_value = "http://127.0.0.1:8090"
+        )]
+        provider: String,
+    },
+    /// Serve the scriptable provider double (an order API) that scenario files drive.
+    Provider {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        listen: String,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -57,5 +57,53 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Ops(o) => client::ops(o).await,
         cli::Command::Acquire(a) => client::acquire(a).await,
         cli::Command::Complete(c) => client::complete(c).await,
+        cli::Command::Scenarios(s) => scenarios(s).await,
+    }
+}
+
+async fn scenarios(cmd: cli::ScenariosCommand) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    use idem::acceptance::{provider, runner};
+    match cmd {
+        cli::ScenariosCommand::Run {
+            server,
+            file,
+            provider,
+        } => {
+            let parse = |what: &str, u: &str| {
+                reqwest::Url::parse(u).with_context(|| format!("{what} {u:?} is not a URL"))
+            };
+            let target = runner::Target {
+                server: parse("--server", &server.server)?,
+                api_key: server.api_key.clone(),
+                provider: parse("--provider", &provider)?,
+            };
+            let rows = runner::run(&runner::load(&file)?, target).await?;
+            if server.json {
+                let v: Vec<serde_json::Value> = rows
+                    .iter()
+                    .map(|r| serde_json::json!({"id": r.id, "title": r.title, "expected": r.expected, "actual": r.actual, "evidence": r.evidence, "result": r.result}))
+                    .collect();
+                out!("{}", serde_json::Value::Array(v));
+            } else {
+                out!("{}", runner::render(&rows).trim_end());
+            }
+            Ok(if rows.iter().any(|r| r.result == "FAIL") {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        cli::ScenariosCommand::Provider { listen } => {
+            let listener = tokio::net::TcpListener::bind(&listen)
+                .await
+                .with_context(|| format!("cannot listen on {listen}"))?;
+            out!(
+                "idem: provider double listening on http://{}",
+                listener.local_addr()?
+            );
+            provider::Provider::new().serve(listener).await?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

@@ -1,0 +1,442 @@
+//! `idem scenarios run FILE`: executes an acceptance matrix against a running idem and the
+//! provider double (`idem scenarios provider`), and prints, per scenario, what was
+//! expected, what happened, the evidence, and PASS / FAIL / SKIP.
+//!
+//! File format (TOML; `scenarios/acceptance.toml` encodes S1–S8, C1–C2 of the retry
+//! scenarios):
+//!
+//! ```toml
+//! connector = "orders"                 # the idem connector that points at the provider
+//!
+//! [[scenario]]
+//! id = "S6"
+//! title = "explicit retryable failure"
+//! key = "INQ-006:confirmation:v1"
+//! provider = ["503:1", "503", "ok"]    # provider steps for this key (see the provider)
+//! triggers = [ { wait_ms = 1000, expect_status = [202] } ]
+//! expect = { state = "SUCCEEDED", effects = 1, calls = 3 }
+//! ```
+//!
+//! A trigger may name another `key` (and its own `provider` steps come from
+//! `[scenario.providers]`), a `payload` (default `{"to": "customer-42"}`), `wait_ms`
+//! (default 5000), `copies` (concurrent identical triggers, default 1) and `created`
+//! (how many of the copies must get 201). `expect` checks the final state of the
+//! scenario's key (waited for up to `timeout_s`, default 20), and the provider's counts of
+//! calls and side effects over all the scenario's keys. `skip = "why"` reports SKIP.
+//! Every key gets a run suffix, so runs against the same idem never see each other.
+
+use anyhow::{Context, bail};
+use reqwest::Url;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// A scenario file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    /// The connector idem uses to reach the provider.
+    pub connector: String,
+    /// The scenarios, in order.
+    pub scenario: Vec<Scenario>,
+}
+
+/// One row of the matrix.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Short id (`S1`).
+    pub id: String,
+    /// What it shows.
+    pub title: String,
+    /// The operation key.
+    #[serde(default = "default_key")]
+    pub key: String,
+    /// Provider steps for `key`.
+    #[serde(default)]
+    pub provider: Vec<String>,
+    /// Provider steps for other keys the triggers use.
+    #[serde(default)]
+    pub providers: BTreeMap<String, Vec<String>>,
+    /// The triggers, in order.
+    #[serde(default)]
+    pub triggers: Vec<Trigger>,
+    /// What must hold afterwards.
+    #[serde(default)]
+    pub expect: Expect,
+    /// Report SKIP with this reason instead of running.
+    pub skip: Option<String>,
+}
+
+fn default_key() -> String {
+    "scenario".into()
+}
+
+/// One trigger (or `copies` concurrent identical ones).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Trigger {
+    /// Another key than the scenario's.
+    pub key: Option<String>,
+    /// The payload (default `{"to": "customer-42"}`).
+    pub payload: Option<Value>,
+    /// `wait_ms` of the request (default 5000).
+    pub wait_ms: Option<u64>,
+    /// Concurrent identical triggers (default 1).
+    #[serde(default = "one")]
+    pub copies: usize,
+    /// Statuses each answer may have.
+    pub expect_status: Vec<u16>,
+    /// How many of the copies must get 201.
+    pub created: Option<usize>,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// Final expectations.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// Final state of the scenario's key.
+    pub state: Option<String>,
+    /// Side effects the provider saw, over all the scenario's keys.
+    pub effects: Option<usize>,
+    /// Calls the provider got, over all the scenario's keys.
+    pub calls: Option<u64>,
+    /// `evidence_source` of the final record.
+    pub evidence_source: Option<String>,
+    /// How long to wait for `state` (s, default 20).
+    pub timeout_s: Option<u64>,
+}
+
+/// Where to run.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// idem's base URL.
+    pub server: Url,
+    /// An API key of idem.
+    pub api_key: String,
+    /// The provider double's base URL.
+    pub provider: Url,
+}
+
+/// The outcome of one scenario.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Scenario id.
+    pub id: String,
+    /// Title.
+    pub title: String,
+    /// What was expected.
+    pub expected: String,
+    /// What happened.
+    pub actual: String,
+    /// The evidence idem kept.
+    pub evidence: String,
+    /// PASS, FAIL or SKIP.
+    pub result: &'static str,
+}
+
+struct Run {
+    http: reqwest::Client,
+    target: Target,
+    connector: String,
+    suffix: String,
+}
+
+impl Run {
+    fn url(&self, base: &Url, segments: &[&str]) -> anyhow::Result<Url> {
+        let mut u = base.clone();
+        u.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("{base} cannot be a base URL"))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(u)
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{key}#{}", self.suffix)
+    }
+
+    async fn script(&self, key: &str, steps: &[String]) -> anyhow::Result<()> {
+        let url = self.url(&self.target.provider, &["_control", "script"])?;
+        let r = self
+            .http
+            .post(url)
+            .json(&json!({"key": self.key(key), "steps": steps}))
+            .send()
+            .await
+            .context("cannot reach the provider")?;
+        if !r.status().is_success() {
+            bail!(
+                "the provider refused the script for {key}: {}",
+                r.text().await.unwrap_or_default()
+            );
+        }
+        Ok(())
+    }
+
+    async fn stats(&self, key: &str) -> anyhow::Result<(u64, usize)> {
+        let mut url = self.url(&self.target.provider, &["_control", "stats"])?;
+        url.query_pairs_mut().append_pair("key", &self.key(key));
+        let v: Value = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .context("cannot reach the provider")?
+            .json()
+            .await?;
+        Ok((
+            v["calls"].as_u64().unwrap_or(0),
+            v["effects"].as_u64().unwrap_or(0) as usize,
+        ))
+    }
+
+    async fn trigger(
+        &self,
+        key: &str,
+        payload: &Value,
+        wait_ms: u64,
+    ) -> anyhow::Result<(u16, Value)> {
+        let url = self.url(&self.target.server, &["v1", "operations"])?;
+        let body = json!({"key": self.key(key), "action": "acceptance", "connector": self.connector, "payload": payload, "wait_ms": wait_ms});
+        let r = self
+            .http
+            .post(url)
+            .bearer_auth(&self.target.api_key)
+            .json(&body)
+            .send()
+            .await
+            .context("cannot reach idem")?;
+        let status = r.status().as_u16();
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn record(&self, key: &str) -> anyhow::Result<Value> {
+        let url = self.url(&self.target.server, &["v1", "operations", &self.key(key)])?;
+        Ok(self
+            .http
+            .get(url)
+            .bearer_auth(&self.target.api_key)
+            .send()
+            .await
+            .context("cannot reach idem")?
+            .json()
+            .await?)
+    }
+
+    async fn scenario(&self, s: &Scenario) -> anyhow::Result<(String, String, bool)> {
+        let mut keys = vec![s.key.clone()];
+        self.script(&s.key, &s.provider).await?;
+        for (k, steps) in &s.providers {
+            self.script(k, steps).await?;
+            keys.push(k.clone());
+        }
+        let mut ok = true;
+        let mut statuses = Vec::new();
+        for t in &s.triggers {
+            let key = t.key.clone().unwrap_or_else(|| s.key.clone());
+            if !keys.contains(&key) {
+                keys.push(key.clone());
+            }
+            let payload = t
+                .payload
+                .clone()
+                .unwrap_or_else(|| json!({"to": "customer-42"}));
+            let wait = t.wait_ms.unwrap_or(5_000);
+            let answers = futures_join(self, &key, &payload, wait, t.copies).await?;
+            let got: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+            ok &= got.iter().all(|s| t.expect_status.contains(s));
+            if let Some(n) = t.created {
+                ok &= got.iter().filter(|s| **s == 201).count() == n;
+            }
+            statuses.push(summarize(&got));
+        }
+        let timeout = Duration::from_secs(s.expect.timeout_s.unwrap_or(20));
+        let start = Instant::now();
+        let record = loop {
+            let r = self.record(&s.key).await?;
+            let reached = s
+                .expect
+                .state
+                .as_deref()
+                .is_none_or(|want| r["state"] == want);
+            if reached || start.elapsed() > timeout {
+                break r;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let (mut calls, mut effects) = (0, 0);
+        for k in &keys {
+            let (c, e) = self.stats(k).await?;
+            calls += c;
+            effects += e;
+        }
+        let state = record["state"].as_str().unwrap_or("-").to_owned();
+        ok &= s.expect.state.as_deref().is_none_or(|w| w == state);
+        ok &= s.expect.effects.is_none_or(|w| w == effects);
+        ok &= s.expect.calls.is_none_or(|w| w == calls);
+        ok &= s
+            .expect
+            .evidence_source
+            .as_deref()
+            .is_none_or(|w| record["evidence_source"] == w);
+        let actual = format!(
+            "{state}; {effects} effect(s), {calls} call(s); answers {}",
+            statuses.join(" then ")
+        );
+        let evidence = match (
+            record["provider_ref"].as_str(),
+            record["evidence_source"].as_str(),
+        ) {
+            (Some(r), Some(src)) => format!("{r} ({src})"),
+            _ => match record["error"]["class"].as_str() {
+                Some(c) => format!("error class {c}"),
+                None => "-".into(),
+            },
+        };
+        Ok((actual, evidence, ok))
+    }
+}
+
+/// Runs `copies` identical triggers at once.
+async fn futures_join(
+    run: &Run,
+    key: &str,
+    payload: &Value,
+    wait: u64,
+    copies: usize,
+) -> anyhow::Result<Vec<(u16, Value)>> {
+    let all =
+        futures_util::future::join_all((0..copies).map(|_| run.trigger(key, payload, wait))).await;
+    all.into_iter().collect()
+}
+
+/// `201` or `201 + 15×409` for a list of statuses.
+fn summarize(statuses: &[u16]) -> String {
+    let mut counts: BTreeMap<u16, usize> = BTreeMap::new();
+    for s in statuses {
+        *counts.entry(*s).or_default() += 1;
+    }
+    counts
+        .iter()
+        .map(|(s, n)| {
+            if *n == 1 {
+                s.to_string()
+            } else {
+                format!("{n}×{s}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("+")
+}
+
+fn expected_text(s: &Scenario) -> String {
+    let statuses: Vec<String> = s
+        .triggers
+        .iter()
+        .map(|t| {
+            let set = t
+                .expect_status
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join("|");
+            match (t.copies, t.created) {
+                (1, _) => set,
+                (n, Some(c)) => format!("{n}× ({c}×201, rest {set})"),
+                (n, None) => format!("{n}× {set}"),
+            }
+        })
+        .collect();
+    let mut parts = vec![s.expect.state.clone().unwrap_or_else(|| "any state".into())];
+    if let Some(e) = s.expect.effects {
+        parts.push(format!("{e} effect(s)"));
+    }
+    if let Some(c) = s.expect.calls {
+        parts.push(format!("{c} call(s)"));
+    }
+    format!("{}; answers {}", parts.join(", "), statuses.join(" then "))
+}
+
+/// Reads a scenario file.
+///
+/// # Errors
+/// Unreadable or malformed files, with the TOML error.
+pub fn load(path: &std::path::Path) -> anyhow::Result<File> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().replace('\n', " ")))
+}
+
+/// Runs every scenario of `file` against `target`.
+///
+/// # Errors
+/// Only when idem or the provider cannot be reached; scenario failures are rows.
+pub async fn run(file: &File, target: Target) -> anyhow::Result<Vec<Row>> {
+    let suffix: String = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros()
+    );
+    let run = Run {
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()?,
+        target,
+        connector: file.connector.clone(),
+        suffix,
+    };
+    let mut rows = Vec::new();
+    for s in &file.scenario {
+        let expected = expected_text(s);
+        let row = match &s.skip {
+            Some(why) => Row {
+                id: s.id.clone(),
+                title: s.title.clone(),
+                expected,
+                actual: format!("skipped: {why}"),
+                evidence: "-".into(),
+                result: "SKIP",
+            },
+            None => {
+                let (actual, evidence, ok) = run.scenario(s).await?;
+                Row {
+                    id: s.id.clone(),
+                    title: s.title.clone(),
+                    expected,
+                    actual,
+                    evidence,
+                    result: if ok { "PASS" } else { "FAIL" },
+                }
+            }
+        };
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// The matrix as text, one scenario per block.
+pub fn render(rows: &[Row]) -> String {
+    let mut out = String::new();
+    for r in rows {
+        out.push_str(&format!(
+            "{:<4} {:<5} {}\n     expected: {}\n     actual:   {}\n     evidence: {}\n",
+            r.id, r.result, r.title, r.expected, r.actual, r.evidence
+        ));
+    }
+    let count = |w: &str| rows.iter().filter(|r| r.result == w).count();
+    out.push_str(&format!(
+        "{} passed, {} failed, {} skipped\n",
+        count("PASS"),
+        count("FAIL"),
+        count("SKIP")
+    ));
+    out
+}
