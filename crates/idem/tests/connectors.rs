@@ -372,6 +372,37 @@ async fn operators_resolve_reviewed_operations_with_a_reason() {
         .body;
     assert_eq!(queue["items"][0]["key"], key);
 
+    // The same from the command line: reconcile now (still inconclusive), and a resolve
+    // without evidence is a one-line error.
+    let cli = |args: &[&str]| {
+        std::process::Command::new(common::idem_bin())
+            .args(args)
+            .env("IDEM_URL", &s.base)
+            .env("IDEM_API_KEY", ADMIN_KEY)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["ops", "reconcile", key, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["state"], "UNKNOWN");
+    assert_eq!(v["lookup_attempts"], 3);
+    let out = cli(&[
+        "ops",
+        "resolve",
+        key,
+        "--to",
+        "succeeded",
+        "--reason",
+        "looked",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("evidence"));
+
     let path = format!("/v1/operations/{}/resolve", common::enc(key));
     let client = s.create_key("default", "client");
     let r = s
