@@ -16,11 +16,7 @@ pub struct RetryBudget {
 impl RetryBudget {
     /// A full bucket of `burst` tokens refilling at `per_s` per second.
     pub fn new(per_s: f64, burst: f64) -> Self {
-        RetryBudget {
-            per_s,
-            burst,
-            state: Mutex::new((burst, Instant::now())),
-        }
+        RetryBudget { per_s, burst, state: Mutex::new((burst, Instant::now())) }
     }
 
     /// Takes one token if there is one.
@@ -31,8 +27,7 @@ impl RetryBudget {
     fn try_take_at(&self, now: Instant) -> bool {
         let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (tokens, last) = *guard;
-        let refilled = (tokens + now.saturating_duration_since(last).as_secs_f64() * self.per_s)
-            .min(self.burst);
+        let refilled = (tokens + now.saturating_duration_since(last).as_secs_f64() * self.per_s).min(self.burst);
         if refilled >= 1.0 {
             *guard = (refilled - 1.0, now);
             true

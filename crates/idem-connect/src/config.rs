@@ -6,9 +6,13 @@
 //! concurrency = 32            # attempts in flight per node
 //! [reconciler]
 //! interval_ms = 500           # how often due UNKNOWN operations are looked up
+//! [retention]
+//! default = "24h"             # final records are kept this long after completion
+//! tombstone = "30d"           # then a tombstone answers late retries with 410
 //!
 //! [actions.create_order]      # optional: the connector an action runs on by default
 //! connector = "orders"
+//! retention = "forever"       # a permanent business key
 //!
 //! [connectors.orders]
 //! kind = "http"
@@ -51,10 +55,7 @@ pub struct ConfigError {
 }
 
 fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field: field.into(),
-        message: message.into(),
-    }
+    ConfigError { field: field.into(), message: message.into() }
 }
 
 /// The whole file.
@@ -67,6 +68,9 @@ pub struct Config {
     /// The reconciler loop.
     #[serde(default)]
     pub reconciler: ReconcilerConfig,
+    /// Retention of final records and tombstones.
+    #[serde(default)]
+    pub retention: RetentionConfig,
     /// Per-action defaults.
     #[serde(default)]
     pub actions: BTreeMap<String, ActionConfig>,
@@ -87,10 +91,7 @@ pub struct ExecutorConfig {
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
-        ExecutorConfig {
-            poll_interval_ms: 100,
-            concurrency: 32,
-        }
+        ExecutorConfig { poll_interval_ms: 100, concurrency: 32 }
     }
 }
 
@@ -108,12 +109,52 @@ impl Default for ReconcilerConfig {
     }
 }
 
+/// `[retention]` (DESIGN.md §6; see `idem_core::retention`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// How long a final record is kept after completion: a duration (`24h`, `90m`, `1s`)
+    /// or `forever`.
+    pub default: String,
+    /// How long its tombstone is kept after completion (at least the retention).
+    pub tombstone: String,
+    /// How often the sweeper runs (ms).
+    pub sweep_interval_ms: u64,
+    /// Records removed per sweep transaction, at most.
+    pub sweep_batch: i64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig { default: "24h".into(), tombstone: "30d".into(), sweep_interval_ms: 1_000, sweep_batch: 500 }
+    }
+}
+
+/// Parses a retention: `forever` ⇒ `None`, else a duration like `24h`, `30d`, `1s`, `500ms`.
+///
+/// # Errors
+/// A [`ConfigError`] on `field`.
+pub fn parse_retention(field: &str, text: &str) -> Result<Option<i64>, ConfigError> {
+    if text.trim() == "forever" {
+        return Ok(None);
+    }
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|e| err(field, format!("{text:?} is not a duration like 24h, 30d, 1s or forever: {e}")))?;
+    let ms = i64::try_from(d.as_millis()).map_err(|_| err(field, "too long"))?;
+    if ms < 1 {
+        return Err(err(field, "must be at least 1 ms"));
+    }
+    Ok(Some(ms))
+}
+
 /// `[actions.NAME]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ActionConfig {
     /// Connector that performs this action when a trigger names none.
     pub connector: Option<String>,
+    /// Retention of this action's final records (`forever` for permanent business keys).
+    pub retention: Option<String>,
 }
 
 /// `[connectors.NAME]`: one connector, by kind.
@@ -186,16 +227,10 @@ impl RetryConfig {
             return Err(err(format!("{field}.retry"), "need 1 <= base_ms <= cap_ms"));
         }
         if self.max_attempts < 1 || self.max_lookups < 1 {
-            return Err(err(
-                format!("{field}.retry"),
-                "max_attempts and max_lookups must be at least 1",
-            ));
+            return Err(err(format!("{field}.retry"), "max_attempts and max_lookups must be at least 1"));
         }
         if !(self.budget_per_s > 0.0 && self.budget_burst >= 1.0) {
-            return Err(err(
-                format!("{field}.retry"),
-                "need budget_per_s > 0 and budget_burst >= 1",
-            ));
+            return Err(err(format!("{field}.retry"), "need budget_per_s > 0 and budget_burst >= 1"));
         }
         Ok(())
     }
@@ -244,17 +279,15 @@ impl SecretRef {
     /// A [`ConfigError`] on `field` when the variable is unset or the file unreadable.
     pub fn resolve(&self, field: &str) -> Result<Secret, ConfigError> {
         let value = match (&self.env, &self.file) {
-            (Some(var), None) => std::env::var(var)
-                .map_err(|_| err(field, format!("the environment variable {var} is not set")))?,
+            (Some(var), None) => {
+                std::env::var(var).map_err(|_| err(field, format!("the environment variable {var} is not set")))?
+            }
             (None, Some(path)) => std::fs::read_to_string(path)
                 .map_err(|e| err(field, format!("cannot read the secret file {path}: {e}")))?
                 .trim_end_matches(['\n', '\r'])
                 .to_owned(),
             _ => {
-                return Err(err(
-                    field,
-                    "give exactly one of env = \"VAR\" or file = \"PATH\"",
-                ));
+                return Err(err(field, "give exactly one of env = \"VAR\" or file = \"PATH\""));
             }
         };
         if value.is_empty() {
@@ -431,12 +464,9 @@ pub fn interpolate(field: &str, text: &str) -> Result<String, ConfigError> {
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
-        let end = after
-            .find('}')
-            .ok_or_else(|| err(field, "unclosed ${ in the value"))?;
+        let end = after.find('}').ok_or_else(|| err(field, "unclosed ${ in the value"))?;
         let var = &after[..end];
-        let value = std::env::var(var)
-            .map_err(|_| err(field, format!("the environment variable {var} is not set")))?;
+        let value = std::env::var(var).map_err(|_| err(field, format!("the environment variable {var} is not set")))?;
         out.push_str(&value);
         rest = &after[end + 1..];
     }
@@ -455,16 +485,12 @@ pub fn check_template(field: &str, template: &str) -> Result<(), ConfigError> {
     let mut rest = template;
     while let Some(open) = rest.find('{') {
         let after = &rest[open + 1..];
-        let close = after
-            .find('}')
-            .ok_or_else(|| err(field, "a { in the template is not closed"))?;
+        let close = after.find('}').ok_or_else(|| err(field, "a { in the template is not closed"))?;
         let name = &after[..close];
         if !TEMPLATE_VARS.contains(&name) {
             return Err(err(
                 field,
-                format!(
-                    "unknown placeholder {{{name}}} (expected one of {{key}}, {{tenant}}, {{idempotency_key}})"
-                ),
+                format!("unknown placeholder {{{name}}} (expected one of {{key}}, {{tenant}}, {{idempotency_key}})"),
             ));
         }
         rest = &after[close + 1..];
@@ -472,12 +498,8 @@ pub fn check_template(field: &str, template: &str) -> Result<(), ConfigError> {
     if rest.contains('}') {
         return Err(err(field, "a } in the template has no {"));
     }
-    let probe = template
-        .replace("{key}", "k")
-        .replace("{tenant}", "t")
-        .replace("{idempotency_key}", "i");
-    let url =
-        reqwest::Url::parse(&probe).map_err(|e| err(field, format!("not a valid URL: {e}")))?;
+    let probe = template.replace("{key}", "k").replace("{tenant}", "t").replace("{idempotency_key}", "i");
+    let url = reqwest::Url::parse(&probe).map_err(|e| err(field, format!("not a valid URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(err(field, "must be an http:// or https:// URL"));
     }
@@ -485,13 +507,30 @@ pub fn check_template(field: &str, template: &str) -> Result<(), ConfigError> {
 }
 
 impl Config {
+    /// The retention policy of this configuration.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the field with a bad duration.
+    pub fn retention(&self) -> Result<idem_core::Retention, ConfigError> {
+        let default_ms = parse_retention("retention.default", &self.retention.default)?;
+        let tombstone_ms = parse_retention("retention.tombstone", &self.retention.tombstone)?
+            .ok_or_else(|| err("retention.tombstone", "a tombstone window cannot be forever"))?;
+        let mut per_action = BTreeMap::new();
+        for (name, a) in &self.actions {
+            if let Some(r) = &a.retention {
+                per_action.insert(name.clone(), parse_retention(&format!("actions.{name}.retention"), r)?);
+            }
+        }
+        Ok(idem_core::Retention { default_ms, per_action, tombstone_ms })
+    }
+
     /// Reads and checks `path` (see the module docs).
     ///
     /// # Errors
     /// A [`ConfigError`] naming the field (or `config` for unreadable or malformed TOML).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| err("config", format!("cannot read {}: {e}", path.display())))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| err("config", format!("cannot read {}: {e}", path.display())))?;
         Config::parse(&text)
     }
 
@@ -500,8 +539,7 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the field.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let config: Config =
-            toml::from_str(text).map_err(|e| err("config", e.to_string().replace('\n', " ")))?;
+        let config: Config = toml::from_str(text).map_err(|e| err("config", e.to_string().replace('\n', " ")))?;
         config.check()?;
         Ok(config)
     }
@@ -511,31 +549,22 @@ impl Config {
             if let Some(c) = &action.connector
                 && !self.connectors.contains_key(c)
             {
-                return Err(err(
-                    format!("actions.{name}.connector"),
-                    format!("unknown connector {c:?}"),
-                ));
+                return Err(err(format!("actions.{name}.connector"), format!("unknown connector {c:?}")));
             }
         }
         for (name, c) in &self.connectors {
             let field = format!("connectors.{name}");
-            if name.is_empty()
-                || !name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b))
-            {
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b)) {
                 return Err(err(&field, "connector names are [A-Za-z0-9_-]+"));
             }
             c.retry().check(&field)?;
         }
-        if self.executor.concurrency == 0
-            || self.executor.poll_interval_ms == 0
-            || self.reconciler.interval_ms == 0
-        {
-            return Err(err(
-                "executor",
-                "concurrency and intervals must be positive",
-            ));
+        self.retention()?;
+        if self.retention.sweep_interval_ms == 0 || self.retention.sweep_batch < 1 {
+            return Err(err("retention", "sweep_interval_ms and sweep_batch must be positive"));
+        }
+        if self.executor.concurrency == 0 || self.executor.poll_interval_ms == 0 || self.reconciler.interval_ms == 0 {
+            return Err(err("executor", "concurrency and intervals must be positive"));
         }
         Ok(())
     }
@@ -552,13 +581,10 @@ mod tests {
         assert!(e.message.contains("ftp"), "{e}");
         let e = Config::parse("[actions.send]\nconnector = \"mial\"\n").unwrap_err();
         assert_eq!(e.field, "actions.send.connector");
-        let e = Config::parse("[connectors.h]\nkind = \"http\"\nurl = \"http://x/\"\nbogus = 1\n")
-            .unwrap_err();
+        let e = Config::parse("[connectors.h]\nkind = \"http\"\nurl = \"http://x/\"\nbogus = 1\n").unwrap_err();
         assert!(e.message.contains("bogus"), "{e}");
         assert_eq!(
-            check_template("connectors.h.lookup.url", "http://x/o?ref={keyy}")
-                .unwrap_err()
-                .field,
+            check_template("connectors.h.lookup.url", "http://x/o?ref={keyy}").unwrap_err().field,
             "connectors.h.lookup.url"
         );
         assert!(check_template("f", "http://x/o/{key}?t={tenant}&i={idempotency_key}").is_ok());
@@ -568,24 +594,28 @@ mod tests {
 
     #[test]
     fn secrets_come_from_env_or_file_and_never_print() {
-        let r = SecretRef {
-            env: Some("IDEM_TEST_SURELY_UNSET_VAR".into()),
-            file: None,
-            prefix: String::new(),
-        };
+        let r = SecretRef { env: Some("IDEM_TEST_SURELY_UNSET_VAR".into()), file: None, prefix: String::new() };
         let e = r.resolve("connectors.mail.password").unwrap_err();
         assert_eq!(e.field, "connectors.mail.password");
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("s");
         std::fs::write(&f, "hunter2\n").unwrap();
-        let r = SecretRef {
-            env: None,
-            file: Some(f.display().to_string()),
-            prefix: "Bearer ".into(),
-        };
+        let r = SecretRef { env: None, file: Some(f.display().to_string()), prefix: "Bearer ".into() };
         let s = r.resolve("x").unwrap();
         assert_eq!(s.expose(), "Bearer hunter2");
         assert!(!format!("{s:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn retention_durations() {
+        assert_eq!(parse_retention("f", "24h").unwrap(), Some(86_400_000));
+        assert_eq!(parse_retention("f", "1s").unwrap(), Some(1000));
+        assert_eq!(parse_retention("f", "forever").unwrap(), None);
+        assert_eq!(parse_retention("actions.x.retention", "soon").unwrap_err().field, "actions.x.retention");
+        let c = Config::parse("[actions.export]\nretention = \"forever\"\n[retention]\ndefault = \"2h\"\n").unwrap();
+        let r = c.retention().unwrap();
+        assert_eq!((r.of("export"), r.of("other")), (None, Some(7_200_000)));
+        assert!(Config::parse("[retention]\ntombstone = \"forever\"\n").is_err());
     }
 
     #[test]

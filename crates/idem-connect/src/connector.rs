@@ -59,25 +59,15 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
 
 /// `retryable_failure` with a class and message.
 pub fn retryable(class: &str, message: impl Into<String>, retry_after_ms: Option<i64>) -> Outcome {
-    Outcome::RetryableFailure {
-        error_class: class.into(),
-        message: Some(message.into()),
-        retry_after_ms,
-    }
+    Outcome::RetryableFailure { error_class: class.into(), message: Some(message.into()), retry_after_ms }
 }
 
 /// `final_failure` with a class and message.
 pub fn final_failure(class: &str, message: impl Into<String>) -> Outcome {
-    Outcome::FinalFailure {
-        error_class: class.into(),
-        message: Some(message.into()),
-        result: None,
-    }
+    Outcome::FinalFailure { error_class: class.into(), message: Some(message.into()), result: None }
 }
 
 /// `unknown` with a message.
 pub fn unknown(message: impl Into<String>) -> Outcome {
-    Outcome::Unknown {
-        message: Some(message.into()),
-    }
+    Outcome::Unknown { message: Some(message.into()) }
 }

@@ -39,27 +39,10 @@ pub fn ctx_of(rec: &OperationRecord) -> OperationCtx {
     }
 }
 
-fn executor_actor() -> Actor {
-    Actor {
-        principal: "executor".into(),
-        request_id: None,
-    }
-}
-
 impl Executor {
     /// An executor with `concurrency` attempts in flight at most.
-    pub fn new(
-        store: Arc<dyn Store>,
-        registry: Arc<Registry>,
-        concurrency: usize,
-        poll_interval: Duration,
-    ) -> Self {
-        Executor {
-            store,
-            registry,
-            slots: Arc::new(Semaphore::new(concurrency.max(1))),
-            poll_interval,
-        }
+    pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, concurrency: usize, poll_interval: Duration) -> Self {
+        Executor { store, registry, slots: Arc::new(Semaphore::new(concurrency.max(1))), poll_interval }
     }
 
     /// The registry this executor runs on.
@@ -73,19 +56,13 @@ impl Executor {
     /// # Errors
     /// Store errors while completing (the attempt's outcome is then not recorded; the lease
     /// expires into UNKNOWN and the reconciler settles it).
-    pub async fn run_attempt(
-        &self,
-        granted: OperationRecord,
-    ) -> Result<OperationRecord, StoreError> {
+    pub async fn run_attempt(&self, granted: OperationRecord) -> Result<OperationRecord, StoreError> {
         let Some(name) = granted.connector.clone() else {
             return Ok(granted);
         };
         let ctx = ctx_of(&granted);
         let (outcome, policy) = match self.registry.get(&name) {
-            Some(entry) => (
-                entry.connector.execute(&ctx).await,
-                Some(entry.policy.clone()),
-            ),
+            Some(entry) => (entry.connector.execute(&ctx).await, Some(entry.policy.clone())),
             // Nothing was sent: the connector is gone from the config.
             None => (
                 crate::connector::retryable(
@@ -102,17 +79,14 @@ impl Executor {
             key: granted.key.clone(),
             fencing_token: granted.fencing_token,
             outcome,
-            actor: executor_actor(),
+            actor: Actor::executor(),
             policy,
         };
         match self.store.complete(req).await {
             Ok(done) => Ok(done.record),
             Err(StoreError::Complete(e)) => {
                 tracing::warn!(tenant = %ctx.tenant, error = %e, "attempt's completion refused");
-                self.store
-                    .get(&granted.tenant, &granted.key)
-                    .await
-                    .map(|r| r.unwrap_or(granted))
+                self.store.get(&granted.tenant, &granted.key).await.map(|r| r.unwrap_or(granted))
             }
             Err(e) => Err(e),
         }
@@ -155,7 +129,7 @@ impl Executor {
                 lease_ms: entry.connector.lease_ms(),
                 redo_safe: rec.redo_safe,
                 connector: rec.connector.clone(),
-                actor: executor_actor(),
+                actor: Actor::executor(),
             };
             let out = self.store.acquire(input).await?;
             if out.decision == Decision::Acquire {
@@ -183,8 +157,6 @@ impl Executor {
 
 impl std::fmt::Debug for Executor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Executor")
-            .field("registry", &self.registry)
-            .finish_non_exhaustive()
+        f.debug_struct("Executor").field("registry", &self.registry).finish_non_exhaustive()
     }
 }

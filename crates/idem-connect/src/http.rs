@@ -58,11 +58,7 @@ fn fill(template: &str, op: &OperationCtx) -> String {
 /// `Retry-After` as delta-seconds (RFC 9110 §10.2.3), in ms; HTTP-dates are not honoured.
 fn retry_after_ms(headers: &HeaderMap) -> Option<i64> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    v.trim()
-        .parse::<i64>()
-        .ok()
-        .filter(|s| *s >= 0)
-        .map(|s| s.saturating_mul(1000).min(86_400_000))
+    v.trim().parse::<i64>().ok().filter(|s| *s >= 0).map(|s| s.saturating_mul(1000).min(86_400_000))
 }
 
 /// The error class of a final 4xx/5xx answer.
@@ -90,10 +86,7 @@ impl HttpConnector {
     /// A [`ConfigError`] naming the field (`connectors.NAME.url`, `….headers.X`, …).
     pub fn new(name: &str, c: &HttpConfig) -> Result<Self, ConfigError> {
         let field = format!("connectors.{name}");
-        let bad = |f: &str, m: String| ConfigError {
-            field: format!("{field}.{f}"),
-            message: m,
-        };
+        let bad = |f: &str, m: String| ConfigError { field: format!("{field}.{f}"), message: m };
         let url = interpolate(&format!("{field}.url"), &c.url)?;
         check_template(&format!("{field}.url"), &url)?;
         let method = Method::from_bytes(c.method.to_ascii_uppercase().as_bytes())
@@ -107,10 +100,8 @@ impl HttpConnector {
                 HeaderValueConfig::Plain(t) => (interpolate(&hfield, t)?, false),
                 HeaderValueConfig::Secret(s) => (s.resolve(&hfield)?.expose().to_owned(), true),
             };
-            let mut value = HeaderValue::from_str(&text).map_err(|_| ConfigError {
-                field: hfield.clone(),
-                message: "not a valid header value".into(),
-            })?;
+            let mut value = HeaderValue::from_str(&text)
+                .map_err(|_| ConfigError { field: hfield.clone(), message: "not a valid header value".into() })?;
             value.set_sensitive(sensitive);
             headers.insert(name, value);
         }
@@ -120,18 +111,14 @@ impl HttpConnector {
                 if let Some(ptr) = &p.json_pointer
                     && !ptr.starts_with('/')
                 {
-                    return Err(bad(
-                        "provider_ref.json_pointer",
-                        "a JSON pointer starts with /".into(),
-                    ));
+                    return Err(bad("provider_ref.json_pointer", "a JSON pointer starts with /".into()));
                 }
                 let header = p
                     .header
                     .as_deref()
                     .map(|h| {
-                        HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                            bad("provider_ref.header", format!("{h:?} is not a header name"))
-                        })
+                        HeaderName::from_bytes(h.as_bytes())
+                            .map_err(|_| bad("provider_ref.header", format!("{h:?} is not a header name")))
                     })
                     .transpose()?;
                 (p.json_pointer.clone(), header)
@@ -144,10 +131,7 @@ impl HttpConnector {
                 l.url = interpolate(&format!("{field}.lookup.url"), &l.url)?;
                 check_template(&format!("{field}.lookup.url"), &l.url)?;
                 if !l.found_pointer.starts_with('/') {
-                    return Err(bad(
-                        "lookup.found_pointer",
-                        "a JSON pointer starts with /".into(),
-                    ));
+                    return Err(bad("lookup.found_pointer", "a JSON pointer starts with /".into()));
                 }
                 Some(l)
             }
@@ -176,47 +160,27 @@ impl HttpConnector {
     }
 
     fn provider_ref(&self, headers: &HeaderMap, body: &Value, fallback: String) -> String {
-        let from_header = self
-            .ref_header
-            .as_ref()
-            .and_then(|h| headers.get(h))
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let from_body = self
-            .ref_pointer
-            .as_deref()
-            .and_then(|p| body.pointer(p))
-            .and_then(|v| match v {
-                Value::String(s) => Some(s.clone()),
-                Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            });
-        from_header
-            .or(from_body)
-            .filter(|r| !r.is_empty())
-            .unwrap_or(fallback)
+        let from_header =
+            self.ref_header.as_ref().and_then(|h| headers.get(h)).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let from_body = self.ref_pointer.as_deref().and_then(|p| body.pointer(p)).and_then(|v| match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        });
+        from_header.or(from_body).filter(|r| !r.is_empty()).unwrap_or(fallback)
     }
 }
 
 /// Classifies a transport error: before the request left ⇒ retryable, after ⇒ UNKNOWN.
 fn classify_error(e: &reqwest::Error) -> Outcome {
     if e.is_connect() {
-        retryable(
-            "connect",
-            format!("could not connect, nothing was sent: {e}"),
-            None,
-        )
+        retryable("connect", format!("could not connect, nothing was sent: {e}"), None)
     } else if e.is_builder() {
-        final_failure(
-            "invalid_request",
-            format!("the request could not be built: {e}"),
-        )
+        final_failure("invalid_request", format!("the request could not be built: {e}"))
     } else if e.is_timeout() {
         unknown(format!("timed out after the request was sent: {e}"))
     } else {
-        unknown(format!(
-            "the connection failed after the request was sent: {e}"
-        ))
+        unknown(format!("the connection failed after the request was sent: {e}"))
     }
 }
 
@@ -251,16 +215,8 @@ impl Connector for HttpConnector {
         let text = resp.text().await.unwrap_or_default();
         let snippet: String = text.chars().take(300).collect();
         if is_retryable_status(status) {
-            let class = if status.as_u16() == 429 {
-                "rate_limited"
-            } else {
-                "unavailable"
-            };
-            return retryable(
-                class,
-                format!("HTTP {status}: {snippet}"),
-                retry_after_ms(&headers),
-            );
+            let class = if status.as_u16() == 429 { "rate_limited" } else { "unavailable" };
+            return retryable(class, format!("HTTP {status}: {snippet}"), retry_after_ms(&headers));
         }
         Outcome::FinalFailure {
             error_class: final_class(status).into(),
@@ -271,23 +227,13 @@ impl Connector for HttpConnector {
 
     async fn lookup(&self, op: &OperationCtx) -> Lookup {
         let Some(l) = &self.lookup else {
-            return Lookup::Inconclusive {
-                why: format!("connector {} has no lookup configured", self.name),
-            };
+            return Lookup::Inconclusive { why: format!("connector {} has no lookup configured", self.name) };
         };
         let url = fill(&l.url, op);
-        let resp = match self
-            .client
-            .get(&url)
-            .headers(self.headers.clone())
-            .send()
-            .await
-        {
+        let resp = match self.client.get(&url).headers(self.headers.clone()).send().await {
             Ok(r) => r,
             Err(e) => {
-                return Lookup::Inconclusive {
-                    why: format!("lookup failed: {e}"),
-                };
+                return Lookup::Inconclusive { why: format!("lookup failed: {e}") };
             }
         };
         let status = resp.status();
@@ -295,26 +241,18 @@ impl Connector for HttpConnector {
             return Lookup::Absent;
         }
         if !status.is_success() {
-            return Lookup::Inconclusive {
-                why: format!("lookup answered HTTP {status}"),
-            };
+            return Lookup::Inconclusive { why: format!("lookup answered HTTP {status}") };
         }
         match resp.json::<Value>().await {
             Ok(body) => match body.pointer(&l.found_pointer) {
-                Some(Value::String(s)) if !s.is_empty() => Lookup::Found {
-                    provider_ref: s.clone(),
-                },
-                Some(Value::Number(n)) => Lookup::Found {
-                    provider_ref: n.to_string(),
-                },
+                Some(Value::String(s)) if !s.is_empty() => Lookup::Found { provider_ref: s.clone() },
+                Some(Value::Number(n)) => Lookup::Found { provider_ref: n.to_string() },
                 None | Some(Value::Null) => Lookup::Absent,
-                Some(other) => Lookup::Inconclusive {
-                    why: format!("lookup's {} is not a reference: {other}", l.found_pointer),
-                },
+                Some(other) => {
+                    Lookup::Inconclusive { why: format!("lookup's {} is not a reference: {other}", l.found_pointer) }
+                }
             },
-            Err(e) => Lookup::Inconclusive {
-                why: format!("lookup's answer is not JSON: {e}"),
-            },
+            Err(e) => Lookup::Inconclusive { why: format!("lookup's answer is not JSON: {e}") },
         }
     }
 
@@ -333,10 +271,7 @@ mod tests {
             assert!(is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
         }
         for s in [400, 401, 403, 404, 409, 422, 501] {
-            assert!(
-                !is_retryable_status(StatusCode::from_u16(s).unwrap()),
-                "{s}"
-            );
+            assert!(!is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
         }
         assert_eq!(final_class(StatusCode::UNPROCESSABLE_ENTITY), "validation");
         assert_eq!(final_class(StatusCode::FORBIDDEN), "auth");
@@ -364,10 +299,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("2"));
         assert_eq!(retry_after_ms(&h), Some(2000));
-        h.insert(
-            reqwest::header::RETRY_AFTER,
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
-        );
+        h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
         assert_eq!(retry_after_ms(&h), None);
     }
 }

@@ -25,26 +25,19 @@ pub struct Reconciler {
 impl Reconciler {
     /// A reconciler over `store` with the connectors of `registry`.
     pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, interval: Duration) -> Self {
-        Reconciler {
-            store,
-            registry,
-            interval,
-        }
+        Reconciler { store, registry, interval }
     }
 
     /// Looks `rec` up now and records the answer, on behalf of `actor`.
     ///
     /// # Errors
     /// Store errors; [`StoreError::NotFound`] if the record vanished.
-    pub async fn reconcile_one(
-        &self,
-        rec: &OperationRecord,
-        actor: Actor,
-    ) -> Result<ReconcileOutcome, StoreError> {
+    pub async fn reconcile_one(&self, rec: &OperationRecord, actor: Actor) -> Result<ReconcileOutcome, StoreError> {
         let (lookup, policy, max_lookups) = match rec.connector.as_deref() {
             None => (
                 Lookup::Inconclusive {
-                    why: "the caller performed the side effect (no connector to ask): an operator must resolve it".into(),
+                    why: "the caller performed the side effect (no connector to ask): an operator must resolve it"
+                        .into(),
                 },
                 RetryPolicy::default(),
                 1,
@@ -52,9 +45,7 @@ impl Reconciler {
             Some(name) => match self.registry.get(name) {
                 Some(entry) => (entry.connector.lookup(&ctx_of(rec)).await, entry.policy.clone(), entry.max_lookups),
                 None => (
-                    Lookup::Inconclusive {
-                        why: format!("connector {name:?} is not configured on this node"),
-                    },
+                    Lookup::Inconclusive { why: format!("connector {name:?} is not configured on this node") },
                     RetryPolicy::default(),
                     i64::MAX,
                 ),
@@ -105,8 +96,6 @@ impl Reconciler {
 
 impl std::fmt::Debug for Reconciler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reconciler")
-            .field("registry", &self.registry)
-            .finish_non_exhaustive()
+        f.debug_struct("Reconciler").field("registry", &self.registry).finish_non_exhaustive()
     }
 }

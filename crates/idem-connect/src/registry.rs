@@ -56,11 +56,7 @@ impl Registry {
                 }),
             );
         }
-        let actions = config
-            .actions
-            .iter()
-            .filter_map(|(a, c)| c.connector.clone().map(|c| (a.clone(), c)))
-            .collect();
+        let actions = config.actions.iter().filter_map(|(a, c)| c.connector.clone().map(|c| (a.clone(), c))).collect();
         Ok(Registry { entries, actions })
     }
 

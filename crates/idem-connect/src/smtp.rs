@@ -73,22 +73,14 @@ fn classify(phase: Phase, e: &lettre::transport::smtp::Error) -> Outcome {
         return final_failure(class, format!("{phase:?}: {code} {e}"));
     }
     if phase == Phase::Body {
-        return unknown(format!(
-            "the connection failed after the message was sent: {e}"
-        ));
+        return unknown(format!("the connection failed after the message was sent: {e}"));
     }
-    retryable(
-        "connect",
-        format!("{phase:?}: the connection failed before the message was sent: {e}"),
-        None,
-    )
+    retryable("connect", format!("{phase:?}: the connection failed before the message was sent: {e}"), None)
 }
 
 fn tls_parameters(host: &str, field: &str) -> Result<TlsParameters, ConfigError> {
-    TlsParameters::new(host.to_owned()).map_err(|e| ConfigError {
-        field: field.to_owned(),
-        message: format!("TLS setup failed: {e}"),
-    })
+    TlsParameters::new(host.to_owned())
+        .map_err(|e| ConfigError { field: field.to_owned(), message: format!("TLS setup failed: {e}") })
 }
 
 /// A `Message-ID` for `op`: the same for every attempt of the same intent.
@@ -125,20 +117,14 @@ impl SmtpConnector {
                         message: "IMAP supports tls or none here".into(),
                     });
                 }
-                Some((
-                    i.clone(),
-                    i.password.resolve(&format!("{field}.imap.password"))?,
-                ))
+                Some((i.clone(), i.password.resolve(&format!("{field}.imap.password"))?))
             }
             None => None,
         };
         if c.tls != TlsMode::None {
             tls_parameters(&c.host, &format!("{field}.tls"))?;
         }
-        let domain = c
-            .message_id_domain
-            .clone()
-            .unwrap_or_else(|| from.email.domain().to_owned());
+        let domain = c.message_id_domain.clone().unwrap_or_else(|| from.email.domain().to_owned());
         Ok(SmtpConnector {
             name: name.to_owned(),
             host: c.host.clone(),
@@ -161,9 +147,7 @@ impl SmtpConnector {
             Some(Value::String(s)) => vec![s.as_str()],
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
             _ => {
-                return Err(bad(
-                    "payload.to must be an address or a list of addresses".into()
-                ));
+                return Err(bad("payload.to must be an address or a list of addresses".into()));
             }
         };
         if to.is_empty() {
@@ -171,77 +155,48 @@ impl SmtpConnector {
         }
         let mut builder = Message::builder().message_id(Some(message_id(op, &self.domain)));
         let from = match p.get("from").and_then(Value::as_str) {
-            Some(f) => f
-                .parse::<Mailbox>()
-                .map_err(|e| bad(format!("payload.from: {e}")))?,
+            Some(f) => f.parse::<Mailbox>().map_err(|e| bad(format!("payload.from: {e}")))?,
             None => self.from.clone(),
         };
         builder = builder.from(from);
         let mut recipients = Mailboxes::new();
         for t in to {
-            recipients.push(
-                t.parse::<Mailbox>()
-                    .map_err(|e| bad(format!("payload.to {t:?}: {e}")))?,
-            );
+            recipients.push(t.parse::<Mailbox>().map_err(|e| bad(format!("payload.to {t:?}: {e}")))?);
         }
         for m in recipients {
             builder = builder.to(m);
         }
         let subject = p.get("subject").and_then(Value::as_str).unwrap_or("");
-        let text = p
-            .get("text")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned();
-        builder
-            .subject(subject)
-            .body(text)
-            .map_err(|e| bad(format!("the message cannot be built: {e}")))
+        let text = p.get("text").and_then(Value::as_str).unwrap_or("").to_owned();
+        builder.subject(subject).body(text).map_err(|e| bad(format!("the message cannot be built: {e}")))
     }
 
     async fn send(&self, message: &Message) -> Result<String, Outcome> {
         let hello = ClientId::Domain("idem".into());
         let tls = match self.tls {
-            TlsMode::Tls => Some(
-                tls_parameters(&self.host, "tls")
-                    .map_err(|e| final_failure("config", e.to_string()))?,
-            ),
+            TlsMode::Tls => {
+                Some(tls_parameters(&self.host, "tls").map_err(|e| final_failure("config", e.to_string()))?)
+            }
             _ => None,
         };
-        let mut conn = AsyncSmtpConnection::connect_tokio1(
-            (self.host.as_str(), self.port),
-            Some(self.timeout),
-            &hello,
-            tls,
-            None,
-        )
-        .await
-        .map_err(|e| classify(Phase::Connect, &e))?;
-        if self.tls == TlsMode::Starttls {
-            let params = tls_parameters(&self.host, "tls")
-                .map_err(|e| final_failure("config", e.to_string()))?;
-            conn.starttls(params, &hello)
+        let mut conn =
+            AsyncSmtpConnection::connect_tokio1((self.host.as_str(), self.port), Some(self.timeout), &hello, tls, None)
                 .await
                 .map_err(|e| classify(Phase::Connect, &e))?;
+        if self.tls == TlsMode::Starttls {
+            let params = tls_parameters(&self.host, "tls").map_err(|e| final_failure("config", e.to_string()))?;
+            conn.starttls(params, &hello).await.map_err(|e| classify(Phase::Connect, &e))?;
         }
         if let Some((user, password)) = &self.credentials {
             let creds = Credentials::new(user.clone(), password.expose().to_owned());
-            conn.auth(&[Mechanism::Plain, Mechanism::Login], &creds)
-                .await
-                .map_err(|e| classify(Phase::Auth, &e))?;
+            conn.auth(&[Mechanism::Plain, Mechanism::Login], &creds).await.map_err(|e| classify(Phase::Auth, &e))?;
         }
         let envelope = message.envelope();
-        conn.command(Mail::new(envelope.from().cloned(), vec![]))
-            .await
-            .map_err(|e| classify(Phase::Mail, &e))?;
+        conn.command(Mail::new(envelope.from().cloned(), vec![])).await.map_err(|e| classify(Phase::Mail, &e))?;
         for to in envelope.to() {
-            conn.command(Rcpt::new(to.clone(), vec![]))
-                .await
-                .map_err(|e| classify(Phase::Rcpt, &e))?;
+            conn.command(Rcpt::new(to.clone(), vec![])).await.map_err(|e| classify(Phase::Rcpt, &e))?;
         }
-        conn.command(Data)
-            .await
-            .map_err(|e| classify(Phase::Data, &e))?;
+        conn.command(Data).await.map_err(|e| classify(Phase::Data, &e))?;
         let reply = tokio::time::timeout(self.timeout, conn.message(&message.formatted()))
             .await
             .map_err(|_| unknown("no reply within the timeout after the message was sent"))?
@@ -261,9 +216,7 @@ impl Connector for SmtpConnector {
         match self.send(&message).await {
             Ok(reply) => Outcome::Succeeded {
                 provider_ref: message_id(op, &self.domain),
-                result: Some(
-                    serde_json::json!({"message_id": message_id(op, &self.domain), "smtp_reply": reply}),
-                ),
+                result: Some(serde_json::json!({"message_id": message_id(op, &self.domain), "smtp_reply": reply})),
             },
             Err(outcome) => {
                 tracing::warn!(connector = %self.name, outcome = outcome.name(), "SMTP attempt failed");
@@ -274,9 +227,7 @@ impl Connector for SmtpConnector {
 
     async fn lookup(&self, op: &OperationCtx) -> Lookup {
         let Some((imap, password)) = &self.imap else {
-            return Lookup::Inconclusive {
-                why: format!("connector {} has no imap mailbox configured", self.name),
-            };
+            return Lookup::Inconclusive { why: format!("connector {} has no imap mailbox configured", self.name) };
         };
         let id = message_id(op, &self.domain);
         match tokio::time::timeout(self.timeout, imap_search(imap, password, &id)).await {
@@ -285,21 +236,14 @@ impl Connector for SmtpConnector {
                 let since = idem_core::Clock::now_ms(&idem_core::SystemClock) - op.updated_at;
                 if since < imap.delivery_grace_ms {
                     Lookup::Inconclusive {
-                        why: format!(
-                            "{id} is not in {} yet; waiting out the delivery grace",
-                            imap.mailbox
-                        ),
+                        why: format!("{id} is not in {} yet; waiting out the delivery grace", imap.mailbox),
                     }
                 } else {
                     Lookup::Absent
                 }
             }
-            Ok(Err(e)) => Lookup::Inconclusive {
-                why: format!("IMAP lookup failed: {e}"),
-            },
-            Err(_) => Lookup::Inconclusive {
-                why: "IMAP lookup timed out".into(),
-            },
+            Ok(Err(e)) => Lookup::Inconclusive { why: format!("IMAP lookup failed: {e}") },
+            Err(_) => Lookup::Inconclusive { why: "IMAP lookup timed out".into() },
         }
     }
 
@@ -310,16 +254,13 @@ impl Connector for SmtpConnector {
 
 /// Whether a message with `message_id` is in the configured mailbox.
 async fn imap_search(c: &ImapConfig, password: &Secret, message_id: &str) -> Result<bool, String> {
-    let tcp = tokio::net::TcpStream::connect((c.host.as_str(), c.port))
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
+    let tcp = tokio::net::TcpStream::connect((c.host.as_str(), c.port)).await.map_err(|e| format!("connect: {e}"))?;
     match c.tls {
         TlsMode::Tls => {
             let mut roots = tokio_rustls::rustls::RootCertStore::empty();
             roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            let config = tokio_rustls::rustls::ClientConfig::builder()
-                .with_root_certificates(roots)
-                .with_no_client_auth();
+            let config =
+                tokio_rustls::rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
             let name = tokio_rustls::rustls::pki_types::ServerName::try_from(c.host.clone())
                 .map_err(|e| format!("server name: {e}"))?;
             let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
@@ -346,19 +287,11 @@ where
         .await
         .map_err(|e| format!("greeting: {e}"))?
         .ok_or("the server closed before its greeting")?;
-    let mut session = client
-        .login(&c.username, password.expose())
-        .await
-        .map_err(|(e, _)| format!("login: {e}"))?;
-    session
-        .select(&c.mailbox)
-        .await
-        .map_err(|e| format!("select {}: {e}", c.mailbox))?;
+    let mut session = client.login(&c.username, password.expose()).await.map_err(|(e, _)| format!("login: {e}"))?;
+    session.select(&c.mailbox).await.map_err(|e| format!("select {}: {e}", c.mailbox))?;
     // The id is ours (hex and a domain), so quoting it is enough.
-    let found = session
-        .uid_search(format!("HEADER Message-ID \"{message_id}\""))
-        .await
-        .map_err(|e| format!("search: {e}"))?;
+    let found =
+        session.uid_search(format!("HEADER Message-ID \"{message_id}\"")).await.map_err(|e| format!("search: {e}"))?;
     let _ = session.logout().await;
     Ok(!found.is_empty())
 }
@@ -380,24 +313,16 @@ mod tests {
     }
 
     fn connector() -> SmtpConnector {
-        let c: SmtpConfig = toml::from_str(
-            "host = \"127.0.0.1\"\nport = 2525\ntls = \"none\"\nfrom = \"idem@example.org\"\n",
-        )
-        .unwrap();
+        let c: SmtpConfig =
+            toml::from_str("host = \"127.0.0.1\"\nport = 2525\ntls = \"none\"\nfrom = \"idem@example.org\"\n").unwrap();
         SmtpConnector::new("mail", &c).unwrap()
     }
 
     #[test]
     fn message_ids_are_deterministic_per_tenant_and_key() {
         let a = message_id(&op("INQ-004:confirmation:v1", Value::Null), "example.org");
-        assert_eq!(
-            a,
-            message_id(&op("INQ-004:confirmation:v1", Value::Null), "example.org")
-        );
-        assert_ne!(
-            a,
-            message_id(&op("INQ-005:confirmation:v1", Value::Null), "example.org")
-        );
+        assert_eq!(a, message_id(&op("INQ-004:confirmation:v1", Value::Null), "example.org"));
+        assert_ne!(a, message_id(&op("INQ-005:confirmation:v1", Value::Null), "example.org"));
         let mut other_tenant = op("INQ-004:confirmation:v1", Value::Null);
         other_tenant.tenant = "globex".into();
         assert_ne!(a, message_id(&other_tenant, "example.org"));
@@ -407,11 +332,7 @@ mod tests {
     #[test]
     fn a_bad_payload_is_a_final_validation_failure() {
         let c = connector();
-        for p in [
-            serde_json::json!({}),
-            serde_json::json!({"to": "not an address"}),
-            serde_json::json!({"to": []}),
-        ] {
+        for p in [serde_json::json!({}), serde_json::json!({"to": "not an address"}), serde_json::json!({"to": []})] {
             match c.message(&op("k", p.clone())) {
                 Err(Outcome::FinalFailure { error_class, .. }) => {
                     assert_eq!(error_class, "validation", "{p}")
@@ -419,12 +340,8 @@ mod tests {
                 other => panic!("{p}: {other:?}"),
             }
         }
-        let m = c
-            .message(&op(
-                "k",
-                serde_json::json!({"to": "c@example.org", "subject": "Hi", "text": "Body"}),
-            ))
-            .unwrap();
+        let m =
+            c.message(&op("k", serde_json::json!({"to": "c@example.org", "subject": "Hi", "text": "Body"}))).unwrap();
         let text = String::from_utf8(m.formatted()).unwrap();
         assert!(text.contains("Message-ID: <idem."), "{text}");
     }

@@ -30,23 +30,12 @@ pub const MAX_PROVIDER_REF_LEN: usize = 512;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The side effect happened; `provider_ref` is the evidence, `result` is replayed later.
-    Succeeded {
-        provider_ref: String,
-        result: Option<Value>,
-    },
+    Succeeded { provider_ref: String, result: Option<Value> },
     /// The side effect did not happen and may be tried again (after `retry_after_ms` if the
     /// provider said so, e.g. HTTP `Retry-After`).
-    RetryableFailure {
-        error_class: String,
-        message: Option<String>,
-        retry_after_ms: Option<i64>,
-    },
+    RetryableFailure { error_class: String, message: Option<String>, retry_after_ms: Option<i64> },
     /// The side effect did not happen and never will (validation, auth, not found).
-    FinalFailure {
-        error_class: String,
-        message: Option<String>,
-        result: Option<Value>,
-    },
+    FinalFailure { error_class: String, message: Option<String>, result: Option<Value> },
     /// The worker cannot tell whether the side effect happened (timeout after sending).
     Unknown { message: Option<String> },
 }
@@ -70,8 +59,7 @@ impl Outcome {
         let class_ok = |c: &str| {
             !c.is_empty()
                 && c.len() <= MAX_ERROR_CLASS_LEN
-                && c.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+                && c.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
         };
         match self {
             Outcome::Succeeded { provider_ref, .. } => {
@@ -86,11 +74,7 @@ impl Outcome {
                     )));
                 }
             }
-            Outcome::RetryableFailure {
-                error_class,
-                retry_after_ms,
-                ..
-            } => {
+            Outcome::RetryableFailure { error_class, retry_after_ms, .. } => {
                 if !class_ok(error_class) {
                     return Err(CompleteError::Invalid(format!(
                         "error_class must be 1-{MAX_ERROR_CLASS_LEN} characters of [A-Za-z0-9_.-]"
@@ -119,9 +103,7 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompleteError {
     /// The token is not the record's current one: another grant happened, or it never existed.
-    #[error(
-        "stale fencing token {presented}: the current token is {current}, the lease was lost or never held"
-    )]
+    #[error("stale fencing token {presented}: the current token is {current}, the lease was lost or never held")]
     StaleToken { presented: i64, current: i64 },
     /// The record is SUCCEEDED or FAILED and this is not a repeat of that completion.
     #[error("the operation is already {state}; a final record cannot be completed again")]
@@ -163,10 +145,7 @@ pub fn plan_completion(
 ) -> Result<CompletionPlan, CompleteError> {
     outcome.validate()?;
     if fencing_token != rec.fencing_token {
-        return Err(CompleteError::StaleToken {
-            presented: fencing_token,
-            current: rec.fencing_token,
-        });
+        return Err(CompleteError::StaleToken { presented: fencing_token, current: rec.fencing_token });
     }
     match rec.state {
         State::Executing | State::Unknown => {}
@@ -177,17 +156,12 @@ pub fn plan_completion(
                 }
                 (
                     State::Failed,
-                    Outcome::FinalFailure { error_class, .. }
-                    | Outcome::RetryableFailure { error_class, .. },
+                    Outcome::FinalFailure { error_class, .. } | Outcome::RetryableFailure { error_class, .. },
                 ) => rec.error_class.as_deref() == Some(error_class.as_str()),
                 _ => false,
             };
             if repeat {
-                return Ok(CompletionPlan {
-                    record: rec.clone(),
-                    changed: false,
-                    event: None,
-                });
+                return Ok(CompletionPlan { record: rec.clone(), changed: false, event: None });
             }
             return Err(CompleteError::AlreadyFinal { state: rec.state });
         }
@@ -196,22 +170,14 @@ pub fn plan_completion(
             let repeat = matches!(outcome, Outcome::RetryableFailure { error_class, .. }
                 if rec.error_class.as_deref() == Some(error_class.as_str()));
             if repeat {
-                return Ok(CompletionPlan {
-                    record: rec.clone(),
-                    changed: false,
-                    event: None,
-                });
+                return Ok(CompletionPlan { record: rec.clone(), changed: false, event: None });
             }
             return Err(CompleteError::NotExecuting { state: rec.state });
         }
     }
     if rec.state == State::Unknown && matches!(outcome, Outcome::Unknown { .. }) {
         // Still unknown: nothing new to record.
-        return Ok(CompletionPlan {
-            record: rec.clone(),
-            changed: false,
-            event: None,
-        });
+        return Ok(CompletionPlan { record: rec.clone(), changed: false, event: None });
     }
     let late = rec.state == State::Unknown || !rec.lease_valid_at(now_ms);
     let mut next = rec.clone();
@@ -223,24 +189,19 @@ pub fn plan_completion(
     ev.fencing_token = Some(fencing_token);
     let mut reason = format!("outcome {}", outcome.name());
     match outcome {
-        Outcome::Succeeded {
-            provider_ref,
-            result,
-        } => {
+        Outcome::Succeeded { provider_ref, result } => {
             next.state = State::Succeeded;
             next.provider_ref = Some(provider_ref.clone());
             next.result = result.clone();
             next.verified_at = Some(now_ms);
-            next.evidence_source = Some("caller".into());
+            // Reported by idem's own executor (a connector's answer) or by the caller.
+            let source = if actor.principal == crate::record::EXECUTOR_PRINCIPAL { "connector" } else { "caller" };
+            next.evidence_source = Some(source.into());
             next.completed_at = Some(now_ms);
             next.needs_review = false;
             reason.push_str(&format!(" with provider_ref {provider_ref}"));
         }
-        Outcome::FinalFailure {
-            error_class,
-            message,
-            result,
-        } => {
+        Outcome::FinalFailure { error_class, message, result } => {
             next.state = State::Failed;
             next.error_class = Some(error_class.clone());
             next.error_message = message.clone();
@@ -248,26 +209,17 @@ pub fn plan_completion(
             next.completed_at = Some(now_ms);
             ev.error_class = Some(error_class.clone());
         }
-        Outcome::RetryableFailure {
-            error_class,
-            message,
-            retry_after_ms,
-        } => {
+        Outcome::RetryableFailure { error_class, message, retry_after_ms } => {
             next.error_class = Some(error_class.clone());
             next.error_message = message.clone();
             ev.error_class = Some(error_class.clone());
             let wait = policy.delay_ms(rec.attempt_count, jitter, *retry_after_ms);
-            let elapsed_out = policy
-                .max_elapsed_ms
-                .is_some_and(|max| now_ms + wait - rec.created_at > max);
+            let elapsed_out = policy.max_elapsed_ms.is_some_and(|max| now_ms + wait - rec.created_at > max);
             if rec.attempt_count >= policy.max_attempts || elapsed_out {
                 next.state = State::Failed;
                 next.completed_at = Some(now_ms);
                 reason.push_str(&if elapsed_out {
-                    format!(
-                        "; retry time limit reached after {} attempts",
-                        rec.attempt_count
-                    )
+                    format!("; retry time limit reached after {} attempts", rec.attempt_count)
                 } else {
                     format!("; retry limit reached after {} attempts", rec.attempt_count)
                 });
@@ -290,11 +242,7 @@ pub fn plan_completion(
     debug_assert!(rec.state.can_become(next.state));
     ev.to_state = Some(next.state);
     ev.reason = Some(reason);
-    Ok(CompletionPlan {
-        record: next,
-        changed: true,
-        event: Some(ev),
-    })
+    Ok(CompletionPlan { record: next, changed: true, event: Some(ev) })
 }
 
 #[cfg(test)]
@@ -318,44 +266,19 @@ mod tests {
         plan_acquire(None, &input, 0).record
     }
 
-    fn done(
-        rec: &OperationRecord,
-        token: i64,
-        o: Outcome,
-        now: i64,
-    ) -> Result<CompletionPlan, CompleteError> {
-        plan_completion(
-            rec,
-            token,
-            &o,
-            &Actor::default(),
-            &RetryPolicy::default(),
-            0.5,
-            now,
-        )
+    fn done(rec: &OperationRecord, token: i64, o: Outcome, now: i64) -> Result<CompletionPlan, CompleteError> {
+        plan_completion(rec, token, &o, &Actor::default(), &RetryPolicy::default(), 0.5, now)
     }
 
     fn ok(r: &str) -> Outcome {
-        Outcome::Succeeded {
-            provider_ref: r.into(),
-            result: None,
-        }
+        Outcome::Succeeded { provider_ref: r.into(), result: None }
     }
 
     #[test]
     fn success_needs_evidence_and_the_current_token() {
         let rec = acquired();
-        assert!(matches!(
-            done(&rec, 1, ok(" "), 10),
-            Err(CompleteError::Invalid(_))
-        ));
-        assert_eq!(
-            done(&rec, 2, ok("m"), 10).unwrap_err(),
-            CompleteError::StaleToken {
-                presented: 2,
-                current: 1
-            }
-        );
+        assert!(matches!(done(&rec, 1, ok(" "), 10), Err(CompleteError::Invalid(_))));
+        assert_eq!(done(&rec, 2, ok("m"), 10).unwrap_err(), CompleteError::StaleToken { presented: 2, current: 1 });
         let p = done(&rec, 1, ok("m"), 10).unwrap();
         assert_eq!(p.record.state, State::Succeeded);
         assert_eq!(p.record.provider_ref.as_deref(), Some("m"));
@@ -370,43 +293,24 @@ mod tests {
         assert_eq!(again.record, rec);
         assert_eq!(
             done(&rec, 1, ok("other"), 20).unwrap_err(),
-            CompleteError::AlreadyFinal {
-                state: State::Succeeded
-            }
+            CompleteError::AlreadyFinal { state: State::Succeeded }
         );
-        let fail = Outcome::FinalFailure {
-            error_class: "validation".into(),
-            message: None,
-            result: None,
-        };
-        assert!(matches!(
-            done(&rec, 1, fail, 20),
-            Err(CompleteError::AlreadyFinal { .. })
-        ));
+        let fail = Outcome::FinalFailure { error_class: "validation".into(), message: None, result: None };
+        assert!(matches!(done(&rec, 1, fail, 20), Err(CompleteError::AlreadyFinal { .. })));
     }
 
     #[test]
     fn retryable_failure_schedules_the_next_attempt_until_the_limit() {
         let rec = acquired();
-        let o = Outcome::RetryableFailure {
-            error_class: "unavailable".into(),
-            message: None,
-            retry_after_ms: Some(1500),
-        };
+        let o =
+            Outcome::RetryableFailure { error_class: "unavailable".into(), message: None, retry_after_ms: Some(1500) };
         let p = done(&rec, 1, o.clone(), 100).unwrap();
         assert_eq!(p.record.state, State::Pending);
         assert_eq!(p.record.next_attempt_at, Some(1600));
         let repeat = done(&p.record, 1, o.clone(), 200).unwrap();
         assert!(!repeat.changed, "a lost answer's retry is idempotent");
-        let other = Outcome::RetryableFailure {
-            error_class: "timeout".into(),
-            message: None,
-            retry_after_ms: None,
-        };
-        assert!(matches!(
-            done(&p.record, 1, other, 200),
-            Err(CompleteError::NotExecuting { .. })
-        ));
+        let other = Outcome::RetryableFailure { error_class: "timeout".into(), message: None, retry_after_ms: None };
+        assert!(matches!(done(&p.record, 1, other, 200), Err(CompleteError::NotExecuting { .. })));
         let mut last = rec.clone();
         last.attempt_count = RetryPolicy::default().max_attempts;
         assert_eq!(done(&last, 1, o, 100).unwrap().record.state, State::Failed);

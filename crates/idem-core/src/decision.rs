@@ -38,6 +38,9 @@ pub enum Decision {
     Unknown,
     /// Same key, different fingerprint or action. HTTP 422; nothing changes.
     Mismatch,
+    /// The record was removed after its retention window and only its tombstone is left:
+    /// a late arrival. HTTP 410; nothing executes (see [`crate::retention`]).
+    Late,
 }
 
 /// The table of DESIGN.md §3, for a trigger with `fingerprint` and `action` at `now_ms`.
@@ -55,23 +58,16 @@ pub fn decide(
     let Some(rec) = existing else {
         return Decision::Acquire;
     };
-    if rec.fingerprint != fingerprint
-        || rec.action != action
-        || rec.connector.as_deref() != connector
-    {
+    if rec.fingerprint != fingerprint || rec.action != action || rec.connector.as_deref() != connector {
         return Decision::Mismatch;
     }
     match rec.state {
         State::Pending => match rec.next_attempt_at {
-            Some(at) if at > now_ms => Decision::RetryNotDue {
-                retry_after_ms: at - now_ms,
-            },
+            Some(at) if at > now_ms => Decision::RetryNotDue { retry_after_ms: at - now_ms },
             _ => Decision::Acquire,
         },
         State::Executing => match rec.lease_expires_at {
-            Some(at) if at > now_ms => Decision::InProgress {
-                retry_after_ms: at - now_ms,
-            },
+            Some(at) if at > now_ms => Decision::InProgress { retry_after_ms: at - now_ms },
             _ if rec.redo_safe => Decision::Acquire,
             _ => Decision::ExpireToUnknown,
         },
@@ -123,18 +119,8 @@ pub struct AcquirePlan {
 /// `fencing_token + 1` and a lease of `input.lease_ms` from `now_ms`. For
 /// [`Decision::ExpireToUnknown`] it is UNKNOWN with the lease cleared. Otherwise it is the
 /// stored record unchanged. The version is bumped whenever the record changes.
-pub fn plan_acquire(
-    existing: Option<&OperationRecord>,
-    input: &AcquireInput,
-    now_ms: i64,
-) -> AcquirePlan {
-    let decision = decide(
-        existing,
-        &input.fingerprint,
-        &input.action,
-        input.connector.as_deref(),
-        now_ms,
-    );
+pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, now_ms: i64) -> AcquirePlan {
+    let decision = decide(existing, &input.fingerprint, &input.action, input.connector.as_deref(), now_ms);
     let mut record = existing.cloned().unwrap_or_else(|| OperationRecord {
         tenant: input.tenant.clone(),
         key: input.key.clone(),
@@ -185,10 +171,9 @@ pub fn plan_acquire(
             let mut e = ev(EventKind::Acquired, &record);
             e.reason = Some(match (existing, prev_lease_expired) {
                 (None, _) => "new key: lease granted".into(),
-                (Some(_), true) => format!(
-                    "lease expired; action is redo_safe: re-granted as attempt {}",
-                    record.attempt_count
-                ),
+                (Some(_), true) => {
+                    format!("lease expired; action is redo_safe: re-granted as attempt {}", record.attempt_count)
+                }
                 (Some(_), false) => format!("retry due: attempt {}", record.attempt_count),
             });
             events.push(e);
@@ -198,9 +183,7 @@ pub fn plan_acquire(
             record.state = State::Unknown;
             record.lease_expires_at = None;
             let mut e = ev(EventKind::LeaseExpired, &record);
-            e.reason = Some(
-                "lease expired while EXECUTING: the worker may have acted, outcome unknown".into(),
-            );
+            e.reason = Some("lease expired while EXECUTING: the worker may have acted, outcome unknown".into());
             events.push(e);
             let mut t = ev(EventKind::UnknownPending, &record);
             t.from_state = Some(State::Unknown);
@@ -234,6 +217,8 @@ pub fn plan_acquire(
             events.push(e);
             false
         }
+        // `decide` never answers Late (it sees no tombstones); `plan_late_arrival` does.
+        Decision::Late => false,
         Decision::Mismatch => {
             let mut e = ev(EventKind::Mismatch, &record);
             e.reason = Some(format!(
@@ -248,20 +233,12 @@ pub fn plan_acquire(
         record.updated_at = now_ms;
         record.version += 1;
     }
-    AcquirePlan {
-        decision,
-        record,
-        changed,
-        events,
-    }
+    AcquirePlan { decision, record, changed, events }
 }
 
 /// Plans the lease sweeper's touch of `rec` at `now_ms`: an EXECUTING record whose lease
 /// expired (and whose action is not `redo_safe`) becomes UNKNOWN. `None` when nothing is due.
-pub fn plan_lease_expiry(
-    rec: &OperationRecord,
-    now_ms: i64,
-) -> Option<(OperationRecord, OperationEvent)> {
+pub fn plan_lease_expiry(rec: &OperationRecord, now_ms: i64) -> Option<(OperationRecord, OperationEvent)> {
     if rec.state != State::Executing || rec.redo_safe || rec.lease_valid_at(now_ms) {
         return None;
     }
@@ -274,8 +251,7 @@ pub fn plan_lease_expiry(
     e.from_state = Some(State::Executing);
     e.to_state = Some(State::Unknown);
     e.fencing_token = Some(rec.fencing_token);
-    e.reason =
-        Some("lease expired while EXECUTING: the worker may have acted, outcome unknown".into());
+    e.reason = Some("lease expired while EXECUTING: the worker may have acted, outcome unknown".into());
     Some((next, e))
 }
 
@@ -294,10 +270,7 @@ mod tests {
             lease_ms: 1000,
             redo_safe: false,
             connector: None,
-            actor: Actor {
-                principal: "p".into(),
-                request_id: None,
-            },
+            actor: Actor { principal: "p".into(), request_id: None },
         }
     }
 
@@ -313,56 +286,24 @@ mod tests {
         assert_eq!(decide(None, "a", "send", None, now), Decision::Acquire);
         let mut pending = with_state(State::Pending);
         pending.next_attempt_at = Some(now + 500);
-        assert_eq!(
-            decide(Some(&pending), "a", "send", None, now),
-            Decision::RetryNotDue {
-                retry_after_ms: 500
-            }
-        );
+        assert_eq!(decide(Some(&pending), "a", "send", None, now), Decision::RetryNotDue { retry_after_ms: 500 });
         pending.next_attempt_at = Some(now);
-        assert_eq!(
-            decide(Some(&pending), "a", "send", None, now),
-            Decision::Acquire
-        );
+        assert_eq!(decide(Some(&pending), "a", "send", None, now), Decision::Acquire);
         let mut exec = with_state(State::Executing);
         exec.lease_expires_at = Some(now + 1);
-        assert_eq!(
-            decide(Some(&exec), "a", "send", None, now),
-            Decision::InProgress { retry_after_ms: 1 }
-        );
+        assert_eq!(decide(Some(&exec), "a", "send", None, now), Decision::InProgress { retry_after_ms: 1 });
         exec.lease_expires_at = Some(now);
-        assert_eq!(
-            decide(Some(&exec), "a", "send", None, now),
-            Decision::ExpireToUnknown
-        );
+        assert_eq!(decide(Some(&exec), "a", "send", None, now), Decision::ExpireToUnknown);
         exec.redo_safe = true;
-        assert_eq!(
-            decide(Some(&exec), "a", "send", None, now),
-            Decision::Acquire
-        );
+        assert_eq!(decide(Some(&exec), "a", "send", None, now), Decision::Acquire);
         for s in [State::Succeeded, State::Failed] {
-            assert_eq!(
-                decide(Some(&with_state(s)), "a", "send", None, now),
-                Decision::Replay
-            );
+            assert_eq!(decide(Some(&with_state(s)), "a", "send", None, now), Decision::Replay);
         }
-        assert_eq!(
-            decide(Some(&with_state(State::Unknown)), "a", "send", None, now),
-            Decision::Unknown
-        );
+        assert_eq!(decide(Some(&with_state(State::Unknown)), "a", "send", None, now), Decision::Unknown);
         for s in State::ALL {
-            assert_eq!(
-                decide(Some(&with_state(s)), "b", "send", None, now),
-                Decision::Mismatch
-            );
-            assert_eq!(
-                decide(Some(&with_state(s)), "a", "other", None, now),
-                Decision::Mismatch
-            );
-            assert_eq!(
-                decide(Some(&with_state(s)), "a", "send", Some("mail"), now),
-                Decision::Mismatch
-            );
+            assert_eq!(decide(Some(&with_state(s)), "b", "send", None, now), Decision::Mismatch);
+            assert_eq!(decide(Some(&with_state(s)), "a", "other", None, now), Decision::Mismatch);
+            assert_eq!(decide(Some(&with_state(s)), "a", "send", Some("mail"), now), Decision::Mismatch);
         }
     }
 

@@ -47,9 +47,7 @@ impl fmt::Display for Fingerprint {
 /// Why a fingerprint could not be computed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FingerprintError {
-    #[error(
-        "fingerprint field {0:?} is not a JSON pointer (RFC 6901): it must be empty or start with '/'"
-    )]
+    #[error("fingerprint field {0:?} is not a JSON pointer (RFC 6901): it must be empty or start with '/'")]
     BadPointer(String),
     #[error("fingerprint_fields names {0} fields; at most {MAX_FINGERPRINT_FIELDS} are allowed")]
     TooManyFields(usize),
@@ -59,9 +57,7 @@ pub enum FingerprintError {
         "fingerprint field {0:?} names nothing in the payload (pointers are case-sensitive; send null for an absent optional field)"
     )]
     FieldNotFound(String),
-    #[error(
-        "fingerprint_fields is empty: name at least one field, or leave it out to fingerprint the whole payload"
-    )]
+    #[error("fingerprint_fields is empty: name at least one field, or leave it out to fingerprint the whole payload")]
     NoFields,
     #[error("the payload cannot be canonicalized (RFC 8785): {0}")]
     Canonicalize(String),
@@ -84,18 +80,14 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// [`FingerprintError::Canonicalize`] for values RFC 8785 cannot express (none arise from
 /// parsed JSON, whose numbers are finite).
 pub fn canonical_json(value: &Value) -> Result<String, FingerprintError> {
-    serde_json_canonicalizer::to_string(value)
-        .map_err(|e| FingerprintError::Canonicalize(e.to_string()))
+    serde_json_canonicalizer::to_string(value).map_err(|e| FingerprintError::Canonicalize(e.to_string()))
 }
 
 /// The fingerprint of `payload`, or of the fields `fields` (JSON pointers) names.
 ///
 /// # Errors
 /// A [`FingerprintError`] for malformed, repeated or too many pointers.
-pub fn fingerprint(
-    payload: &Value,
-    fields: Option<&[String]>,
-) -> Result<Fingerprint, FingerprintError> {
+pub fn fingerprint(payload: &Value, fields: Option<&[String]>) -> Result<Fingerprint, FingerprintError> {
     let canonical = match fields {
         None => canonical_json(payload)?,
         Some(fields) => {
@@ -114,9 +106,7 @@ pub fn fingerprint(
                 if !seen.insert(f.as_str()) {
                     return Err(FingerprintError::DuplicateField(f.clone()));
                 }
-                let v = payload
-                    .pointer(f)
-                    .ok_or_else(|| FingerprintError::FieldNotFound(f.clone()))?;
+                let v = payload.pointer(f).ok_or_else(|| FingerprintError::FieldNotFound(f.clone()))?;
                 subset.insert(f.clone(), v.clone());
             }
             canonical_json(&Value::Object(subset))?
@@ -180,9 +170,7 @@ impl<'de> Visitor<'de> for StrictValue {
         if v.abs() > MAX_EXACT_INTEGER as f64 {
             return Err(too_big(v));
         }
-        serde_json::Number::from_f64(v)
-            .map(Value::Number)
-            .ok_or_else(|| E::custom("a number that is not finite"))
+        serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| E::custom("a number that is not finite"))
     }
     fn visit_str<E>(self, v: &str) -> Result<Value, E> {
         Ok(Value::String(v.to_owned()))
@@ -260,53 +248,31 @@ mod tests {
         assert_eq!(a, b);
         let c = fingerprint(&json!({"template":"t","to":"y","trace":"2"}), Some(&f)).unwrap();
         assert_ne!(a, c);
-        assert_eq!(
-            fingerprint(&json!({"to":"x"}), Some(&f)),
-            Err(FingerprintError::FieldNotFound("/template".into()))
-        );
+        assert_eq!(fingerprint(&json!({"to":"x"}), Some(&f)), Err(FingerprintError::FieldNotFound("/template".into())));
         assert!(fingerprint(&json!({"to":"x","template":null}), Some(&f)).is_ok());
-        assert_eq!(
-            fingerprint(&json!({}), Some(&[])),
-            Err(FingerprintError::NoFields)
-        );
+        assert_eq!(fingerprint(&json!({}), Some(&[])), Err(FingerprintError::NoFields));
     }
 
     #[test]
     fn numbers_beyond_2_pow_53_are_refused() {
-        for text in [
-            "9007199254740993",
-            "-9007199254740993",
-            "1795999717611524801",
-            "1e300",
-            "123456789012345678901234567890",
-        ] {
+        for text in
+            ["9007199254740993", "-9007199254740993", "1795999717611524801", "1e300", "123456789012345678901234567890"]
+        {
             let e = serde_json::from_str::<Payload>(&format!(r#"{{"id":{text}}}"#)).unwrap_err();
             assert!(e.to_string().contains("2^53"), "{text}: {e}");
         }
         for ok in ["9007199254740992", "-9007199254740992", "1.5", "0"] {
-            assert!(
-                serde_json::from_str::<Payload>(&format!(r#"{{"id":{ok}}}"#)).is_ok(),
-                "{ok}"
-            );
+            assert!(serde_json::from_str::<Payload>(&format!(r#"{{"id":{ok}}}"#)).is_ok(), "{ok}");
         }
     }
 
     #[test]
     fn rejects_bad_fields() {
         let v = json!({"a": 1});
-        assert!(matches!(
-            fingerprint(&v, Some(&["to".into()])),
-            Err(FingerprintError::BadPointer(_))
-        ));
-        assert!(matches!(
-            fingerprint(&v, Some(&["/a".into(), "/a".into()])),
-            Err(FingerprintError::DuplicateField(_))
-        ));
+        assert!(matches!(fingerprint(&v, Some(&["to".into()])), Err(FingerprintError::BadPointer(_))));
+        assert!(matches!(fingerprint(&v, Some(&["/a".into(), "/a".into()])), Err(FingerprintError::DuplicateField(_))));
         let many: Vec<String> = (0..65).map(|i| format!("/f{i}")).collect();
-        assert!(matches!(
-            fingerprint(&v, Some(&many)),
-            Err(FingerprintError::TooManyFields(65))
-        ));
+        assert!(matches!(fingerprint(&v, Some(&many)), Err(FingerprintError::TooManyFields(65))));
     }
 
     #[test]

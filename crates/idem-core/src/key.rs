@@ -34,9 +34,7 @@ pub enum KeyError {
     Empty,
     #[error("the idempotency key has {0} characters; at most {MAX_KEY_LEN} are allowed")]
     TooLong(usize),
-    #[error(
-        "the idempotency key has a character outside printable ASCII (0x20-0x7E) at position {0}"
-    )]
+    #[error("the idempotency key has a character outside printable ASCII (0x20-0x7E) at position {0}")]
     NotPrintableAscii(usize),
     #[error("the idempotency key starts or ends with a space")]
     SurroundingSpace,
@@ -127,18 +125,12 @@ fn contains_email(s: &str) -> bool {
         if c != b'@' || at == 0 || !is_local_char(b[at - 1]) {
             return false;
         }
-        let domain_end = b[at + 1..]
-            .iter()
-            .position(|&c| !is_domain_char(c))
-            .map_or(b.len(), |p| at + 1 + p);
+        let domain_end = b[at + 1..].iter().position(|&c| !is_domain_char(c)).map_or(b.len(), |p| at + 1 + p);
         let domain = s[at + 1..domain_end].trim_end_matches('.');
         let mut labels = domain.split('.');
         let first = labels.next().unwrap_or("");
         let tld = domain.rsplit('.').next().unwrap_or("");
-        !first.is_empty()
-            && domain.contains('.')
-            && tld.len() >= 2
-            && tld.bytes().all(|c| c.is_ascii_alphabetic())
+        !first.is_empty() && domain.contains('.') && tld.len() >= 2 && tld.bytes().all(|c| c.is_ascii_alphabetic())
     })
 }
 
@@ -205,8 +197,7 @@ fn contains_phone(s: &str) -> bool {
     };
     (0..b.len()).any(|start| {
         let alone_before = start == 0 || !b[start - 1].is_ascii_alphanumeric();
-        alone_before
-            && groups(start).is_some_and(|end| end == b.len() || !b[end].is_ascii_alphanumeric())
+        alone_before && groups(start).is_some_and(|end| end == b.len() || !b[end].is_ascii_alphanumeric())
     })
 }
 
@@ -236,38 +227,18 @@ mod tests {
     #[test]
     fn rejects_bad_shapes() {
         assert_eq!(IdempotencyKey::parse(""), Err(KeyError::Empty));
-        assert_eq!(
-            IdempotencyKey::parse(&"k".repeat(256)),
-            Err(KeyError::TooLong(256))
-        );
-        assert_eq!(
-            IdempotencyKey::parse("abc\ndef"),
-            Err(KeyError::NotPrintableAscii(3))
-        );
-        assert_eq!(
-            IdempotencyKey::parse("café"),
-            Err(KeyError::NotPrintableAscii(3))
-        );
-        assert_eq!(
-            IdempotencyKey::parse(" abc"),
-            Err(KeyError::SurroundingSpace)
-        );
+        assert_eq!(IdempotencyKey::parse(&"k".repeat(256)), Err(KeyError::TooLong(256)));
+        assert_eq!(IdempotencyKey::parse("abc\ndef"), Err(KeyError::NotPrintableAscii(3)));
+        assert_eq!(IdempotencyKey::parse("café"), Err(KeyError::NotPrintableAscii(3)));
+        assert_eq!(IdempotencyKey::parse(" abc"), Err(KeyError::SurroundingSpace));
         assert_eq!(IdempotencyKey::parse(".."), Err(KeyError::DotSegment));
         assert!(IdempotencyKey::parse("...").is_ok());
     }
 
     #[test]
     fn rejects_personal_data() {
-        for k in [
-            "welcome:jane.doe@example.com",
-            "jane@example.co.uk:v1",
-            "confirm-j_d+tag@mail.example.org",
-        ] {
-            assert_eq!(
-                IdempotencyKey::parse(k),
-                Err(KeyError::ContainsEmail),
-                "{k}"
-            );
+        for k in ["welcome:jane.doe@example.com", "jane@example.co.uk:v1", "confirm-j_d+tag@mail.example.org"] {
+            assert_eq!(IdempotencyKey::parse(k), Err(KeyError::ContainsEmail), "{k}");
         }
         for k in [
             "sms:+4915112345678",
@@ -276,11 +247,7 @@ mod tests {
             "sms:(555) 123-4567",
             "sms:555.123.4567",
         ] {
-            assert_eq!(
-                IdempotencyKey::parse(k),
-                Err(KeyError::ContainsPhone),
-                "{k}"
-            );
+            assert_eq!(IdempotencyKey::parse(k), Err(KeyError::ContainsPhone), "{k}");
         }
     }
 }

@@ -6,6 +6,7 @@
 //! - [`decision`]: the decision table of DESIGN.md §3 ([`decide`]) and acquire plans.
 //! - [`completion`]: fenced completions and their plans.
 //! - [`reconcile`]: settling UNKNOWN by lookup evidence or operator resolution.
+//! - [`retention`]: retention windows, tombstones, late arrivals.
 //! - [`retry`]: the durable backoff schedule (full jitter).
 //! - [`record`]: the operation record and event log entries.
 //! - [`clock`]: epoch-millisecond time behind a trait.
@@ -19,6 +20,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod reconcile;
 pub mod record;
+pub mod retention;
 pub mod retry;
 pub mod state;
 
@@ -29,5 +31,6 @@ pub use fingerprint::{Fingerprint, FingerprintError, Payload, fingerprint};
 pub use key::{IdempotencyKey, KeyError};
 pub use reconcile::{Lookup, ResolveError, plan_reconciliation, plan_resolution};
 pub use record::{Actor, EventKind, OperationEvent, OperationRecord};
+pub use retention::{Retention, Tombstone, is_expired, plan_late_arrival};
 pub use retry::RetryPolicy;
 pub use state::State;

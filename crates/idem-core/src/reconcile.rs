@@ -42,8 +42,7 @@ pub fn plan_reconciliation(
     jitter: f64,
     now_ms: i64,
 ) -> Option<(OperationRecord, OperationEvent)> {
-    let eligible = rec.state == State::Unknown
-        || (rec.state == State::Executing && !rec.lease_valid_at(now_ms));
+    let eligible = rec.state == State::Unknown || (rec.state == State::Executing && !rec.lease_valid_at(now_ms));
     if !eligible {
         return None;
     }
@@ -63,17 +62,14 @@ pub fn plan_reconciliation(
             next.completed_at = Some(now_ms);
             next.needs_review = false;
             next.next_attempt_at = None;
-            ev.reason = Some(format!(
-                "lookup found the side effect: provider_ref {provider_ref}"
-            ));
+            ev.reason = Some(format!("lookup found the side effect: provider_ref {provider_ref}"));
         }
         Lookup::Absent => {
             next.state = State::Pending;
             next.next_attempt_at = Some(now_ms);
             next.lookup_attempts = 0;
             next.needs_review = false;
-            ev.reason =
-                Some("lookup proved the side effect absent: eligible for another attempt".into());
+            ev.reason = Some("lookup proved the side effect absent: eligible for another attempt".into());
         }
         Lookup::Inconclusive { why } => {
             next.state = State::Unknown;
@@ -87,11 +83,7 @@ pub fn plan_reconciliation(
             ev.reason = Some(format!(
                 "lookup {} inconclusive: {why}{}",
                 next.lookup_attempts,
-                if next.needs_review {
-                    "; flagged for review"
-                } else {
-                    ""
-                }
+                if next.needs_review { "; flagged for review" } else { "" }
             ));
         }
     }
@@ -207,57 +199,28 @@ mod tests {
     }
 
     fn rec(r: &OperationRecord, l: Lookup, now: i64) -> Option<(OperationRecord, OperationEvent)> {
-        plan_reconciliation(
-            r,
-            &l,
-            &Actor::system(),
-            &RetryPolicy::default(),
-            3,
-            0.5,
-            now,
-        )
+        plan_reconciliation(r, &l, &Actor::system(), &RetryPolicy::default(), 3, 0.5, now)
     }
 
     #[test]
     fn found_is_success_with_evidence_absent_is_pending() {
-        let (s, ev) = rec(
-            &unknown(),
-            Lookup::Found {
-                provider_ref: "m1".into(),
-            },
-            50,
-        )
-        .unwrap();
+        let (s, ev) = rec(&unknown(), Lookup::Found { provider_ref: "m1".into() }, 50).unwrap();
         assert_eq!(s.state, State::Succeeded);
         assert_eq!(
-            (
-                s.provider_ref.as_deref(),
-                s.evidence_source.as_deref(),
-                s.verified_at
-            ),
+            (s.provider_ref.as_deref(), s.evidence_source.as_deref(), s.verified_at),
             (Some("m1"), Some("lookup"), Some(50))
         );
         assert_eq!(ev.kind, "reconciled");
         let (p, _) = rec(&unknown(), Lookup::Absent, 50).unwrap();
         assert_eq!((p.state, p.next_attempt_at), (State::Pending, Some(50)));
-        assert_eq!(
-            p.fencing_token, 1,
-            "no grant yet: the next acquire grants token 2"
-        );
+        assert_eq!(p.fencing_token, 1, "no grant yet: the next acquire grants token 2");
     }
 
     #[test]
     fn inconclusive_stays_unknown_and_flags_review_after_n() {
         let mut r = unknown();
         for i in 1..=3 {
-            let (next, _) = rec(
-                &r,
-                Lookup::Inconclusive {
-                    why: "imap down".into(),
-                },
-                100,
-            )
-            .unwrap();
+            let (next, _) = rec(&r, Lookup::Inconclusive { why: "imap down".into() }, 100).unwrap();
             assert_eq!(next.state, State::Unknown);
             assert_eq!(next.lookup_attempts, i);
             assert_eq!(next.needs_review, i >= 3);
@@ -273,10 +236,7 @@ mod tests {
         r.state = State::Executing;
         r.lease_expires_at = Some(1000);
         assert!(rec(&r, Lookup::Absent, 10).is_none());
-        assert!(
-            rec(&r, Lookup::Absent, 1000).is_some(),
-            "expired lease: reconcilable"
-        );
+        assert!(rec(&r, Lookup::Absent, 1000).is_some(), "expired lease: reconcilable");
         r.state = State::Succeeded;
         assert!(rec(&r, Lookup::Absent, 5000).is_none());
     }
@@ -293,19 +253,8 @@ mod tests {
             plan_resolution(&r, State::Succeeded, "checked", None, &a, 1).unwrap_err(),
             ResolveError::MissingEvidence
         );
-        let (s, ev) = plan_resolution(
-            &r,
-            State::Succeeded,
-            "checked the mailbox",
-            Some("msg-9"),
-            &a,
-            1,
-        )
-        .unwrap();
-        assert_eq!(
-            (s.state, s.evidence_source.as_deref()),
-            (State::Succeeded, Some("operator"))
-        );
+        let (s, ev) = plan_resolution(&r, State::Succeeded, "checked the mailbox", Some("msg-9"), &a, 1).unwrap();
+        assert_eq!((s.state, s.evidence_source.as_deref()), (State::Succeeded, Some("operator")));
         assert!(ev.reason.unwrap().contains("checked the mailbox"));
         assert!(matches!(
             plan_resolution(&s, State::Pending, "again", None, &a, 2),

@@ -160,13 +160,20 @@ pub struct Actor {
     pub request_id: Option<String>,
 }
 
+/// Principal of idem's own housekeeping (lease sweeper, reconciler). Reserved.
+pub const SYSTEM_PRINCIPAL: &str = "system";
+/// Principal of idem's executor, which performs connector attempts. Reserved.
+pub const EXECUTOR_PRINCIPAL: &str = "executor";
+
 impl Actor {
-    /// The actor used for changes made by idem itself (lease sweeper).
+    /// The actor used for changes made by idem itself (lease sweeper, reconciler).
     pub fn system() -> Self {
-        Actor {
-            principal: "system".into(),
-            request_id: None,
-        }
+        Actor { principal: SYSTEM_PRINCIPAL.into(), request_id: None }
+    }
+
+    /// The actor of connector attempts.
+    pub fn executor() -> Self {
+        Actor { principal: EXECUTOR_PRINCIPAL.into(), request_id: None }
     }
 
     /// A blank event of `kind` for `rec` at `at`, stamped with this actor; callers fill in

@@ -22,12 +22,7 @@ pub struct RetryPolicy {
 impl Default for RetryPolicy {
     /// base 1 000 ms, cap 60 000 ms, 8 attempts, no elapsed-time limit.
     fn default() -> Self {
-        RetryPolicy {
-            base_ms: 1_000,
-            cap_ms: 60_000,
-            max_attempts: 8,
-            max_elapsed_ms: None,
-        }
+        RetryPolicy { base_ms: 1_000, cap_ms: 60_000, max_attempts: 8, max_elapsed_ms: None }
     }
 }
 
@@ -37,10 +32,7 @@ impl RetryPolicy {
     /// `jitter` is uniform in `[0, 1)`; `retry_after_ms` is the provider's floor, if any.
     pub fn delay_ms(&self, attempt: i64, jitter: f64, retry_after_ms: Option<i64>) -> i64 {
         let exp = (attempt - 1).clamp(0, 62) as u32;
-        let ceiling = self
-            .base_ms
-            .saturating_mul(1i64.checked_shl(exp).unwrap_or(i64::MAX))
-            .min(self.cap_ms);
+        let ceiling = self.base_ms.saturating_mul(1i64.checked_shl(exp).unwrap_or(i64::MAX)).min(self.cap_ms);
         let jittered = (ceiling as f64 * jitter.clamp(0.0, 1.0)) as i64;
         jittered.max(retry_after_ms.unwrap_or(0))
     }

@@ -35,13 +35,7 @@ pub enum State {
 
 impl State {
     /// Every state, in the order of the table in DESIGN.md §3.
-    pub const ALL: [State; 5] = [
-        State::Pending,
-        State::Executing,
-        State::Succeeded,
-        State::Unknown,
-        State::Failed,
-    ];
+    pub const ALL: [State; 5] = [State::Pending, State::Executing, State::Succeeded, State::Unknown, State::Failed];
 
     /// The upper-case name used in storage and in the API.
     pub fn as_str(self) -> &'static str {
@@ -65,10 +59,7 @@ impl State {
         matches!(
             (self, to),
             (Pending, Executing | Succeeded | Failed)
-                | (
-                    Executing,
-                    Succeeded | Failed | Pending | Unknown | Executing
-                )
+                | (Executing, Succeeded | Failed | Pending | Unknown | Executing)
                 | (Unknown, Succeeded | Pending | Failed)
         )
     }

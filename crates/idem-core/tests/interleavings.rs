@@ -9,8 +9,8 @@
 //! while an earlier attempt might have acted, the count would exceed one.
 
 use idem_core::{
-    AcquireInput, Actor, CompleteError, Decision, OperationRecord, Outcome, RetryPolicy, State,
-    plan_acquire, plan_completion, plan_lease_expiry,
+    AcquireInput, Actor, CompleteError, Decision, OperationRecord, Outcome, RetryPolicy, State, plan_acquire,
+    plan_completion, plan_lease_expiry,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -61,20 +61,12 @@ fn input(w: usize, p: u8, redo_safe: bool) -> AcquireInput {
         lease_ms: LEASE_MS,
         redo_safe,
         connector: None,
-        actor: Actor {
-            principal: format!("w{w}"),
-            request_id: None,
-        },
+        actor: Actor { principal: format!("w{w}"), request_id: None },
     }
 }
 
 fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
-    let policy = RetryPolicy {
-        base_ms: 10,
-        cap_ms: 50,
-        max_attempts: 4,
-        max_elapsed_ms: None,
-    };
+    let policy = RetryPolicy { base_ms: 10, cap_ms: 50, max_attempts: 4, max_elapsed_ms: None };
     let mut now = 0i64;
     let mut rec: Option<OperationRecord> = None;
     let mut workers = vec![Worker::default(); WORKERS];
@@ -90,11 +82,7 @@ fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
             Step::Acquire { w, p } => {
                 triggers += 1;
                 let plan = plan_acquire(rec.as_ref(), &input(w, p, redo_safe), now);
-                events += plan
-                    .events
-                    .iter()
-                    .filter(|e| e.kind != "lease_expired")
-                    .count();
+                events += plan.events.iter().filter(|e| e.kind != "lease_expired").count();
                 if plan.decision == Decision::Acquire {
                     grants += 1;
                     // Invariant 1: one holder — the token grows with every grant.
@@ -102,8 +90,7 @@ fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
                     if let Some(prev) = &before {
                         // Invariant 4: never re-granted blindly while an attempt may have acted.
                         prop_assert!(
-                            prev.state == State::Pending
-                                || (prev.state == State::Executing && redo_safe),
+                            prev.state == State::Pending || (prev.state == State::Executing && redo_safe),
                             "granted from {:?}",
                             prev.state
                         );
@@ -126,26 +113,20 @@ fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
                     continue;
                 };
                 let outcome = match (executed, pick) {
-                    (true, p) if p % 2 == 0 => Outcome::Succeeded {
-                        provider_ref: format!("msg-{token}"),
-                        result: None,
-                    },
+                    (true, p) if p % 2 == 0 => {
+                        Outcome::Succeeded { provider_ref: format!("msg-{token}"), result: None }
+                    }
                     (true, _) | (false, 2) => Outcome::Unknown { message: None },
-                    (false, 1) => Outcome::FinalFailure {
-                        error_class: "validation".into(),
-                        message: None,
-                        result: None,
-                    },
+                    (false, 1) => {
+                        Outcome::FinalFailure { error_class: "validation".into(), message: None, result: None }
+                    }
                     (false, _) => Outcome::RetryableFailure {
                         error_class: "unavailable".into(),
                         message: None,
                         retry_after_ms: None,
                     },
                 };
-                let actor = Actor {
-                    principal: format!("w{w}"),
-                    request_id: None,
-                };
+                let actor = Actor { principal: format!("w{w}"), request_id: None };
                 match plan_completion(r, token, &outcome, &actor, &policy, 0.5, now) {
                     Ok(plan) => {
                         prop_assert_eq!(token, r.fencing_token, "only the current token completes");
@@ -159,14 +140,8 @@ fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
             }
             Step::Forge { w, token } => {
                 let Some(r) = rec.as_ref() else { continue };
-                let outcome = Outcome::Succeeded {
-                    provider_ref: "forged".into(),
-                    result: None,
-                };
-                let actor = Actor {
-                    principal: format!("w{w}"),
-                    request_id: None,
-                };
+                let outcome = Outcome::Succeeded { provider_ref: "forged".into(), result: None };
+                let actor = Actor { principal: format!("w{w}"), request_id: None };
                 let res = plan_completion(r, token, &outcome, &actor, &policy, 0.5, now);
                 if token != r.fencing_token {
                     // Invariant 1: a stale token is rejected (and the caller writes nothing).

@@ -29,10 +29,7 @@ pub struct Caller {
 impl Caller {
     /// The actor stamped on events caused by this request.
     pub fn actor(&self) -> Actor {
-        Actor {
-            principal: self.principal.clone(),
-            request_id: self.request_id.clone(),
-        }
+        Actor { principal: self.principal.clone(), request_id: self.request_id.clone() }
     }
 
     /// Refuses with 403 unless the caller's role is at least `role`.
@@ -54,37 +51,22 @@ impl Caller {
 
 /// The request id set by the request-id layer, if any.
 pub fn request_id(parts: &Parts) -> Option<String> {
-    parts
-        .headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+    parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
 fn unauthorized(detail: &str, rid: Option<&str>) -> Response {
-    let mut r = Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
-        .with_request_id(rid)
-        .into_response();
-    r.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"idem\""),
-    );
+    let mut r = Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail).with_request_id(rid).into_response();
+    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"idem\""));
     r
 }
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = Response;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let rid = request_id(parts);
         let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
-            return Err(unauthorized(
-                "missing Authorization: Bearer <api key>",
-                rid.as_deref(),
-            ));
+            return Err(unauthorized("missing Authorization: Bearer <api key>", rid.as_deref()));
         };
         let secret = value
             .to_str()
@@ -94,22 +76,14 @@ impl FromRequestParts<AppState> for Caller {
             .map(|(_, s)| s.trim())
             .filter(|s| !s.is_empty() && s.len() <= 256);
         let Some(secret) = secret else {
-            return Err(unauthorized(
-                "the Authorization header must be `Bearer <api key>`",
-                rid.as_deref(),
-            ));
+            return Err(unauthorized("the Authorization header must be `Bearer <api key>`", rid.as_deref()));
         };
         match state.store.authenticate(secret).await {
-            Ok(Some(info)) => Ok(Caller {
-                tenant: info.tenant,
-                principal: info.principal,
-                role: info.role,
-                request_id: rid,
-            }),
+            Ok(Some(info)) => {
+                Ok(Caller { tenant: info.tenant, principal: info.principal, role: info.role, request_id: rid })
+            }
             Ok(None) => Err(unauthorized("unknown or revoked API key", rid.as_deref())),
-            Err(e) => Err(crate::operations::store_problem(e)
-                .with_request_id(rid.as_deref())
-                .into_response()),
+            Err(e) => Err(crate::operations::store_problem(e).with_request_id(rid.as_deref()).into_response()),
         }
     }
 }

@@ -16,11 +16,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let rid = req
-            .headers()
-            .get("x-request-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let rid = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
             Err(rejection) => Err(json_problem(&rejection).with_request_id(rid.as_deref())),
@@ -35,20 +31,17 @@ fn json_problem(rejection: &JsonRejection) -> Problem {
             "unsupported-media-type",
             "expected Content-Type: application/json",
         ),
-        JsonRejection::BytesRejection(b) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            Problem::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload-too-large",
-                "the request body is larger than the server accepts",
-            )
-        }
+        JsonRejection::BytesRejection(b) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload-too-large",
+            "the request body is larger than the server accepts",
+        ),
         JsonRejection::JsonSyntaxError(e) => {
             Problem::invalid(format!("the body is not valid JSON: {}", source_text(e)))
         }
-        JsonRejection::JsonDataError(e) => Problem::invalid(format!(
-            "the body does not fit the schema: {}",
-            source_text(e)
-        )),
+        JsonRejection::JsonDataError(e) => {
+            Problem::invalid(format!("the body does not fit the schema: {}", source_text(e)))
+        }
         other => Problem::invalid(other.body_text()),
     }
 }
@@ -73,10 +66,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
             Err(e) => {
-                let rid = parts
-                    .headers
-                    .get("x-request-id")
-                    .and_then(|v| v.to_str().ok());
+                let rid = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok());
                 Err(Problem::invalid(query_text(&e)).with_request_id(rid))
             }
         }

@@ -81,22 +81,12 @@ pub async fn create(
     let rid = caller.request_id.clone();
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
     caller.require(Role::Admin).map_err(fail)?;
-    let role: Role = body
-        .role
-        .parse()
-        .map_err(|e: String| fail(Problem::invalid(e)))?;
+    let role: Role = body.role.parse().map_err(|e: String| fail(Problem::invalid(e)))?;
     let principal = body.principal.unwrap_or_else(|| role.as_str().to_owned());
-    let (info, secret) = state
-        .store
-        .create_api_key(&caller.tenant, &principal, role, None)
-        .await
-        .map_err(|e| fail(store_problem(e)))?;
+    let (info, secret) =
+        state.store.create_api_key(&caller.tenant, &principal, role, None).await.map_err(|e| fail(store_problem(e)))?;
     tracing::info!(id = %info.id, by = %caller.principal, "API key created");
-    Ok((
-        StatusCode::CREATED,
-        axum::Json(ApiKeyView::of(info, Some(secret))),
-    )
-        .into_response())
+    Ok((StatusCode::CREATED, axum::Json(ApiKeyView::of(info, Some(secret)))).into_response())
 }
 
 /// The caller's tenant's keys (never their secrets).
@@ -110,9 +100,7 @@ pub async fn create(
     security(("bearer" = []))
 )]
 pub async fn list(State(state): State<AppState>, caller: Caller) -> Result<Response, Problem> {
-    caller
-        .require(Role::Admin)
-        .map_err(|p| p.with_request_id(caller.request_id.as_deref()))?;
+    caller.require(Role::Admin).map_err(|p| p.with_request_id(caller.request_id.as_deref()))?;
     let keys = state
         .store
         .list_api_keys(Some(&caller.tenant))
@@ -142,23 +130,11 @@ pub async fn revoke(
     let rid = caller.request_id.clone();
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
     caller.require(Role::Admin).map_err(fail)?;
-    let mine = state
-        .store
-        .list_api_keys(Some(&caller.tenant))
-        .await
-        .map_err(|e| fail(store_problem(e)))?;
+    let mine = state.store.list_api_keys(Some(&caller.tenant)).await.map_err(|e| fail(store_problem(e)))?;
     if !mine.iter().any(|k| k.id == id && k.revoked_at.is_none()) {
-        return Err(fail(Problem::new(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "no live API key with that id",
-        )));
+        return Err(fail(Problem::new(StatusCode::NOT_FOUND, "not-found", "no live API key with that id")));
     }
-    state
-        .store
-        .revoke_api_key(&id)
-        .await
-        .map_err(|e| fail(store_problem(e)))?;
+    state.store.revoke_api_key(&id).await.map_err(|e| fail(store_problem(e)))?;
     tracing::info!(%id, by = %caller.principal, "API key revoked");
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -59,17 +59,9 @@ impl AppState {
             config.executor.concurrency,
             Duration::from_millis(config.executor.poll_interval_ms),
         ));
-        let reconciler = Arc::new(Reconciler::new(
-            store.clone(),
-            registry,
-            Duration::from_millis(config.reconciler.interval_ms),
-        ));
-        AppState {
-            store,
-            clock,
-            executor,
-            reconciler,
-        }
+        let reconciler =
+            Arc::new(Reconciler::new(store.clone(), registry, Duration::from_millis(config.reconciler.interval_ms)));
+        AppState { store, clock, executor, reconciler }
     }
 }
 
@@ -96,10 +88,7 @@ pub struct ServerConfig {
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
     let x_request_id = axum::http::HeaderName::from_static("x-request-id");
     Router::new()
-        .route(
-            "/v1/operations",
-            post(operations::acquire).get(operations::list),
-        )
+        .route("/v1/operations", post(operations::acquire).get(operations::list))
         .route("/v1/operations/{key}", get(operations::get_one))
         .route("/v1/operations/{key}/complete", post(operations::complete))
         .route("/v1/operations/{key}/resolve", post(review::resolve))
@@ -120,12 +109,8 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
 }
 
 async fn method_not_allowed() -> Response {
-    problem::Problem::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method-not-allowed",
-        "this route does not take that method",
-    )
-    .into_response()
+    problem::Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "this route does not take that method")
+        .into_response()
 }
 
 async fn not_found() -> Response {
@@ -156,25 +141,17 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 ///
 /// # Errors
 /// Store errors, or an invalid supplied secret.
-pub async fn bootstrap(
-    store: &dyn Store,
-    supplied: Option<String>,
-) -> Result<Option<String>, idem_store::StoreError> {
+pub async fn bootstrap(store: &dyn Store, supplied: Option<String>) -> Result<Option<String>, idem_store::StoreError> {
     if store.count_api_keys().await? > 0 {
         if let Some(s) = supplied
             && store.authenticate(&s).await?.is_none()
         {
-            tracing::warn!(
-                "IDEM_BOOTSTRAP_KEY is ignored: API keys already exist in this database"
-            );
+            tracing::warn!("IDEM_BOOTSTRAP_KEY is ignored: API keys already exist in this database");
         }
         return Ok(None);
     }
     let generated = supplied.is_none();
-    match store
-        .create_api_key("default", "bootstrap", Role::Admin, supplied.clone())
-        .await
-    {
+    match store.create_api_key("default", "bootstrap", Role::Admin, supplied.clone()).await {
         Ok((info, secret)) => {
             tracing::info!(id = %info.id, "created the bootstrap admin key for tenant \"default\"");
             Ok(generated.then_some(secret))
@@ -192,10 +169,7 @@ pub async fn bootstrap(
 
 /// Runs the lease sweeper until the process ends: every `interval`, expired leases of
 /// actions that are not redo_safe become UNKNOWN (in batches of 500).
-pub fn spawn_lease_sweeper(
-    store: Arc<dyn Store>,
-    interval: Duration,
-) -> tokio::task::JoinHandle<()> {
+pub fn spawn_lease_sweeper(store: Arc<dyn Store>, interval: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -220,6 +194,34 @@ pub fn spawn_lease_sweeper(
     })
 }
 
+/// Runs the retention sweeper until the process ends: every `interval`, final records past
+/// their retention become tombstones and expired tombstones go, in bounded batches.
+pub fn spawn_retention_sweeper(store: Arc<dyn Store>, interval: Duration, batch: i64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            loop {
+                match store.sweep(batch).await {
+                    Ok(out) => {
+                        if out.records > 0 || out.tombstones > 0 {
+                            tracing::info!(records = out.records, tombstones = out.tombstones, "retention sweep");
+                        }
+                        if out.records < batch as u64 && out.tombstones < batch as u64 {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention sweep failed");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// Serves the API on `config.listen` until SIGINT or SIGTERM, with the lease sweeper, the
 /// executor and the reconciler running beside it.
 ///
@@ -228,42 +230,26 @@ pub fn spawn_lease_sweeper(
 ///
 /// # Errors
 /// Bind failures, store errors during bootstrap, or I/O errors from the server.
-pub async fn run(
-    store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
-    config: ServerConfig,
-) -> std::io::Result<()> {
+pub async fn run(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: ServerConfig) -> std::io::Result<()> {
     let io = |e: idem_store::StoreError| std::io::Error::other(e.to_string());
-    if let Some(secret) = bootstrap(store.as_ref(), config.bootstrap_key.clone())
-        .await
-        .map_err(io)?
-    {
-        println!(
-            "idem: first start: created an admin API key for tenant \"default\". It is shown only this once:"
-        );
+    if let Some(secret) = bootstrap(store.as_ref(), config.bootstrap_key.clone()).await.map_err(io)? {
+        println!("idem: first start: created an admin API key for tenant \"default\". It is shown only this once:");
         println!("idem: IDEM_API_KEY={secret}");
     }
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
-        .map_err(|e| {
-            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen))
-        })?;
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
     println!("idem: listening on http://{}", listener.local_addr()?);
-    let state = AppState::new(
-        store.clone(),
-        clock,
-        config.registry.clone(),
-        &config.connect,
-    );
+    let state = AppState::new(store.clone(), clock, config.registry.clone(), &config.connect);
+    let sweep_every = Duration::from_millis(config.connect.retention.sweep_interval_ms);
     let loops = [
+        spawn_retention_sweeper(store.clone(), sweep_every, config.connect.retention.sweep_batch),
         spawn_lease_sweeper(store, config.sweep_interval),
         state.executor.clone().spawn_loop(),
         state.reconciler.clone().spawn_loop(),
     ];
     let app = router(state, config.max_body_bytes);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    let result = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
     for l in loops {
         l.abort();
     }
@@ -276,8 +262,7 @@ async fn shutdown_signal() {
     };
     #[cfg(unix)]
     let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             s.recv().await;
         }
     };

@@ -18,8 +18,12 @@ result (200 + `Idempotent-Replayed: true`), 409 while another worker holds the l
 UNKNOWN, and 422 when the key is reused with another payload. Status codes follow the IETF httpapi \
 Idempotency-Key draft; errors are RFC 9457 problem+json whose `type` is `/problems/<slug>`. Instants are \
 RFC 3339 UTC, durations milliseconds. Every /v1 call needs `Authorization: Bearer <api key>` and sees only \
-its tenant: another tenant's key is answered exactly like a missing one (404).\n\nRetention: records are \
-kept until retention is configured (not yet available); no record expires today.",
+its tenant: another tenant's key is answered exactly like a missing one (404).\n\nRetention: a SUCCEEDED or \
+FAILED record is kept for its action's retention window, counted from completion (default 24 h; `forever` for \
+permanent business keys); then a tombstone (key hash, fingerprint, final state) is kept until the tombstone \
+window ends, counted from completion too (default 30 days), and a retry of the key is answered 410 \
+(`/problems/late-arrival`) without executing anything. After that the key is new again. Operations that are \
+not final (PENDING, EXECUTING, UNKNOWN, flagged for review) never expire.",
     ),
     paths(
         crate::operations::acquire,
@@ -45,10 +49,7 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         if let Some(components) = openapi.components.as_mut() {
-            components.add_security_scheme(
-                "bearer",
-                SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
-            );
+            components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
         }
     }
 }

@@ -31,19 +31,11 @@ pub fn store_problem(e: StoreError) -> Problem {
         StoreError::Invalid(msg) => Problem::invalid(msg),
         StoreError::Database(_) | StoreError::Closed => {
             tracing::error!(error = %e, "store unavailable");
-            Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "the database did not answer",
-            )
+            Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database did not answer")
         }
         StoreError::Corrupt(_) | StoreError::Migrate(_) => {
             tracing::error!(error = %e, "store error");
-            Problem::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error",
-            )
+            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
         }
     }
 }
@@ -83,37 +75,22 @@ fn resolve_problem(e: idem_core::ResolveError) -> Problem {
 }
 
 pub fn parse_key(raw: &str) -> Result<IdempotencyKey, Problem> {
-    IdempotencyKey::parse(raw).map_err(|e| {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            "invalid-idempotency-key",
-            e.to_string(),
-        )
-    })
+    IdempotencyKey::parse(raw)
+        .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", e.to_string()))
 }
 
 fn check_action(action: &str) -> Result<(), Problem> {
     let ok = !action.is_empty()
         && action.len() <= 128
-        && action
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(Problem::invalid(
-            "action must be 1-128 characters of [A-Za-z0-9_.:-]",
-        ))
-    }
+        && action.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
+    if ok { Ok(()) } else { Err(Problem::invalid("action must be 1-128 characters of [A-Za-z0-9_.:-]")) }
 }
 
 fn in_range(name: &str, v: Option<i64>, min: i64, max: i64, default: i64) -> Result<i64, Problem> {
     match v {
         None => Ok(default),
         Some(x) if (min..=max).contains(&x) => Ok(x),
-        Some(x) => Err(Problem::invalid(format!(
-            "{name} is {x}; it must be between {min} and {max}"
-        ))),
+        Some(x) => Err(Problem::invalid(format!("{name} is {x}; it must be between {min} and {max}"))),
     }
 }
 
@@ -133,7 +110,11 @@ fn sf_string(raw: &str) -> Result<String, String> {
         match c {
             '\\' => match chars.next() {
                 Some(e @ ('"' | '\\')) => out.push(e),
-                _ => return Err("the Idempotency-Key header has an invalid escape (only \\\" and \\\\ are allowed)".into()),
+                _ => {
+                    return Err(
+                        "the Idempotency-Key header has an invalid escape (only \\\" and \\\\ are allowed)".into()
+                    );
+                }
             },
             '"' => return Err("the Idempotency-Key header has an unescaped quote".into()),
             c => out.push(c),
@@ -145,25 +126,18 @@ fn sf_string(raw: &str) -> Result<String, String> {
 /// The key from the body or the `Idempotency-Key` header (IETF httpapi draft §2); both
 /// present and different, or the header twice, is an error.
 fn key_of(body: Option<&str>, headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
-    let bad =
-        |detail: &str| Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", detail);
+    let bad = |detail: &str| Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", detail);
     let mut values = headers.get_all("idempotency-key").iter();
     let header = match (values.next(), values.next()) {
         (None, _) => None,
         (Some(_), Some(_)) => return Err(bad("more than one Idempotency-Key header")),
         (Some(v), None) => Some(
-            sf_string(
-                v.to_str()
-                    .map_err(|_| bad("the Idempotency-Key header is not ASCII"))?,
-            )
-            .map_err(|e| bad(&e))?,
+            sf_string(v.to_str().map_err(|_| bad("the Idempotency-Key header is not ASCII"))?).map_err(|e| bad(&e))?,
         ),
     };
     let header = header.as_deref();
     match (body, header) {
-        (Some(b), Some(h)) if b != h => Err(Problem::invalid(
-            "the body's key and the Idempotency-Key header differ",
-        )),
+        (Some(b), Some(h)) if b != h => Err(Problem::invalid("the body's key and the Idempotency-Key header differ")),
         (Some(k), _) | (None, Some(k)) => parse_key(k),
         (None, None) => Err(Problem::new(
             StatusCode::BAD_REQUEST,
@@ -189,6 +163,7 @@ fn with_rid(p: Problem, caller: &Caller) -> Problem {
         (status = 400, description = "Malformed request, missing or invalid key", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "In progress (another lease), or the next attempt is not due; header `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Late arrival: the key's operation completed and its record was removed after its retention window (default 24 h after completion); a tombstone remembers it (default 30 days after completion) and nothing executes. After the tombstone is gone the key is new again.", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with another payload or action", body = Problem, content_type = "application/problem+json"),
     ),
@@ -200,27 +175,16 @@ pub async fn acquire(
     headers: HeaderMap,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> Result<Response, Problem> {
-    let input = acquire_input(
-        &caller,
-        &headers,
-        body.key.as_deref(),
-        &body,
-        state.executor.registry(),
-    )
-    .map_err(|p| with_rid(p, &caller))?;
-    let wait_ms =
-        in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
+    let input = acquire_input(&caller, &headers, body.key.as_deref(), &body, state.executor.registry())
+        .map_err(|p| with_rid(p, &caller))?;
+    let wait_ms = in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
     if wait_ms > 0 {
         // Wait before triggering, so a waiting trigger is logged once (with its outcome).
         wait_for_change(&state, &input, deadline).await;
     }
     loop {
-        let out = state
-            .store
-            .acquire(input.clone())
-            .await
-            .map_err(|e| with_rid(store_problem(e), &caller))?;
+        let out = state.store.acquire(input.clone()).await.map_err(|e| with_rid(store_problem(e), &caller))?;
         let view = || OperationView::of(out.record.clone());
         return Ok(match out.decision {
             Decision::Acquire if out.record.connector.is_some() => {
@@ -257,6 +221,19 @@ pub async fn acquire(
                 p.state = Some("PENDING".into());
                 with_rid(p, &caller).into_response()
             }
+            Decision::Late => {
+                let done = out.record.completed_at.map(crate::dto::rfc3339).unwrap_or_default();
+                let mut p = Problem::new(
+                    StatusCode::GONE,
+                    "late-arrival",
+                    format!(
+                        "this key's operation completed ({}) at {done} and its record outlived its retention window; nothing was executed",
+                        out.record.state
+                    ),
+                );
+                p.state = Some(out.record.state.as_str().into());
+                with_rid(p, &caller).into_response()
+            }
             Decision::Mismatch => with_rid(
                 Problem::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
@@ -279,9 +256,7 @@ async fn wait_for_change(state: &AppState, input: &AcquireInput, deadline: tokio
             return;
         }
         match state.store.get(&input.tenant, &input.key).await {
-            Ok(Some(r))
-                if r.fingerprint == input.fingerprint && r.lease_valid_at(state.clock.now_ms()) => {
-            }
+            Ok(Some(r)) if r.fingerprint == input.fingerprint && r.lease_valid_at(state.clock.now_ms()) => {}
             _ => return,
         }
         tokio::time::sleep(Duration::from_millis(WAIT_POLL_MS).min(deadline - now)).await;
@@ -309,11 +284,7 @@ async fn run_connector_attempt(
         }
         Err(_) => granted,
     };
-    let status = if record.state.is_final() {
-        StatusCode::CREATED
-    } else {
-        StatusCode::ACCEPTED
-    };
+    let status = if record.state.is_final() { StatusCode::CREATED } else { StatusCode::ACCEPTED };
     let mut resp = (status, axum::Json(OperationView::of(record))).into_response();
     if status == StatusCode::ACCEPTED
         && let Ok(v) = HeaderValue::from_str(&location)
@@ -346,39 +317,21 @@ fn acquire_input(
     let key = key_of(key, headers)?;
     check_action(&body.action)?;
 
-    let payload = body
-        .payload
-        .as_ref()
-        .map_or(serde_json::Value::Null, |p| p.0.clone());
-    let connector = match body
-        .connector
-        .as_deref()
-        .or_else(|| registry.for_action(&body.action))
-    {
+    let payload = body.payload.as_ref().map_or(serde_json::Value::Null, |p| p.0.clone());
+    let connector = match body.connector.as_deref().or_else(|| registry.for_action(&body.action)) {
         None => None,
         Some(name) if registry.get(name).is_some() => Some(name.to_owned()),
         Some(name) => {
-            return Err(Problem::invalid(format!(
-                "unknown connector {name:?}: it is not configured on this server"
-            )));
+            return Err(Problem::invalid(format!("unknown connector {name:?}: it is not configured on this server")));
         }
     };
     // A connector's attempt gets the connector's lease (longer than its timeouts).
     let default_lease = connector
         .as_deref()
         .and_then(|c| registry.get(c))
-        .map_or(DEFAULT_LEASE_MS, |e| {
-            e.connector.lease_ms().clamp(MIN_LEASE_MS, MAX_LEASE_MS)
-        });
-    let lease_ms = in_range(
-        "lease_ms",
-        body.lease_ms,
-        MIN_LEASE_MS,
-        MAX_LEASE_MS,
-        default_lease,
-    )?;
-    let fp = fingerprint(&payload, body.fingerprint_fields.as_deref())
-        .map_err(|e| Problem::invalid(e.to_string()))?;
+        .map_or(DEFAULT_LEASE_MS, |e| e.connector.lease_ms().clamp(MIN_LEASE_MS, MAX_LEASE_MS));
+    let lease_ms = in_range("lease_ms", body.lease_ms, MIN_LEASE_MS, MAX_LEASE_MS, default_lease)?;
+    let fp = fingerprint(&payload, body.fingerprint_fields.as_deref()).map_err(|e| Problem::invalid(e.to_string()))?;
     Ok(AcquireInput {
         tenant: caller.tenant.clone(),
         key: key.to_string(),
@@ -394,14 +347,7 @@ fn acquire_input(
 
 fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
     let extra = |name: &str, present: bool| {
-        if present {
-            Err(Problem::invalid(format!(
-                "{name} does not apply to outcome {}",
-                b.outcome
-            )))
-        } else {
-            Ok(())
-        }
+        if present { Err(Problem::invalid(format!("{name} does not apply to outcome {}", b.outcome))) } else { Ok(()) }
     };
     let need = |name: &str, v: Option<String>| {
         v.ok_or_else(|| Problem::invalid(format!("outcome {} needs {name}", b.outcome)))
@@ -502,19 +448,12 @@ pub async fn get_one(
     Path(raw_key): Path<String>,
 ) -> Result<Response, Problem> {
     let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
-    let rec = state
-        .store
-        .get(&caller.tenant, key.as_str())
-        .await
-        .map_err(|e| with_rid(store_problem(e), &caller))?;
+    let rec = state.store.get(&caller.tenant, key.as_str()).await.map_err(|e| with_rid(store_problem(e), &caller))?;
     let Some(rec) = rec else {
         return Err(with_rid(Problem::not_found(), &caller));
     };
-    let events = state
-        .store
-        .events(&caller.tenant, key.as_str())
-        .await
-        .map_err(|e| with_rid(store_problem(e), &caller))?;
+    let events =
+        state.store.events(&caller.tenant, key.as_str()).await.map_err(|e| with_rid(store_problem(e), &caller))?;
     let mut view = OperationView::of(rec);
     view.events = Some(events.into_iter().map(EventView::of).collect());
     Ok(axum::Json(view).into_response())
@@ -537,11 +476,7 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Response, Problem> {
     let filter = list_filter(q).map_err(|p| with_rid(p, &caller))?;
-    let page = state
-        .store
-        .list(&caller.tenant, &filter)
-        .await
-        .map_err(|e| with_rid(store_problem(e), &caller))?;
+    let page = state.store.list(&caller.tenant, &filter).await.map_err(|e| with_rid(store_problem(e), &caller))?;
     Ok(axum::Json(OperationPage {
         items: page.items.into_iter().map(OperationView::of).collect(),
         next_cursor: page.next_cursor.map(|(at, key)| encode_cursor(at, &key)),
@@ -551,10 +486,7 @@ pub async fn list(
 
 /// An opaque page cursor: hex of `created_at:key` of the page's last record.
 fn encode_cursor(at: i64, key: &str) -> String {
-    format!("{at}:{key}")
-        .bytes()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    format!("{at}:{key}").bytes().map(|b| format!("{b:02x}")).collect()
 }
 
 fn decode_cursor(c: &str) -> Result<(i64, String), Problem> {

@@ -41,21 +41,13 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The request body is too large",
         "The body exceeds the server's limit (`--max-body-bytes`, default 1 MiB). Nothing was recorded.",
     ),
-    (
-        "unsupported-media-type",
-        "The body must be JSON",
-        "Send `Content-Type: application/json`.",
-    ),
+    ("unsupported-media-type", "The body must be JSON", "Send `Content-Type: application/json`."),
     (
         "not-found",
         "Not found",
         "No operation with this key exists for the caller's tenant (or no such route, API key or problem type).",
     ),
-    (
-        "method-not-allowed",
-        "Method not allowed",
-        "The route exists, but not for this HTTP method; see /openapi.json.",
-    ),
+    ("method-not-allowed", "Method not allowed", "The route exists, but not for this HTTP method; see /openapi.json."),
     (
         "operation-in-progress",
         "The operation is in progress",
@@ -70,6 +62,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "fingerprint-mismatch",
         "The key was reused with another payload",
         "The key is bound to the first payload (fingerprint) and action it was used with; a different one is a different intent and needs a new key. IETF httpapi Idempotency-Key draft §2.7: 422. Nothing was changed.",
+    ),
+    (
+        "late-arrival",
+        "The key outlived its retention window",
+        "The operation under this key completed, and its record was removed when its retention window ended (default 24 h after completion). A tombstone keeps the key's hash, fingerprint and final state (default 30 days after completion), so this late retry executes nothing. After the tombstone is gone the key is new again.",
     ),
     (
         "stale-fencing-token",
@@ -91,21 +88,13 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The operation cannot be resolved now",
         "Only UNKNOWN or PENDING operations, or EXECUTING ones whose lease expired, can be resolved by an operator; final ones never change.",
     ),
-    (
-        "contention",
-        "Too much contention on this key",
-        "Concurrent writers kept changing the record; retry shortly.",
-    ),
+    ("contention", "Too much contention on this key", "Concurrent writers kept changing the record; retry shortly."),
     (
         "unavailable",
         "The store is unavailable",
         "The database did not answer; nothing is known to have been recorded for this request. Retry.",
     ),
-    (
-        "internal",
-        "Internal error",
-        "An unexpected error; see the server log with the request id.",
-    ),
+    ("internal", "Internal error", "An unexpected error; see the server log with the request id."),
 ];
 
 /// A problem details object (RFC 9457 §3).
@@ -140,10 +129,7 @@ impl Problem {
     /// # Panics
     /// In debug builds, if `slug` is not in [`PROBLEM_TYPES`].
     pub fn new(status: StatusCode, slug: &str, detail: impl Into<String>) -> Self {
-        let title = PROBLEM_TYPES
-            .iter()
-            .find(|(s, _, _)| *s == slug)
-            .map(|(_, t, _)| *t);
+        let title = PROBLEM_TYPES.iter().find(|(s, _, _)| *s == slug).map(|(_, t, _)| *t);
         debug_assert!(title.is_some(), "unknown problem slug {slug}");
         Problem {
             kind: format!("/problems/{slug}"),
@@ -164,11 +150,7 @@ impl Problem {
 
     /// 404 `not-found`.
     pub fn not_found() -> Self {
-        Problem::new(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "no operation with this key",
-        )
+        Problem::new(StatusCode::NOT_FOUND, "not-found", "no operation with this key")
     }
 
     /// Sets the request id shown in the body.
@@ -185,10 +167,7 @@ impl IntoResponse for Problem {
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut resp = (status, body).into_response();
         let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if let Some(ms) = retry {
             // Retry-After is in whole seconds (RFC 9110 §10.2.3): round up, at least 1.
             let secs = ((ms.max(1) + 999) / 1000).to_string();
@@ -204,8 +183,6 @@ impl IntoResponse for Problem {
 pub async fn describe(axum::extract::Path(slug): axum::extract::Path<String>) -> Response {
     match PROBLEM_TYPES.iter().find(|(s, _, _)| *s == slug) {
         Some((_, title, text)) => (StatusCode::OK, format!("{title}\n\n{text}\n")).into_response(),
-        None => {
-            Problem::new(StatusCode::NOT_FOUND, "not-found", "no such problem type").into_response()
-        }
+        None => Problem::new(StatusCode::NOT_FOUND, "not-found", "no such problem type").into_response(),
     }
 }

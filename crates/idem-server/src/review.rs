@@ -54,10 +54,7 @@ pub async fn resolve(
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
     caller.require(Role::Operator).map_err(fail)?;
     let key = parse_key(&raw_key).map_err(fail)?;
-    let to = body
-        .to
-        .parse::<idem_core::State>()
-        .map_err(|e| fail(Problem::invalid(e.to_string())))?;
+    let to = body.to.parse::<idem_core::State>().map_err(|e| fail(Problem::invalid(e.to_string())))?;
     let rec = state
         .store
         .resolve(ResolveRequest {
@@ -101,10 +98,6 @@ pub async fn reconcile(
         .await
         .map_err(|e| fail(store_problem(e)))?
         .ok_or_else(|| fail(Problem::not_found()))?;
-    let out = state
-        .reconciler
-        .reconcile_one(&rec, caller.actor())
-        .await
-        .map_err(|e| fail(store_problem(e)))?;
+    let out = state.reconciler.reconcile_one(&rec, caller.actor()).await.map_err(|e| fail(store_problem(e)))?;
     Ok(axum::Json(OperationView::of(out.record)).into_response())
 }

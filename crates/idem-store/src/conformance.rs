@@ -52,9 +52,25 @@ cases!(
     api_keys_authenticate_until_revoked,
     concurrent_acquires_grant_exactly_once,
     every_trigger_is_logged,
+    expired_records_leave_tombstones_that_refuse_late_arrivals,
+    sweeping_never_removes_records_that_are_not_final,
 );
 
-/// Runs every case in [`CASES`]; `make` builds a fresh store reading the given clock.
+/// The store settings every case runs with: records kept 1 000 ms after completion
+/// (`forever_action`: forever), tombstones 5 000 ms.
+pub fn case_config() -> crate::StoreConfig {
+    crate::StoreConfig {
+        retention: idem_core::Retention {
+            default_ms: Some(1_000),
+            per_action: [("forever_action".to_string(), None)].into(),
+            tombstone_ms: 5_000,
+        },
+        ..Default::default()
+    }
+}
+
+/// Runs every case in [`CASES`]; `make` builds a fresh store reading the given clock, with
+/// the settings of [`case_config`].
 ///
 /// # Panics
 /// After all cases ran, if any failed, naming each.
@@ -68,11 +84,7 @@ where
     for (i, (name, case)) in CASES.iter().enumerate() {
         let clock = Arc::new(ManualClock::new(1_000_000));
         let store = make(clock.clone()).await;
-        let h = Harness {
-            store,
-            clock,
-            tenant: format!("t{}-{i}", &run_id[run_id.len() - 10..]),
-        };
+        let h = Harness { store, clock, tenant: format!("t{}-{i}", &run_id[run_id.len() - 10..]) };
         match tokio::spawn(case(h)).await {
             Ok(()) => eprintln!("conformance: {name} ... ok"),
             Err(e) => {
@@ -85,10 +97,7 @@ where
 }
 
 fn actor(p: &str) -> Actor {
-    Actor {
-        principal: p.into(),
-        request_id: Some(format!("req-{p}")),
-    }
+    Actor { principal: p.into(), request_id: Some(format!("req-{p}")) }
 }
 
 fn input(h: &Harness, key: &str, fp: &str) -> AcquireInput {
@@ -117,65 +126,32 @@ fn complete(h: &Harness, key: &str, token: i64, outcome: Outcome) -> CompleteReq
 }
 
 fn success(r: &str) -> Outcome {
-    Outcome::Succeeded {
-        provider_ref: r.into(),
-        result: Some(json!({"message_id": r})),
-    }
+    Outcome::Succeeded { provider_ref: r.into(), result: Some(json!({"message_id": r})) }
 }
 
 async fn new_key_is_granted_with_token_one(h: Harness) {
-    let out = h
-        .store
-        .acquire(input(&h, "INQ-001:confirmation:v1", "P1"))
-        .await
-        .unwrap();
+    let out = h.store.acquire(input(&h, "INQ-001:confirmation:v1", "P1")).await.unwrap();
     assert_eq!(out.decision, Decision::Acquire);
     let r = out.record;
-    assert_eq!(
-        (r.state, r.fencing_token, r.attempt_count),
-        (State::Executing, 1, 1)
-    );
+    assert_eq!((r.state, r.fencing_token, r.attempt_count), (State::Executing, 1, 1));
     assert_eq!(r.lease_expires_at, Some(1_001_000));
     assert_eq!(r.lease_owner.as_deref(), Some("worker-a"));
-    let stored = h
-        .store
-        .get(&h.tenant, "INQ-001:confirmation:v1")
-        .await
-        .unwrap()
-        .unwrap();
+    let stored = h.store.get(&h.tenant, "INQ-001:confirmation:v1").await.unwrap().unwrap();
     assert_eq!(stored, r, "the answer is what was stored");
-    assert_eq!(
-        stored.payload,
-        json!({"to": "P1", "template": "confirmation"})
-    );
+    assert_eq!(stored.payload, json!({"to": "P1", "template": "confirmation"}));
 }
 
 async fn duplicate_while_executing_is_in_progress(h: Harness) {
     h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     h.clock.advance(400);
     let dup = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
-    assert_eq!(
-        dup.decision,
-        Decision::InProgress {
-            retry_after_ms: 600
-        }
-    );
+    assert_eq!(dup.decision, Decision::InProgress { retry_after_ms: 600 });
     assert_eq!(dup.record.fencing_token, 1);
 }
 
 async fn success_is_replayed_with_evidence(h: Harness) {
-    let t = h
-        .store
-        .acquire(input(&h, "k", "P1"))
-        .await
-        .unwrap()
-        .record
-        .fencing_token;
-    let done = h
-        .store
-        .complete(complete(&h, "k", t, success("msg-001")))
-        .await
-        .unwrap();
+    let t = h.store.acquire(input(&h, "k", "P1")).await.unwrap().record.fencing_token;
+    let done = h.store.complete(complete(&h, "k", t, success("msg-001"))).await.unwrap();
     assert!(done.changed);
     assert_eq!(done.record.state, State::Succeeded);
     assert_eq!(done.record.verified_at, Some(1_000_000));
@@ -189,17 +165,8 @@ async fn success_is_replayed_with_evidence(h: Harness) {
 }
 
 async fn mismatch_changes_nothing_and_logs_both_fingerprints(h: Harness) {
-    let t = h
-        .store
-        .acquire(input(&h, "k", "P1"))
-        .await
-        .unwrap()
-        .record
-        .fencing_token;
-    h.store
-        .complete(complete(&h, "k", t, success("m")))
-        .await
-        .unwrap();
+    let t = h.store.acquire(input(&h, "k", "P1")).await.unwrap().record.fencing_token;
+    h.store.complete(complete(&h, "k", t, success("m"))).await.unwrap();
     let before = h.store.get(&h.tenant, "k").await.unwrap().unwrap();
     let other = h.store.acquire(input(&h, "k", "P2")).await.unwrap();
     assert_eq!(other.decision, Decision::Mismatch);
@@ -207,94 +174,35 @@ async fn mismatch_changes_nothing_and_logs_both_fingerprints(h: Harness) {
     assert_eq!(before, after, "a mismatch writes nothing to the record");
     assert_eq!(after.payload["to"], "P1");
     let events = h.store.events(&h.tenant, "k").await.unwrap();
-    let m = events
-        .iter()
-        .find(|e| e.kind == "mismatch")
-        .expect("mismatch logged");
+    let m = events.iter().find(|e| e.kind == "mismatch").expect("mismatch logged");
     assert_eq!(m.fingerprint.as_deref(), Some("fp-P2"));
     assert!(m.reason.as_deref().unwrap().contains("fp-P1"), "{m:?}");
     let mut other_action = input(&h, "k", "P1");
     other_action.action = "create_ticket".into();
-    assert_eq!(
-        h.store.acquire(other_action).await.unwrap().decision,
-        Decision::Mismatch
-    );
+    assert_eq!(h.store.acquire(other_action).await.unwrap().decision, Decision::Mismatch);
 }
 
 async fn stale_token_is_rejected_and_changes_nothing(h: Harness) {
     h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     let before = h.store.get(&h.tenant, "k").await.unwrap().unwrap();
-    let err = h
-        .store
-        .complete(complete(&h, "k", 7, success("m")))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            StoreError::Complete(CompleteError::StaleToken {
-                presented: 7,
-                current: 1
-            })
-        ),
-        "{err}"
-    );
+    let err = h.store.complete(complete(&h, "k", 7, success("m"))).await.unwrap_err();
+    assert!(matches!(err, StoreError::Complete(CompleteError::StaleToken { presented: 7, current: 1 })), "{err}");
     assert_eq!(h.store.get(&h.tenant, "k").await.unwrap().unwrap(), before);
-    let missing = h
-        .store
-        .complete(complete(&h, "nope", 1, success("m")))
-        .await
-        .unwrap_err();
+    let missing = h.store.complete(complete(&h, "nope", 1, success("m"))).await.unwrap_err();
     assert!(matches!(missing, StoreError::NotFound), "{missing}");
 }
 
 async fn final_records_refuse_other_completions_but_accept_repeats(h: Harness) {
-    let t = h
-        .store
-        .acquire(input(&h, "k", "P1"))
-        .await
-        .unwrap()
-        .record
-        .fencing_token;
-    h.store
-        .complete(complete(&h, "k", t, success("m")))
-        .await
-        .unwrap();
+    let t = h.store.acquire(input(&h, "k", "P1")).await.unwrap().record.fencing_token;
+    h.store.complete(complete(&h, "k", t, success("m"))).await.unwrap();
     let before = h.store.get(&h.tenant, "k").await.unwrap().unwrap();
-    let repeat = h
-        .store
-        .complete(complete(&h, "k", t, success("m")))
-        .await
-        .unwrap();
+    let repeat = h.store.complete(complete(&h, "k", t, success("m"))).await.unwrap();
     assert!(!repeat.changed);
-    let fail = Outcome::FinalFailure {
-        error_class: "validation".into(),
-        message: None,
-        result: None,
-    };
-    let err = h
-        .store
-        .complete(complete(&h, "k", t, fail))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            StoreError::Complete(CompleteError::AlreadyFinal {
-                state: State::Succeeded
-            })
-        ),
-        "{err}"
-    );
+    let fail = Outcome::FinalFailure { error_class: "validation".into(), message: None, result: None };
+    let err = h.store.complete(complete(&h, "k", t, fail)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Complete(CompleteError::AlreadyFinal { state: State::Succeeded })), "{err}");
     assert_eq!(h.store.get(&h.tenant, "k").await.unwrap().unwrap(), before);
-    let completions = h
-        .store
-        .events(&h.tenant, "k")
-        .await
-        .unwrap()
-        .iter()
-        .filter(|e| e.kind == "completed")
-        .count();
+    let completions = h.store.events(&h.tenant, "k").await.unwrap().iter().filter(|e| e.kind == "completed").count();
     assert_eq!(completions, 1);
 }
 
@@ -309,23 +217,8 @@ async fn expired_lease_becomes_unknown_not_a_second_grant(h: Harness) {
     let again = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     assert_eq!(again.decision, Decision::Unknown);
     assert_eq!(again.record.attempt_count, 1);
-    let kinds: Vec<String> = h
-        .store
-        .events(&h.tenant, "k")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
-    assert_eq!(
-        kinds,
-        [
-            "acquired",
-            "lease_expired",
-            "unknown_pending",
-            "unknown_pending"
-        ]
-    );
+    let kinds: Vec<String> = h.store.events(&h.tenant, "k").await.unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, ["acquired", "lease_expired", "unknown_pending", "unknown_pending"]);
 }
 
 async fn redo_safe_expired_lease_is_re_granted_with_a_new_token(h: Harness) {
@@ -335,23 +228,10 @@ async fn redo_safe_expired_lease_is_re_granted_with_a_new_token(h: Harness) {
     h.clock.advance(1_500);
     let second = h.store.acquire(i).await.unwrap();
     assert_eq!(second.decision, Decision::Acquire);
-    assert_eq!(
-        (second.record.fencing_token, second.record.attempt_count),
-        (2, 2)
-    );
-    let err = h
-        .store
-        .complete(complete(&h, "k", 1, success("m")))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::Complete(CompleteError::StaleToken { .. })),
-        "{err}"
-    );
-    h.store
-        .complete(complete(&h, "k", 2, success("m")))
-        .await
-        .unwrap();
+    assert_eq!((second.record.fencing_token, second.record.attempt_count), (2, 2));
+    let err = h.store.complete(complete(&h, "k", 1, success("m"))).await.unwrap_err();
+    assert!(matches!(err, StoreError::Complete(CompleteError::StaleToken { .. })), "{err}");
+    h.store.complete(complete(&h, "k", 2, success("m"))).await.unwrap();
 }
 
 async fn retryable_failure_schedules_a_fenced_retry(h: Harness) {
@@ -361,32 +241,19 @@ async fn retryable_failure_schedules_a_fenced_retry(h: Harness) {
         message: Some("503".into()),
         retry_after_ms: Some(2_000),
     };
-    let r = h
-        .store
-        .complete(complete(&h, "k", 1, retry))
-        .await
-        .unwrap()
-        .record;
+    let r = h.store.complete(complete(&h, "k", 1, retry)).await.unwrap().record;
     assert_eq!(r.state, State::Pending);
     assert!(r.next_attempt_at.unwrap() >= 1_002_000);
     let wait = r.next_attempt_at.unwrap() - 1_000_000;
     let early = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
-    assert_eq!(
-        early.decision,
-        Decision::RetryNotDue {
-            retry_after_ms: wait
-        }
-    );
+    assert_eq!(early.decision, Decision::RetryNotDue { retry_after_ms: wait });
     h.clock.advance(wait);
     let due = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     assert_eq!(due.decision, Decision::Acquire);
     assert_eq!((due.record.fencing_token, due.record.attempt_count), (2, 2));
     let ev = h.store.events(&h.tenant, "k").await.unwrap();
     let c = ev.iter().find(|e| e.kind == "completed").unwrap();
-    assert_eq!(
-        (c.error_class.as_deref(), c.wait_ms),
-        (Some("unavailable"), Some(wait))
-    );
+    assert_eq!((c.error_class.as_deref(), c.wait_ms), (Some("unavailable"), Some(wait)));
 }
 
 async fn final_failure_is_replayed(h: Harness) {
@@ -396,12 +263,7 @@ async fn final_failure_is_replayed(h: Harness) {
         message: Some("invalid recipient".into()),
         result: Some(json!({"status": 550})),
     };
-    let r = h
-        .store
-        .complete(complete(&h, "k", 1, fail))
-        .await
-        .unwrap()
-        .record;
+    let r = h.store.complete(complete(&h, "k", 1, fail)).await.unwrap().record;
     assert_eq!(r.state, State::Failed);
     let again = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     assert_eq!(again.decision, Decision::Replay);
@@ -414,16 +276,8 @@ async fn late_completion_settles_unknown(h: Harness) {
     h.clock.advance(2_000);
     // Stores sharing a database across cases may expire other cases' leases too.
     assert!(h.store.expire_leases(1_000).await.unwrap() >= 1);
-    assert_eq!(
-        h.store.get(&h.tenant, "k").await.unwrap().unwrap().state,
-        State::Unknown
-    );
-    let r = h
-        .store
-        .complete(complete(&h, "k", 1, success("m-late")))
-        .await
-        .unwrap()
-        .record;
+    assert_eq!(h.store.get(&h.tenant, "k").await.unwrap().unwrap().state, State::Unknown);
+    let r = h.store.complete(complete(&h, "k", 1, success("m-late"))).await.unwrap().record;
     assert_eq!(r.state, State::Succeeded);
     assert_eq!(r.provider_ref.as_deref(), Some("m-late"));
 }
@@ -439,11 +293,7 @@ async fn sweeper_expires_leases_in_bounded_batches(h: Harness) {
     let mut safe = input(&h, "safe", "P1");
     safe.redo_safe = true;
     h.store.acquire(safe).await.unwrap();
-    assert_eq!(
-        h.store.expire_leases(100).await.unwrap(),
-        0,
-        "nothing expired yet"
-    );
+    assert_eq!(h.store.expire_leases(100).await.unwrap(), 0, "nothing expired yet");
     h.clock.advance(1_000);
     // Other cases may share the database: count only ours afterwards.
     let mut total = 0;
@@ -456,39 +306,21 @@ async fn sweeper_expires_leases_in_bounded_batches(h: Harness) {
         }
     }
     assert!(total >= 4);
-    for (t, k) in [
-        (&h.tenant, "a"),
-        (&h.tenant, "b"),
-        (&h.tenant, "c"),
-        (&other, "d"),
-    ] {
-        assert_eq!(
-            h.store.get(t, k).await.unwrap().unwrap().state,
-            State::Unknown
-        );
+    for (t, k) in [(&h.tenant, "a"), (&h.tenant, "b"), (&h.tenant, "c"), (&other, "d")] {
+        assert_eq!(h.store.get(t, k).await.unwrap().unwrap().state, State::Unknown);
     }
-    assert_eq!(
-        h.store.get(&h.tenant, "safe").await.unwrap().unwrap().state,
-        State::Executing
-    );
+    assert_eq!(h.store.get(&h.tenant, "safe").await.unwrap().unwrap().state, State::Executing);
 }
 
 async fn tenants_are_isolated(h: Harness) {
     let b = format!("{}-b", h.tenant);
-    h.store
-        .acquire(input(&h, "shared-key", "P1"))
-        .await
-        .unwrap();
+    h.store.acquire(input(&h, "shared-key", "P1")).await.unwrap();
     assert!(h.store.get(&b, "shared-key").await.unwrap().is_none());
     assert!(h.store.events(&b, "shared-key").await.unwrap().is_empty());
     let mut ib = input(&h, "shared-key", "OTHER");
     ib.tenant = b.clone();
     let out = h.store.acquire(ib).await.unwrap();
-    assert_eq!(
-        out.decision,
-        Decision::Acquire,
-        "B's key is its own, never a mismatch with A's"
-    );
+    assert_eq!(out.decision, Decision::Acquire, "B's key is its own, never a mismatch with A's");
     let err = h
         .store
         .complete(CompleteRequest {
@@ -501,26 +333,8 @@ async fn tenants_are_isolated(h: Harness) {
         })
         .await;
     assert!(err.is_ok());
-    assert_eq!(
-        h.store
-            .get(&h.tenant, "shared-key")
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        State::Executing
-    );
-    let page = h
-        .store
-        .list(
-            &b,
-            &ListFilter {
-                limit: 50,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    assert_eq!(h.store.get(&h.tenant, "shared-key").await.unwrap().unwrap().state, State::Executing);
+    let page = h.store.list(&b, &ListFilter { limit: 50, ..Default::default() }).await.unwrap();
     assert_eq!(page.items.len(), 1);
     assert_eq!(page.items[0].tenant, b);
 }
@@ -530,20 +344,13 @@ async fn list_filters_and_paginates(h: Harness) {
         let k = format!("k{i}");
         h.store.acquire(input(&h, &k, "P1")).await.unwrap();
         if i % 2 == 0 {
-            h.store
-                .complete(complete(&h, &k, 1, success("m")))
-                .await
-                .unwrap();
+            h.store.complete(complete(&h, &k, 1, success("m"))).await.unwrap();
         }
     }
     let mut seen = Vec::new();
     let mut cursor = None;
     loop {
-        let f = ListFilter {
-            limit: 3,
-            cursor,
-            ..Default::default()
-        };
+        let f = ListFilter { limit: 3, cursor, ..Default::default() };
         let page = h.store.list(&h.tenant, &f).await.unwrap();
         seen.extend(page.items.iter().map(|r| r.key.clone()));
         match page.next_cursor {
@@ -551,58 +358,27 @@ async fn list_filters_and_paginates(h: Harness) {
             None => break,
         }
     }
-    assert_eq!(
-        seen,
-        ["k6", "k5", "k4", "k3", "k2", "k1", "k0"],
-        "newest first, no gaps or repeats"
-    );
-    let f = ListFilter {
-        state: Some(State::Succeeded),
-        limit: 50,
-        ..Default::default()
-    };
+    assert_eq!(seen, ["k6", "k5", "k4", "k3", "k2", "k1", "k0"], "newest first, no gaps or repeats");
+    let f = ListFilter { state: Some(State::Succeeded), limit: 50, ..Default::default() };
     assert_eq!(h.store.list(&h.tenant, &f).await.unwrap().items.len(), 4);
-    let f = ListFilter {
-        action: Some("other".into()),
-        limit: 50,
-        ..Default::default()
-    };
+    let f = ListFilter { action: Some("other".into()), limit: 50, ..Default::default() };
     assert!(h.store.list(&h.tenant, &f).await.unwrap().items.is_empty());
-    let f = ListFilter {
-        needs_review: Some(false),
-        limit: 50,
-        ..Default::default()
-    };
+    let f = ListFilter { needs_review: Some(false), limit: 50, ..Default::default() };
     assert_eq!(h.store.list(&h.tenant, &f).await.unwrap().items.len(), 7);
 }
 
 async fn api_keys_authenticate_until_revoked(h: Harness) {
-    let (info, secret) = h
-        .store
-        .create_api_key(&h.tenant, "ci-bot", Role::Operator, None)
-        .await
-        .unwrap();
+    let (info, secret) = h.store.create_api_key(&h.tenant, "ci-bot", Role::Operator, None).await.unwrap();
     assert!(secret.starts_with("idem_") && secret.len() == 69);
     let found = h.store.authenticate(&secret).await.unwrap().unwrap();
     assert_eq!(found, info);
     assert!(h.store.authenticate("idem_wrong").await.unwrap().is_none());
     assert!(h.store.count_api_keys().await.unwrap() >= 1);
     let supplied = "bootstrap-secret-0123456789abcdef0123".to_string();
-    h.store
-        .create_api_key(&h.tenant, "boot", Role::Admin, Some(supplied.clone()))
-        .await
-        .unwrap();
-    let dup = h
-        .store
-        .create_api_key(&h.tenant, "boot2", Role::Admin, Some(supplied))
-        .await;
+    h.store.create_api_key(&h.tenant, "boot", Role::Admin, Some(supplied.clone())).await.unwrap();
+    let dup = h.store.create_api_key(&h.tenant, "boot2", Role::Admin, Some(supplied)).await;
     assert!(matches!(dup, Err(StoreError::Invalid(_))));
-    assert!(matches!(
-        h.store
-            .create_api_key("bad tenant", "p", Role::Client, None)
-            .await,
-        Err(StoreError::Invalid(_))
-    ));
+    assert!(matches!(h.store.create_api_key("bad tenant", "p", Role::Client, None).await, Err(StoreError::Invalid(_))));
     let mine = h.store.list_api_keys(Some(&h.tenant)).await.unwrap();
     assert_eq!(mine.len(), 2);
     assert!(h.store.revoke_api_key(&info.id).await.unwrap());
@@ -634,40 +410,68 @@ async fn concurrent_acquires_grant_exactly_once(h: Harness) {
 }
 
 async fn every_trigger_is_logged(h: Harness) {
-    let t = h
-        .store
-        .acquire(input(&h, "k", "P1"))
-        .await
-        .unwrap()
-        .record
-        .fencing_token;
+    let t = h.store.acquire(input(&h, "k", "P1")).await.unwrap().record.fencing_token;
     h.store.acquire(input(&h, "k", "P1")).await.unwrap();
-    h.store
-        .complete(complete(&h, "k", t, success("m")))
-        .await
-        .unwrap();
+    h.store.complete(complete(&h, "k", t, success("m"))).await.unwrap();
     h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     h.store.acquire(input(&h, "k", "P2")).await.unwrap();
     let ev = h.store.events(&h.tenant, "k").await.unwrap();
     let kinds: Vec<&str> = ev.iter().map(|e| e.kind.as_str()).collect();
-    assert_eq!(
-        kinds,
-        [
-            "acquired",
-            "in_progress",
-            "completed",
-            "replayed",
-            "mismatch"
-        ]
-    );
+    assert_eq!(kinds, ["acquired", "in_progress", "completed", "replayed", "mismatch"]);
     assert!(ev.windows(2).all(|w| w[0].seq < w[1].seq));
-    assert!(
-        ev.iter()
-            .all(|e| e.request_id.as_deref() == Some("req-worker-a"))
-    );
+    assert!(ev.iter().all(|e| e.request_id.as_deref() == Some("req-worker-a")));
     let c = &ev[2];
-    assert_eq!(
-        (c.from_state, c.to_state),
-        (Some(State::Executing), Some(State::Succeeded))
-    );
+    assert_eq!((c.from_state, c.to_state), (Some(State::Executing), Some(State::Succeeded)));
+}
+
+async fn expired_records_leave_tombstones_that_refuse_late_arrivals(h: Harness) {
+    let t = h.store.acquire(input(&h, "INQ-007", "P1")).await.unwrap().record.fencing_token;
+    let done = h.store.complete(complete(&h, "INQ-007", t, success("m-7"))).await.unwrap().record;
+    assert_eq!(done.expires_at, Some(1_001_000), "expires 1 000 ms after completion");
+    h.clock.advance(999);
+    h.store.sweep(100).await.unwrap();
+    assert!(h.store.get(&h.tenant, "INQ-007").await.unwrap().is_some(), "kept until its retention ends");
+    h.clock.advance(1);
+    assert!(h.store.sweep(100).await.unwrap().records >= 1);
+    assert!(h.store.get(&h.tenant, "INQ-007").await.unwrap().is_none());
+    assert!(h.store.events(&h.tenant, "INQ-007").await.unwrap().is_empty(), "its events go with it");
+    for fp in ["P1", "P2"] {
+        let late = h.store.acquire(input(&h, "INQ-007", fp)).await.unwrap();
+        assert_eq!(late.decision, Decision::Late, "late arrival ({fp})");
+        assert_eq!(late.record.state, State::Succeeded);
+    }
+    assert!(h.store.get(&h.tenant, "INQ-007").await.unwrap().is_none(), "a late arrival executes nothing");
+    // Another tenant's same key is not affected by this tombstone.
+    let mut other = input(&h, "INQ-007", "P1");
+    other.tenant = format!("{}-b", h.tenant);
+    assert_eq!(h.store.acquire(other).await.unwrap().decision, Decision::Acquire);
+    // The tombstone lives 5 000 ms from completion; then the key is new again.
+    h.clock.advance(4_000);
+    assert!(h.store.sweep(100).await.unwrap().tombstones >= 1);
+    assert_eq!(h.store.acquire(input(&h, "INQ-007", "P2")).await.unwrap().decision, Decision::Acquire);
+}
+
+async fn sweeping_never_removes_records_that_are_not_final(h: Harness) {
+    h.store.acquire(input(&h, "executing", "P1")).await.unwrap();
+    h.store.acquire(input(&h, "pending", "P1")).await.unwrap();
+    let retry = Outcome::RetryableFailure {
+        error_class: "unavailable".into(),
+        message: None,
+        retry_after_ms: Some(86_400_000),
+    };
+    h.store.complete(complete(&h, "pending", 1, retry)).await.unwrap();
+    h.store.acquire(input(&h, "unknown", "P1")).await.unwrap();
+    h.store.complete(complete(&h, "unknown", 1, Outcome::Unknown { message: None })).await.unwrap();
+    let mut forever = input(&h, "forever", "P1");
+    forever.action = "forever_action".into();
+    h.store.acquire(forever).await.unwrap();
+    let mut forever_done = complete(&h, "forever", 1, success("f"));
+    forever_done.key = "forever".into();
+    let rec = h.store.complete(forever_done).await.unwrap().record;
+    assert_eq!(rec.expires_at, None, "a permanent key never expires");
+    h.clock.advance(10 * 365 * 86_400_000);
+    while h.store.sweep(100).await.unwrap() != crate::SweepOutcome::default() {}
+    for k in ["executing", "pending", "unknown", "forever"] {
+        assert!(h.store.get(&h.tenant, k).await.unwrap().is_some(), "{k} was swept");
+    }
 }

@@ -50,9 +50,7 @@ impl FromStr for Role {
             "client" => Ok(Role::Client),
             "operator" => Ok(Role::Operator),
             "admin" => Ok(Role::Admin),
-            other => Err(format!(
-                "unknown role {other:?}: expected client, operator or admin"
-            )),
+            other => Err(format!("unknown role {other:?}: expected client, operator or admin")),
         }
     }
 }
@@ -90,20 +88,18 @@ pub fn hash_secret(secret: &str) -> String {
     sha256_hex(secret.as_bytes())
 }
 
-/// Checks a tenant or principal name: 1–64 characters of `[A-Za-z0-9._-]`.
+/// Checks a tenant or principal name: 1–64 characters of `[A-Za-z0-9._-]`; the principals
+/// `system` and `executor` are reserved for idem's own changes.
 ///
 /// # Errors
 /// A one-line message naming the rule.
 pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
-    if name.is_empty()
-        || name.len() > 64
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    {
-        return Err(format!(
-            "{what} {name:?} must be 1-64 characters of [A-Za-z0-9._-]"
-        ));
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        return Err(format!("{what} {name:?} must be 1-64 characters of [A-Za-z0-9._-]"));
+    }
+    let reserved = [idem_core::record::SYSTEM_PRINCIPAL, idem_core::record::EXECUTOR_PRINCIPAL];
+    if what == "principal" && reserved.contains(&name) {
+        return Err(format!("principal {name:?} is reserved for idem itself"));
     }
     Ok(())
 }
@@ -115,9 +111,7 @@ pub fn validate_name(what: &str, name: &str) -> Result<(), String> {
 /// A one-line message naming the rule.
 pub fn validate_supplied_secret(secret: &str) -> Result<(), String> {
     if !(32..=256).contains(&secret.len()) || !secret.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-        return Err(
-            "the supplied API key must be 32-256 printable ASCII characters without spaces".into(),
-        );
+        return Err("the supplied API key must be 32-256 printable ASCII characters without spaces".into());
     }
     Ok(())
 }

@@ -27,8 +27,7 @@ pub mod testing;
 use async_trait::async_trait;
 pub use error::StoreError;
 use idem_core::{
-    AcquireInput, Actor, Clock, Decision, Lookup, OperationEvent, OperationRecord, Outcome,
-    RetryPolicy, State,
+    AcquireInput, Actor, Clock, Decision, Lookup, OperationEvent, OperationRecord, Outcome, RetryPolicy, State,
 };
 use keys::{ApiKeyInfo, Role};
 use std::sync::Arc;
@@ -149,6 +148,17 @@ pub struct StoreConfig {
     /// Refuse to create a missing SQLite file (for tools that must find the server's
     /// database, like `idem keys`).
     pub must_exist: bool,
+    /// How long final records and their tombstones are kept.
+    pub retention: idem_core::Retention,
+}
+
+/// What one sweep removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepOutcome {
+    /// Final records removed (each leaving a tombstone).
+    pub records: u64,
+    /// Expired tombstones removed.
+    pub tombstones: u64,
 }
 
 /// The ledger's storage. Every method is scoped to a tenant where it touches operations;
@@ -196,6 +206,12 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`StoreError::NotFound`], or [`StoreError::Resolve`] when idem-core refuses it.
     async fn resolve(&self, req: ResolveRequest) -> Result<OperationRecord, StoreError>;
+
+    /// Removes up to `limit` final records whose retention ended, leaving tombstones, and
+    /// up to `limit` expired tombstones (see `idem_core::retention`). Never touches a
+    /// record that is not SUCCEEDED or FAILED. One short transaction: acquires wait at
+    /// most for one bounded batch.
+    async fn sweep(&self, limit: i64) -> Result<SweepOutcome, StoreError>;
 
     /// Turns up to `limit` EXECUTING records whose lease expired (and whose action is not
     /// redo_safe) into UNKNOWN, across tenants. Returns how many changed.
@@ -279,17 +295,11 @@ pub fn parse_database_url(url: &str) -> Result<DatabaseUrl<'_>, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(DatabaseUrl::Postgres(url));
     }
-    if let Some(path) = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-    {
+    if let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
         return Ok(DatabaseUrl::Sqlite(path));
     }
     let looks_like_scheme = url.split_once(':').is_some_and(|(scheme, _)| {
-        !scheme.is_empty()
-            && scheme
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"+.-".contains(&b))
+        !scheme.is_empty() && scheme.bytes().all(|b| b.is_ascii_alphanumeric() || b"+.-".contains(&b))
     });
     if looks_like_scheme || url.is_empty() {
         return Err(StoreError::Invalid(format!(
@@ -306,24 +316,16 @@ pub fn parse_database_url(url: &str) -> Result<DatabaseUrl<'_>, StoreError> {
 /// [`StoreError::Invalid`] for an unsupported URL or a missing file that must exist,
 /// [`StoreError::Database`] if the database cannot be opened, [`StoreError::Migrate`] if
 /// its schema cannot be brought up to date.
-pub async fn open(
-    url: &str,
-    clock: Arc<dyn Clock>,
-    config: StoreConfig,
-) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn open(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     match parse_database_url(url)? {
-        DatabaseUrl::Postgres(url) => Ok(Arc::new(
-            postgres::PgStore::connect(url, clock, config).await?,
-        )),
+        DatabaseUrl::Postgres(url) => Ok(Arc::new(postgres::PgStore::connect(url, clock, config).await?)),
         DatabaseUrl::Sqlite(path) => {
             if config.must_exist && !std::path::Path::new(path).exists() {
                 return Err(StoreError::Invalid(format!(
                     "no database at {path}: point --database-url at the file idem serve uses"
                 )));
             }
-            Ok(Arc::new(
-                sqlite::SqliteStore::open(path, clock, config).await?,
-            ))
+            Ok(Arc::new(sqlite::SqliteStore::open(path, clock, config).await?))
         }
     }
 }

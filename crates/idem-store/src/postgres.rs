@@ -9,10 +9,7 @@
 //! nodes starting at once apply them once.
 
 use crate::keys::{ApiKeyInfo, Role, hash_secret};
-use crate::{
-    AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig,
-    StoreError,
-};
+use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
 use crate::{ReconcileOutcome, ReconcileRequest, ResolveRequest};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
@@ -45,22 +42,14 @@ impl PgStore {
     /// # Errors
     /// [`StoreError::Database`] if the server cannot be reached, [`StoreError::Migrate`] if
     /// migrations fail.
-    pub async fn connect(
-        url: &str,
-        clock: Arc<dyn Clock>,
-        config: StoreConfig,
-    ) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(Duration::from_secs(10))
             .connect(url)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(PgStore {
-            pool,
-            clock,
-            config,
-        })
+        Ok(PgStore { pool, clock, config })
     }
 
     /// The connection pool (tests use it to inspect the database).
@@ -97,12 +86,7 @@ macro_rules! retrying {
 #[async_trait]
 impl Store for PgStore {
     async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
-        retrying!(self, |conn| ops::acquire_once(
-            conn,
-            &input,
-            self.clock.now_ms()
-        )
-        .await)
+        retrying!(self, |conn| ops::acquire_once(conn, &input, self.clock.now_ms()).await)
     }
 
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
@@ -111,6 +95,7 @@ impl Store for PgStore {
                 conn,
                 &req,
                 &self.config.retry_policy,
+                &self.config.retention,
                 crate::jitter(),
                 self.clock.now_ms(),
             )
@@ -130,6 +115,13 @@ impl Store for PgStore {
         ops::list(&mut *self.pool.acquire().await?, tenant, filter).await
     }
 
+    async fn sweep(&self, limit: i64) -> Result<crate::SweepOutcome, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let out = ops::sweep(&mut tx, &self.config.retention, self.clock.now_ms(), limit).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
     async fn due_executions(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
         ops::due_executions(&mut *self.pool.acquire().await?, self.clock.now_ms(), limit).await
     }
@@ -142,6 +134,7 @@ impl Store for PgStore {
         retrying!(self, |conn| ops::reconcile_once(
             conn,
             &req,
+            &self.config.retention,
             crate::jitter(),
             self.clock.now_ms()
         )
@@ -149,12 +142,7 @@ impl Store for PgStore {
     }
 
     async fn resolve(&self, req: ResolveRequest) -> Result<OperationRecord, StoreError> {
-        retrying!(self, |conn| ops::resolve_once(
-            conn,
-            &req,
-            self.clock.now_ms()
-        )
-        .await)
+        retrying!(self, |conn| ops::resolve_once(conn, &req, &self.config.retention, self.clock.now_ms()).await)
     }
 
     async fn expire_leases(&self, limit: i64) -> Result<u64, StoreError> {
@@ -171,14 +159,8 @@ impl Store for PgStore {
         role: Role,
         secret: Option<String>,
     ) -> Result<(ApiKeyInfo, String), StoreError> {
-        let (info, secret) =
-            crate::new_key_info(tenant, principal, role, secret, self.clock.now_ms())?;
-        ops::insert_api_key(
-            &mut *self.pool.acquire().await?,
-            &info,
-            &hash_secret(&secret),
-        )
-        .await?;
+        let (info, secret) = crate::new_key_info(tenant, principal, role, secret, self.clock.now_ms())?;
+        ops::insert_api_key(&mut *self.pool.acquire().await?, &info, &hash_secret(&secret)).await?;
         Ok((info, secret))
     }
 

@@ -52,8 +52,7 @@ macro_rules! operation_columns {
 pub(crate) use operation_columns;
 
 fn parse_state(s: &str) -> Result<State, StoreError> {
-    s.parse()
-        .map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))
+    s.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))
 }
 
 fn parse_json(s: &str) -> Result<serde_json::Value, StoreError> {

@@ -134,6 +134,12 @@ macro_rules! sql_ops {
         /// One try of an acquire inside the caller's transaction; `None` = lost a race, retry.
         pub(crate) async fn acquire_once(conn: &mut $Conn, input: &AcquireInput, now_ms: i64) -> Result<Option<AcquireOutcome>, StoreError> {
             let existing = load(conn, &input.tenant, &input.key).await?;
+            if existing.is_none()
+                && let Some(t) = load_tombstone(conn, &input.tenant, &idem_core::retention::key_hash(&input.key)).await?
+                && let Some(late) = idem_core::plan_late_arrival(&t, input, now_ms)
+            {
+                return Ok(Some(AcquireOutcome { decision: late.decision, record: late.record }));
+            }
             let plan = plan_acquire(existing.as_ref(), input, now_ms);
             if plan.changed {
                 let won = match &existing {
@@ -155,6 +161,7 @@ macro_rules! sql_ops {
             conn: &mut $Conn,
             req: &CompleteRequest,
             policy: &RetryPolicy,
+            retention: &idem_core::Retention,
             jitter: f64,
             now_ms: i64,
         ) -> Result<Option<CompleteOutcome>, StoreError> {
@@ -162,7 +169,10 @@ macro_rules! sql_ops {
                 return Err(StoreError::NotFound);
             };
             let policy = req.policy.as_ref().unwrap_or(policy);
-            let plan = plan_completion(&rec, req.fencing_token, &req.outcome, &req.actor, policy, jitter, now_ms)?;
+            let mut plan = plan_completion(&rec, req.fencing_token, &req.outcome, &req.actor, policy, jitter, now_ms)?;
+            if plan.changed {
+                retention.apply(&mut plan.record);
+            }
             if plan.changed && !update_cas(conn, &plan.record, rec.version).await? {
                 return Ok(None);
             }
@@ -220,15 +230,17 @@ macro_rules! sql_ops {
         pub(crate) async fn reconcile_once(
             conn: &mut $Conn,
             req: &$crate::ReconcileRequest,
+            retention: &idem_core::Retention,
             jitter: f64,
             now_ms: i64,
         ) -> Result<Option<$crate::ReconcileOutcome>, StoreError> {
             let Some(rec) = load(conn, &req.tenant, &req.key).await? else {
                 return Err(StoreError::NotFound);
             };
-            let Some((next, ev)) = idem_core::plan_reconciliation(&rec, &req.lookup, &req.actor, &req.policy, req.max_lookups, jitter, now_ms) else {
+            let Some((mut next, ev)) = idem_core::plan_reconciliation(&rec, &req.lookup, &req.actor, &req.policy, req.max_lookups, jitter, now_ms) else {
                 return Ok(Some($crate::ReconcileOutcome { record: rec, changed: false }));
             };
+            retention.apply(&mut next);
             if !update_cas(conn, &next, rec.version).await? {
                 return Ok(None);
             }
@@ -237,16 +249,95 @@ macro_rules! sql_ops {
         }
 
         /// One try of an operator's resolution; `None` = lost a race, retry.
-        pub(crate) async fn resolve_once(conn: &mut $Conn, req: &$crate::ResolveRequest, now_ms: i64) -> Result<Option<OperationRecord>, StoreError> {
+        pub(crate) async fn resolve_once(conn: &mut $Conn, req: &$crate::ResolveRequest, retention: &idem_core::Retention, now_ms: i64) -> Result<Option<OperationRecord>, StoreError> {
             let Some(rec) = load(conn, &req.tenant, &req.key).await? else {
                 return Err(StoreError::NotFound);
             };
-            let (next, ev) = idem_core::plan_resolution(&rec, req.to, &req.reason, req.evidence.as_deref(), &req.actor, now_ms)?;
+            let (mut next, ev) = idem_core::plan_resolution(&rec, req.to, &req.reason, req.evidence.as_deref(), &req.actor, now_ms)?;
+            retention.apply(&mut next);
             if !update_cas(conn, &next, rec.version).await? {
                 return Ok(None);
             }
             append_event(conn, &ev).await?;
             Ok(Some(next))
+        }
+
+        pub(crate) async fn load_tombstone(conn: &mut $Conn, tenant: &str, key_hash: &str) -> Result<Option<idem_core::Tombstone>, StoreError> {
+            let row: Option<(String, String, String, String, i64, i64)> = sqlx::query_as(
+                "SELECT tenant, key_hash, fingerprint, final_state, completed_at, expires_at FROM tombstones \
+                 WHERE tenant = $1 AND key_hash = $2",
+            )
+            .bind(tenant)
+            .bind(key_hash)
+            .fetch_optional(&mut *conn)
+            .await?;
+            row.map(|(tenant, key_hash, fingerprint, state, completed_at, expires_at)| {
+                Ok(idem_core::Tombstone {
+                    tenant,
+                    key_hash,
+                    fingerprint,
+                    final_state: state.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?,
+                    completed_at,
+                    expires_at,
+                })
+            })
+            .transpose()
+        }
+
+        /// Removes up to `limit` expired final records (with their events), leaving a
+        /// tombstone each, and up to `limit` expired tombstones. Only SUCCEEDED and FAILED
+        /// records with `expires_at <= now` are touched (`idem_core::is_expired`).
+        pub(crate) async fn sweep(conn: &mut $Conn, retention: &idem_core::Retention, now_ms: i64, limit: i64) -> Result<$crate::SweepOutcome, StoreError> {
+            let sql = concat!(
+                "SELECT ", operation_columns!(), " FROM operations WHERE state IN ('SUCCEEDED', 'FAILED') \
+                 AND expires_at <= $1 ORDER BY expires_at LIMIT $2"
+            );
+            let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
+            let mut records = 0;
+            for row in rows {
+                let rec = row.into_record()?;
+                if !idem_core::is_expired(&rec, now_ms) {
+                    continue;
+                }
+                let t = idem_core::Tombstone::of(&rec, retention);
+                sqlx::query(
+                    "INSERT INTO tombstones (tenant, key_hash, fingerprint, final_state, completed_at, expires_at) \
+                     VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (tenant, key_hash) DO UPDATE SET \
+                     fingerprint = $3, final_state = $4, completed_at = $5, expires_at = $6",
+                )
+                .bind(&t.tenant)
+                .bind(&t.key_hash)
+                .bind(&t.fingerprint)
+                .bind(t.final_state.as_str())
+                .bind(t.completed_at)
+                .bind(t.expires_at)
+                .execute(&mut *conn)
+                .await?;
+                let gone = sqlx::query("DELETE FROM operations WHERE tenant = $1 AND op_key = $2 AND version = $3")
+                    .bind(&rec.tenant)
+                    .bind(&rec.key)
+                    .bind(rec.version)
+                    .execute(&mut *conn)
+                    .await?;
+                if gone.rows_affected() == 1 {
+                    sqlx::query("DELETE FROM operation_events WHERE tenant = $1 AND op_key = $2")
+                        .bind(&rec.tenant)
+                        .bind(&rec.key)
+                        .execute(&mut *conn)
+                        .await?;
+                    records += 1;
+                }
+            }
+            let tombstones = sqlx::query(
+                "DELETE FROM tombstones WHERE (tenant, key_hash) IN \
+                 (SELECT tenant, key_hash FROM tombstones WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)",
+            )
+            .bind(now_ms)
+            .bind(limit)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            Ok($crate::SweepOutcome { records, tombstones })
         }
 
         pub(crate) async fn events(conn: &mut $Conn, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {

@@ -15,16 +15,11 @@
 //! One `idem serve` per SQLite file; use PostgreSQL for several nodes.
 
 use crate::keys::{ApiKeyInfo, Role, hash_secret};
-use crate::{
-    AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig,
-    StoreError,
-};
+use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
 use crate::{ReconcileOutcome, ReconcileRequest, ResolveRequest};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection};
 use std::path::Path;
 use std::sync::Arc;
@@ -49,6 +44,7 @@ enum Command {
     Acquire(AcquireInput, Reply<AcquireOutcome>),
     Complete(CompleteRequest, Reply<CompleteOutcome>),
     ExpireLeases(i64, Reply<u64>),
+    Sweep(i64, Reply<crate::SweepOutcome>),
     Reconcile(ReconcileRequest, Reply<ReconcileOutcome>),
     Resolve(ResolveRequest, Reply<OperationRecord>),
     CreateKey(ApiKeyInfo, String, Reply<()>),
@@ -79,33 +75,19 @@ impl SqliteStore {
     /// # Errors
     /// [`StoreError::Database`] if the file cannot be opened, [`StoreError::Migrate`] if
     /// migrations fail.
-    pub async fn open(
-        path: impl AsRef<Path>,
-        clock: Arc<dyn Clock>,
-        config: StoreConfig,
-    ) -> Result<Self, StoreError> {
+    pub async fn open(path: impl AsRef<Path>, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
         let opts = options(path.as_ref());
         let mut conn = opts.clone().connect().await?;
         MIGRATOR.run(&mut conn).await?;
-        let readers = SqlitePoolOptions::new()
-            .max_connections(8)
-            .connect_with(opts.read_only(true))
-            .await?;
+        let readers = SqlitePoolOptions::new().max_connections(8).connect_with(opts.read_only(true)).await?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(writer_loop(conn, rx, clock.clone(), config));
-        Ok(SqliteStore {
-            writer: tx,
-            readers,
-            clock,
-        })
+        Ok(SqliteStore { writer: tx, readers, clock })
     }
 
     async fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.writer
-            .send(make(tx))
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        self.writer.send(make(tx)).await.map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
 }
@@ -116,9 +98,7 @@ type Pending = Box<dyn FnOnce(Option<&str>) + Send>;
 fn pending<T: Send + 'static>(reply: Reply<T>, result: Result<T, StoreError>) -> Pending {
     Box::new(move |commit_error: Option<&str>| {
         let answer = match (commit_error, result) {
-            (Some(e), Ok(_)) => Err(StoreError::Database(sqlx::Error::Protocol(format!(
-                "commit failed: {e}"
-            )))),
+            (Some(e), Ok(_)) => Err(StoreError::Database(sqlx::Error::Protocol(format!("commit failed: {e}")))),
             (_, r) => r,
         };
         let _ = reply.send(answer);
@@ -130,12 +110,7 @@ async fn exec(conn: &mut SqliteConnection, sql: &'static str) -> Result<(), sqlx
 }
 
 /// Runs one command inside the open transaction, under a savepoint.
-async fn run_one(
-    conn: &mut SqliteConnection,
-    cmd: Command,
-    clock: &dyn Clock,
-    config: &StoreConfig,
-) -> Pending {
+async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, config: &StoreConfig) -> Pending {
     // A savepoint per request: a database error undoes this request only.
     if let Err(e) = exec(conn, "SAVEPOINT req").await {
         return fail(cmd, e.into());
@@ -159,32 +134,30 @@ async fn run_one(
     }
     let now = clock.now_ms();
     match cmd {
-        Command::Acquire(input, reply) => guarded!(
-            reply,
-            ops::acquire_once(conn, &input, now)
-                .await
-                .and_then(|o| o.ok_or(StoreError::Contention))
-        ),
+        Command::Acquire(input, reply) => {
+            guarded!(reply, ops::acquire_once(conn, &input, now).await.and_then(|o| o.ok_or(StoreError::Contention)))
+        }
         Command::Complete(req, reply) => guarded!(
             reply,
-            ops::complete_once(conn, &req, &config.retry_policy, crate::jitter(), now)
+            ops::complete_once(conn, &req, &config.retry_policy, &config.retention, crate::jitter(), now)
                 .await
                 .and_then(|o| o.ok_or(StoreError::Contention))
         ),
         Command::ExpireLeases(limit, reply) => {
             guarded!(reply, ops::expire_leases(conn, now, limit).await)
         }
+        Command::Sweep(limit, reply) => {
+            guarded!(reply, ops::sweep(conn, &config.retention, now, limit).await)
+        }
         Command::Reconcile(req, reply) => guarded!(
             reply,
-            ops::reconcile_once(conn, &req, crate::jitter(), now)
+            ops::reconcile_once(conn, &req, &config.retention, crate::jitter(), now)
                 .await
                 .and_then(|o| o.ok_or(StoreError::Contention))
         ),
         Command::Resolve(req, reply) => guarded!(
             reply,
-            ops::resolve_once(conn, &req, now)
-                .await
-                .and_then(|o| o.ok_or(StoreError::Contention))
+            ops::resolve_once(conn, &req, &config.retention, now).await.and_then(|o| o.ok_or(StoreError::Contention))
         ),
         Command::CreateKey(info, hash, reply) => {
             guarded!(reply, ops::insert_api_key(conn, &info, &hash).await)
@@ -198,6 +171,7 @@ fn fail(cmd: Command, e: StoreError) -> Pending {
         Command::Acquire(_, r) => pending(r, Err(e)),
         Command::Complete(_, r) => pending(r, Err(e)),
         Command::ExpireLeases(_, r) => pending(r, Err(e)),
+        Command::Sweep(_, r) => pending(r, Err(e)),
         Command::Reconcile(_, r) => pending(r, Err(e)),
         Command::Resolve(_, r) => pending(r, Err(e)),
         Command::CreateKey(_, _, r) => pending(r, Err(e)),
@@ -218,10 +192,7 @@ async fn writer_loop(
             Err(e) => {
                 let msg = e.to_string();
                 for cmd in batch.drain(..) {
-                    done.push(fail(
-                        cmd,
-                        StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}"))),
-                    ));
+                    done.push(fail(cmd, StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))));
                 }
                 None
             }
@@ -275,6 +246,10 @@ impl Store for SqliteStore {
         self.send(|r| Command::ExpireLeases(limit, r)).await
     }
 
+    async fn sweep(&self, limit: i64) -> Result<crate::SweepOutcome, StoreError> {
+        self.send(|r| Command::Sweep(limit, r)).await
+    }
+
     async fn due_executions(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
         let mut conn = self.readers.acquire().await?;
         ops::due_executions(&mut conn, self.clock.now_ms(), limit).await
@@ -300,8 +275,7 @@ impl Store for SqliteStore {
         role: Role,
         secret: Option<String>,
     ) -> Result<(ApiKeyInfo, String), StoreError> {
-        let (info, secret) =
-            crate::new_key_info(tenant, principal, role, secret, self.clock.now_ms())?;
+        let (info, secret) = crate::new_key_info(tenant, principal, role, secret, self.clock.now_ms())?;
         let hash = hash_secret(&secret);
         let stored = info.clone();
         self.send(|r| Command::CreateKey(stored, hash, r)).await?;

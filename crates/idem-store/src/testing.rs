@@ -22,9 +22,7 @@ pub fn pg_admin_url() -> String {
 pub async fn fresh_pg_database(prefix: &str) -> String {
     let admin = pg_admin_url();
     let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|e| {
-        panic!(
-            "PostgreSQL at {admin} is not reachable ({e}); run ./scripts/test.sh, which starts it"
-        )
+        panic!("PostgreSQL at {admin} is not reachable ({e}); run ./scripts/test.sh, which starts it")
     });
     let name = format!("{prefix}_{}", uuid::Uuid::now_v7().simple());
     // The name is ours (prefix + UUID), not user input.

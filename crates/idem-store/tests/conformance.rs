@@ -15,7 +15,7 @@ async fn sqlite_passes_the_conformance_suite() {
         ));
         async move {
             Arc::new(
-                SqliteStore::open(path, clock, StoreConfig::default())
+                SqliteStore::open(path, clock, conformance::case_config())
                     .await
                     .unwrap(),
             ) as Arc<dyn Store>
@@ -31,7 +31,7 @@ async fn postgres_passes_the_conformance_suite() {
         let url = url.clone();
         async move {
             Arc::new(
-                PgStore::connect(&url, clock, StoreConfig::default())
+                PgStore::connect(&url, clock, conformance::case_config())
                     .await
                     .unwrap(),
             ) as Arc<dyn Store>
@@ -44,21 +44,10 @@ async fn postgres_passes_the_conformance_suite() {
 async fn sqlite_file_uses_wal_and_full_sync() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let _store = SqliteStore::open(
-        &path,
-        Arc::new(idem_core::SystemClock),
-        StoreConfig::default(),
-    )
-    .await
-    .unwrap();
+    let _store = SqliteStore::open(&path, Arc::new(idem_core::SystemClock), StoreConfig::default()).await.unwrap();
     assert!(path.exists(), "created on first open");
     use sqlx::{Connection, SqliteConnection};
-    let mut c = SqliteConnection::connect(&format!("sqlite://{}", path.display()))
-        .await
-        .unwrap();
-    let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode")
-        .fetch_one(&mut c)
-        .await
-        .unwrap();
+    let mut c = SqliteConnection::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode").fetch_one(&mut c).await.unwrap();
     assert_eq!(mode, "wal");
 }

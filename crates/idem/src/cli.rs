@@ -69,11 +69,7 @@ pub enum ScenariosCommand {
         /// The scenario file.
         file: std::path::PathBuf,
         /// Base URL of the provider double (`idem scenarios provider`).
-        #[arg(
-            long,
-            env = "IDEM_SCENARIO_PROVIDER",
-            default_value = "http://127.0.0.1:8090"
-        )]
+        #[arg(long, env = "IDEM_SCENARIO_PROVIDER", default_value = "http://127.0.0.1:8090")]
         provider: String,
     },
     /// Serve the scriptable provider double (an order API) that scenario files drive.

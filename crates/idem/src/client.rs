@@ -29,8 +29,7 @@ struct Answer {
 
 impl Api {
     fn new(args: &ServerArgs) -> anyhow::Result<Self> {
-        let base = Url::parse(&args.server)
-            .with_context(|| format!("--server {:?} is not a URL", args.server))?;
+        let base = Url::parse(&args.server).with_context(|| format!("--server {:?} is not a URL", args.server))?;
         if !matches!(base.scheme(), "http" | "https") {
             bail!("--server must be an http:// or https:// URL");
         }
@@ -38,11 +37,7 @@ impl Api {
             .timeout(Duration::from_secs(60))
             .build()
             .context("cannot build the HTTP client")?;
-        Ok(Api {
-            http,
-            base,
-            key: args.api_key.clone(),
-        })
+        Ok(Api { http, base, key: args.api_key.clone() })
     }
 
     /// `segments` are appended percent-encoded (keys may hold `/`, `?`, spaces).
@@ -56,32 +51,16 @@ impl Api {
     }
 
     async fn call(&self, method: Method, url: Url, body: Option<Value>) -> anyhow::Result<Answer> {
-        let mut req = self
-            .http
-            .request(method, url.clone())
-            .bearer_auth(&self.key);
+        let mut req = self.http.request(method, url.clone()).bearer_auth(&self.key);
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("cannot reach the idem server at {}", self.base))?;
+        let resp = req.send().await.with_context(|| format!("cannot reach the idem server at {}", self.base))?;
         let status = resp.status();
-        let replayed = resp
-            .headers()
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true");
-        let text = resp
-            .text()
-            .await
-            .context("the server's answer was cut off")?;
+        let replayed = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
+        let text = resp.text().await.context("the server's answer was cut off")?;
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Ok(Answer {
-            status,
-            body,
-            replayed,
-        })
+        Ok(Answer { status, body, replayed })
     }
 }
 
@@ -105,20 +84,11 @@ pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         OpsCommand::Get { server, key } => {
             let api = Api::new(&server)?;
-            let a = api
-                .call(Method::GET, api.url(&["v1", "operations", &key])?, None)
-                .await?;
+            let a = api.call(Method::GET, api.url(&["v1", "operations", &key])?, None).await?;
             check(&a)?;
             print(server.json, &a, output::operation_with_events);
         }
-        OpsCommand::List {
-            server,
-            state,
-            action,
-            needs_review,
-            limit,
-            cursor,
-        } => {
+        OpsCommand::List { server, state, action, needs_review, limit, cursor } => {
             let api = Api::new(&server)?;
             let mut url = api.url(&["v1", "operations"])?;
             {
@@ -143,23 +113,11 @@ pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
         }
         OpsCommand::Reconcile { server, key } => {
             let api = Api::new(&server)?;
-            let a = api
-                .call(
-                    Method::POST,
-                    api.url(&["v1", "operations", &key, "reconcile"])?,
-                    None,
-                )
-                .await?;
+            let a = api.call(Method::POST, api.url(&["v1", "operations", &key, "reconcile"])?, None).await?;
             check(&a)?;
             print(server.json, &a, output::operation_summary);
         }
-        OpsCommand::Resolve {
-            server,
-            key,
-            to,
-            reason,
-            evidence,
-        } => {
+        OpsCommand::Resolve { server, key, to, reason, evidence } => {
             let api = Api::new(&server)?;
             let to = match to {
                 crate::cli::ResolveTo::Succeeded => "SUCCEEDED",
@@ -167,13 +125,7 @@ pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
                 crate::cli::ResolveTo::Failed => "FAILED",
             };
             let body = json!({"to": to, "reason": reason, "evidence": evidence});
-            let a = api
-                .call(
-                    Method::POST,
-                    api.url(&["v1", "operations", &key, "resolve"])?,
-                    Some(body),
-                )
-                .await?;
+            let a = api.call(Method::POST, api.url(&["v1", "operations", &key, "resolve"])?, Some(body)).await?;
             check(&a)?;
             print(server.json, &a, output::operation_summary);
         }
@@ -186,20 +138,15 @@ fn read_payload(args: &AcquireArgs) -> anyhow::Result<Option<Value>> {
         (Some(p), _) => p.clone(),
         (None, Some(f)) if f.as_os_str() == "-" => {
             let mut s = String::new();
-            std::io::stdin()
-                .read_to_string(&mut s)
-                .context("cannot read the payload from stdin")?;
+            std::io::stdin().read_to_string(&mut s).context("cannot read the payload from stdin")?;
             s
         }
-        (None, Some(f)) => {
-            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?
-        }
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
         (None, None) => return Ok(None),
     };
     // Parsed with the server's rules (no duplicate member names, no numbers beyond 2^53),
     // so what is sent is exactly what was written.
-    let v: idem_core::Payload =
-        serde_json::from_str(&text).context("the payload is not valid for idem")?;
+    let v: idem_core::Payload = serde_json::from_str(&text).context("the payload is not valid for idem")?;
     Ok(Some(v.0))
 }
 
@@ -224,9 +171,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = &args.connector {
         body["connector"] = json!(c);
     }
-    let a = api
-        .call(Method::POST, api.url(&["v1", "operations"])?, Some(body))
-        .await?;
+    let a = api.call(Method::POST, api.url(&["v1", "operations"])?, Some(body)).await?;
     let performed_by_idem = a.body.get("connector").is_some_and(Value::is_string);
     let code = match a.status.as_u16() {
         201 if performed_by_idem && a.body["state"] == "FAILED" => 1,
@@ -273,13 +218,7 @@ pub async fn complete(args: CompleteArgs) -> anyhow::Result<ExitCode> {
     if let Some(ms) = args.retry_after_ms {
         body["retry_after_ms"] = json!(ms);
     }
-    let a = api
-        .call(
-            Method::POST,
-            api.url(&["v1", "operations", &args.key, "complete"])?,
-            Some(body),
-        )
-        .await?;
+    let a = api.call(Method::POST, api.url(&["v1", "operations", &args.key, "complete"])?, Some(body)).await?;
     check(&a)?;
     print(args.server.json, &a, output::operation_summary);
     Ok(ExitCode::SUCCESS)

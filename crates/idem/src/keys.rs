@@ -9,10 +9,7 @@ use idem_store::keys::Role;
 use std::sync::Arc;
 
 async fn open(url: &str) -> anyhow::Result<Arc<dyn idem_store::Store>> {
-    let config = idem_store::StoreConfig {
-        must_exist: true,
-        ..Default::default()
-    };
+    let config = idem_store::StoreConfig { must_exist: true, ..Default::default() };
     idem_store::open(url, Arc::new(SystemClock), config)
         .await
         .with_context(|| format!("cannot open the database {}", redact(url)))
@@ -28,19 +25,11 @@ fn role(r: RoleArg) -> Role {
 
 pub async fn run(cmd: KeysCommand) -> anyhow::Result<()> {
     match cmd {
-        KeysCommand::Create {
-            db,
-            tenant,
-            role: r,
-            principal,
-            json,
-        } => {
+        KeysCommand::Create { db, tenant, role: r, principal, json } => {
             let store = open(&db.database_url).await?;
             let role = role(r);
             let principal = principal.unwrap_or_else(|| role.as_str().to_owned());
-            let (info, secret) = store
-                .create_api_key(&tenant, &principal, role, None)
-                .await?;
+            let (info, secret) = store.create_api_key(&tenant, &principal, role, None).await?;
             if json {
                 let mut v = serde_json::to_value(&info)?;
                 v["secret"] = secret.into();
@@ -59,26 +48,10 @@ pub async fn run(cmd: KeysCommand) -> anyhow::Result<()> {
             if json {
                 crate::out!("{}", serde_json::to_string(&keys)?);
             } else {
-                crate::out!(
-                    "{:<36}  {:<16}  {:<16}  {:<8}  STATUS",
-                    "ID",
-                    "TENANT",
-                    "PRINCIPAL",
-                    "ROLE"
-                );
+                crate::out!("{:<36}  {:<16}  {:<16}  {:<8}  STATUS", "ID", "TENANT", "PRINCIPAL", "ROLE");
                 for k in keys {
-                    let status = if k.revoked_at.is_some() {
-                        "revoked"
-                    } else {
-                        "active"
-                    };
-                    crate::out!(
-                        "{:<36}  {:<16}  {:<16}  {:<8}  {status}",
-                        k.id,
-                        k.tenant,
-                        k.principal,
-                        k.role
-                    );
+                    let status = if k.revoked_at.is_some() { "revoked" } else { "active" };
+                    crate::out!("{:<36}  {:<16}  {:<16}  {:<8}  {status}", k.id, k.tenant, k.principal, k.role);
                 }
             }
         }

@@ -24,10 +24,7 @@ macro_rules! out {
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idem: cannot start the async runtime: {e}");
@@ -65,14 +62,9 @@ async fn scenarios(cmd: cli::ScenariosCommand) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
     use idem::acceptance::{provider, runner};
     match cmd {
-        cli::ScenariosCommand::Run {
-            server,
-            file,
-            provider,
-        } => {
-            let parse = |what: &str, u: &str| {
-                reqwest::Url::parse(u).with_context(|| format!("{what} {u:?} is not a URL"))
-            };
+        cli::ScenariosCommand::Run { server, file, provider } => {
+            let parse =
+                |what: &str, u: &str| reqwest::Url::parse(u).with_context(|| format!("{what} {u:?} is not a URL"));
             let target = runner::Target {
                 server: parse("--server", &server.server)?,
                 api_key: server.api_key.clone(),
@@ -88,20 +80,12 @@ async fn scenarios(cmd: cli::ScenariosCommand) -> anyhow::Result<ExitCode> {
             } else {
                 out!("{}", runner::render(&rows).trim_end());
             }
-            Ok(if rows.iter().any(|r| r.result == "FAIL") {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            })
+            Ok(if rows.iter().any(|r| r.result == "FAIL") { ExitCode::FAILURE } else { ExitCode::SUCCESS })
         }
         cli::ScenariosCommand::Provider { listen } => {
-            let listener = tokio::net::TcpListener::bind(&listen)
-                .await
-                .with_context(|| format!("cannot listen on {listen}"))?;
-            out!(
-                "idem: provider double listening on http://{}",
-                listener.local_addr()?
-            );
+            let listener =
+                tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+            out!("idem: provider double listening on http://{}", listener.local_addr()?);
             provider::Provider::new().serve(listener).await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -7,9 +7,7 @@ fn s<'a>(v: &'a Value, k: &str) -> &'a str {
 }
 
 fn n(v: &Value, k: &str) -> String {
-    v.get(k)
-        .and_then(Value::as_i64)
-        .map_or_else(|| "-".into(), |x| x.to_string())
+    v.get(k).and_then(Value::as_i64).map_or_else(|| "-".into(), |x| x.to_string())
 }
 
 /// `409 operation-in-progress: another worker holds the lease (retry after 2 s)`.
@@ -33,11 +31,7 @@ pub fn acquire_summary(status: u16, v: &Value) -> String {
     match status {
         201 | 202 if by_connector.is_some() => format!(
             "{} {}: {} by connector {} {}",
-            if status == 201 {
-                "performed"
-            } else {
-                "accepted"
-            },
+            if status == 201 { "performed" } else { "accepted" },
             s(v, "key"),
             s(v, "state"),
             by_connector.unwrap_or("-"),
@@ -54,25 +48,16 @@ pub fn acquire_summary(status: u16, v: &Value) -> String {
             s(v, "key"),
             n(v, "fencing_token"),
         ),
-        200 => format!(
-            "replay {}: {} {} — already done, nothing to do",
-            s(v, "key"),
-            s(v, "state"),
-            evidence(v)
-        ),
-        202 => format!(
-            "unknown {}: outcome UNKNOWN, reconciliation pending — do not redo the side effect",
-            s(v, "key")
-        ),
+        200 => format!("replay {}: {} {} — already done, nothing to do", s(v, "key"), s(v, "state"), evidence(v)),
+        202 => {
+            format!("unknown {}: outcome UNKNOWN, reconciliation pending — do not redo the side effect", s(v, "key"))
+        }
         _ => operation_summary(v),
     }
 }
 
 fn evidence(v: &Value) -> String {
-    match (
-        v.get("provider_ref").and_then(Value::as_str),
-        v.get("error"),
-    ) {
+    match (v.get("provider_ref").and_then(Value::as_str), v.get("error")) {
         (Some(r), _) => format!("(provider_ref {r})"),
         (None, Some(e)) if !e.is_null() => {
             format!("(error {}: {})", s(e, "class"), s(e, "message"))
@@ -116,31 +101,13 @@ pub fn operation_with_events(v: &Value) -> String {
         out.push_str(&format!("{k:<17} {}\n", s(v, k)));
     }
     out.push_str(&format!("{:<17} {}\n", "attempt", n(v, "attempt")));
-    out.push_str(&format!(
-        "{:<17} {}\n",
-        "fencing_token",
-        n(v, "fencing_token")
-    ));
-    out.push_str(&format!(
-        "{:<17} {}\n",
-        "needs_review",
-        v.get("needs_review").unwrap_or(&Value::Null)
-    ));
+    out.push_str(&format!("{:<17} {}\n", "fencing_token", n(v, "fencing_token")));
+    out.push_str(&format!("{:<17} {}\n", "needs_review", v.get("needs_review").unwrap_or(&Value::Null)));
     if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-        out.push_str(&format!(
-            "{:<17} {}: {}\n",
-            "error",
-            s(e, "class"),
-            s(e, "message")
-        ));
+        out.push_str(&format!("{:<17} {}: {}\n", "error", s(e, "class"), s(e, "message")));
     }
     out.push_str("events:\n");
-    for e in v
-        .get("events")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for e in v.get("events").and_then(Value::as_array).into_iter().flatten() {
         out.push_str(&format!(
             "  #{:<4} {}  {:<15} {:>9} -> {:<9} by {} ({})\n",
             n(e, "seq"),
@@ -157,16 +124,8 @@ pub fn operation_with_events(v: &Value) -> String {
 
 /// A table of a page of operations, with the next cursor.
 pub fn operation_table(v: &Value) -> String {
-    let mut out = format!(
-        "{:<40}  {:<24}  {:<9}  {:>7}  EVIDENCE\n",
-        "KEY", "ACTION", "STATE", "ATTEMPT"
-    );
-    for op in v
-        .get("items")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    let mut out = format!("{:<40}  {:<24}  {:<9}  {:>7}  EVIDENCE\n", "KEY", "ACTION", "STATE", "ATTEMPT");
+    for op in v.get("items").and_then(Value::as_array).into_iter().flatten() {
         out.push_str(&format!(
             "{:<40}  {:<24}  {:<9}  {:>7}  {}\n",
             s(op, "key"),

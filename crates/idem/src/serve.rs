@@ -8,11 +8,8 @@ use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -35,9 +32,7 @@ fn lock_sqlite(path: &str) -> anyhow::Result<Option<std::fs::File>> {
         Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
             "another idem serve already uses {path}: run one server per SQLite file, or use PostgreSQL for several nodes"
         ),
-        Err(std::fs::TryLockError::Error(e)) => {
-            Err(e).with_context(|| format!("cannot lock {lock_path}"))
-        }
+        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("cannot lock {lock_path}")),
     }
 }
 
@@ -54,7 +49,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let registry = Arc::new(idem_connect::Registry::from_config(&connect)?);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = idem_store::open(&args.db.database_url, clock.clone(), Default::default())
+    let store_config = idem_store::StoreConfig { retention: connect.retention()?, ..Default::default() };
+    let store = idem_store::open(&args.db.database_url, clock.clone(), store_config)
         .await
         .with_context(|| format!("cannot open the database {}", redact(&args.db.database_url)))?;
     let config = idem_server::ServerConfig {

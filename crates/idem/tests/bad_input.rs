@@ -11,12 +11,7 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     let s = Server::start(&db.url);
     let key = "INQ-200:confirmation:v1";
     assert_eq!(s.acquire(key, json!({"to": "c"})).await.status, 201);
-    let ok = s
-        .complete(
-            key,
-            json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "m-200"}),
-        )
-        .await;
+    let ok = s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "m-200"})).await;
     assert_eq!(ok.status, 200);
     let before = s.record(key).await.body;
     let raw = |body: String| {
@@ -29,10 +24,7 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     };
 
     // Oversized body: 413 (default limit 1 MiB).
-    let big = format!(
-        r#"{{"key":"{key}","action":"send_confirmation","payload":"{}"}}"#,
-        "x".repeat(2 * 1024 * 1024)
-    );
+    let big = format!(r#"{{"key":"{key}","action":"send_confirmation","payload":"{}"}}"#, "x".repeat(2 * 1024 * 1024));
     let r = raw(big).await.unwrap();
     assert_eq!(r.status(), 413);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
@@ -41,68 +33,36 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     assert_eq!(r.status(), 400);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["type"], "/problems/invalid-request");
-    assert!(
-        body["detail"].as_str().unwrap().contains("not valid JSON"),
-        "{body}"
-    );
+    assert!(body["detail"].as_str().unwrap().contains("not valid JSON"), "{body}");
     // Missing key: 400 missing-idempotency-key.
-    let r = s
-        .post(
-            ADMIN_KEY,
-            "/v1/operations",
-            &json!({"action": "send_confirmation"}),
-        )
-        .await;
-    assert_eq!(
-        (r.status.as_u16(), r.problem()),
-        (400, "missing-idempotency-key")
-    );
+    let r = s.post(ADMIN_KEY, "/v1/operations", &json!({"action": "send_confirmation"})).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (400, "missing-idempotency-key"));
     // A key with an e-mail address: 400 invalid-idempotency-key.
     let r = s.acquire("welcome:jane.doe@example.com", json!({})).await;
-    assert_eq!(
-        (r.status.as_u16(), r.problem()),
-        (400, "invalid-idempotency-key")
-    );
+    assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-idempotency-key"));
     assert!(r.body["detail"].as_str().unwrap().contains("e-mail"));
     // Unknown field, duplicate member, out-of-range lease: 400.
-    let r = s
-        .post(
-            ADMIN_KEY,
-            "/v1/operations",
-            &json!({"key": key, "action": "a", "colour": "red"}),
-        )
-        .await;
+    let r = s.post(ADMIN_KEY, "/v1/operations", &json!({"key": key, "action": "a", "colour": "red"})).await;
     assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
     assert!(r.body["detail"].as_str().unwrap().contains("colour"));
-    let r = raw(format!(
-        r#"{{"key":"{key}","action":"send_confirmation","payload":{{"to":"c","to":"d"}}}}"#
-    ))
-    .await
-    .unwrap();
+    let r = raw(format!(r#"{{"key":"{key}","action":"send_confirmation","payload":{{"to":"c","to":"d"}}}}"#))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     // Numbers a double cannot carry exactly would collide in the fingerprint: 400.
-    let r = raw(format!(
-        r#"{{"key":"big-id","action":"refund","payload":{{"payment_id":1795999717611524801}}}}"#
-    ))
-    .await
-    .unwrap();
+    let r = raw(format!(r#"{{"key":"big-id","action":"refund","payload":{{"payment_id":1795999717611524801}}}}"#))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("2^53"));
     // A fingerprint field that names nothing (a typo) or an empty list: 400, never a silent pass.
     let typo = json!({"key": "ff", "action": "send", "payload": {"to": "a"}, "fingerprint_fields": ["/To"]});
     let r = s.post(ADMIN_KEY, "/v1/operations", &typo).await;
     assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
-    let empty =
-        json!({"key": "ff", "action": "send", "payload": {"to": "a"}, "fingerprint_fields": []});
-    assert_eq!(
-        s.post(ADMIN_KEY, "/v1/operations", &empty).await.status,
-        400
-    );
+    let empty = json!({"key": "ff", "action": "send", "payload": {"to": "a"}, "fingerprint_fields": []});
+    assert_eq!(s.post(ADMIN_KEY, "/v1/operations", &empty).await.status, 400);
     // Keys URLs cannot address, and a doubled Idempotency-Key header: 400.
-    assert_eq!(
-        s.acquire("..", json!({})).await.problem(),
-        "invalid-idempotency-key"
-    );
+    assert_eq!(s.acquire("..", json!({})).await.problem(), "invalid-idempotency-key");
     let r = s
         .http
         .post(s.url("/v1/operations"))
@@ -115,54 +75,26 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
         .unwrap();
     assert_eq!(r.status(), 400);
     // Wrong method on a known route: 405 problem+json.
-    let r = s
-        .http
-        .delete(s.url("/v1/operations"))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+    let r = s.http.delete(s.url("/v1/operations")).bearer_auth(ADMIN_KEY).send().await.unwrap();
     assert_eq!(r.status(), 405);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
 
     // Stale fencing token: 409 stale-fencing-token.
-    let r = s
-        .complete(
-            key,
-            json!({"fencing_token": 2, "outcome": "succeeded", "provider_ref": "other"}),
-        )
-        .await;
-    assert_eq!(
-        (r.status.as_u16(), r.problem()),
-        (409, "stale-fencing-token")
-    );
+    let r = s.complete(key, json!({"fencing_token": 2, "outcome": "succeeded", "provider_ref": "other"})).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (409, "stale-fencing-token"));
     assert_eq!(r.body["current_fencing_token"], 1);
     // Completion of a SUCCEEDED record with another outcome: 409 operation-final.
-    let r = s
-        .complete(
-            key,
-            json!({"fencing_token": 1, "outcome": "final_failure", "error_class": "validation"}),
-        )
-        .await;
+    let r = s.complete(key, json!({"fencing_token": 1, "outcome": "final_failure", "error_class": "validation"})).await;
     assert_eq!((r.status.as_u16(), r.problem()), (409, "operation-final"));
     // Succeeded without evidence: 400.
-    let r = s
-        .complete(key, json!({"fencing_token": 1, "outcome": "succeeded"}))
-        .await;
+    let r = s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded"})).await;
     assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
     // No or wrong API key: 401 with WWW-Authenticate.
     let r = s.acquire_as("idem_not-a-key", key, json!({})).await;
     assert_eq!((r.status.as_u16(), r.problem()), (401, "unauthorized"));
     assert!(r.header("www-authenticate").unwrap().starts_with("Bearer"));
     // Wrong content type: 415.
-    let r = s
-        .http
-        .post(s.url("/v1/operations"))
-        .bearer_auth(ADMIN_KEY)
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let r = s.http.post(s.url("/v1/operations")).bearer_auth(ADMIN_KEY).body("{}").send().await.unwrap();
     assert_eq!(r.status(), 415);
     // Bad list filter: 400.
     let r = s.get(ADMIN_KEY, "/v1/operations?state=DONE").await;
@@ -173,11 +105,7 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     assert_eq!(before, after);
     assert_eq!(event_kinds(&after), ["acquired", "completed"]);
     let all = s.get(ADMIN_KEY, "/v1/operations").await.body;
-    assert_eq!(
-        all["items"].as_array().unwrap().len(),
-        1,
-        "no record created by a bad request"
-    );
+    assert_eq!(all["items"].as_array().unwrap().len(), 1, "no record created by a bad request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,17 +114,8 @@ async fn openapi_and_probes_are_served() {
     let s = Server::start(&db.url);
     let doc = s.get(ADMIN_KEY, "/openapi.json").await.body;
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
-    for p in [
-        "/v1/operations",
-        "/v1/operations/{key}",
-        "/v1/operations/{key}/complete",
-        "/healthz",
-        "/readyz",
-    ] {
-        assert!(
-            doc["paths"].get(p).is_some(),
-            "{p} missing from the OpenAPI document"
-        );
+    for p in ["/v1/operations", "/v1/operations/{key}", "/v1/operations/{key}/complete", "/healthz", "/readyz"] {
+        assert!(doc["paths"].get(p).is_some(), "{p} missing from the OpenAPI document");
     }
     assert!(doc["components"]["schemas"]["Problem"].is_object());
     assert_eq!(s.get("", "/healthz").await.status, 200);

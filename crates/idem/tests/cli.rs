@@ -7,12 +7,7 @@ use common::{ADMIN_KEY, Backend, Db, Server, idem_bin};
 use std::process::{Command, Output};
 
 fn idem(s: &Server, args: &[&str]) -> Output {
-    Command::new(idem_bin())
-        .args(args)
-        .env("IDEM_URL", &s.base)
-        .env("IDEM_API_KEY", ADMIN_KEY)
-        .output()
-        .unwrap()
+    Command::new(idem_bin()).args(args).env("IDEM_URL", &s.base).env("IDEM_API_KEY", ADMIN_KEY).output().unwrap()
 }
 
 fn text(b: &[u8]) -> String {
@@ -25,78 +20,23 @@ async fn acquire_complete_and_replay_from_the_command_line() {
     let s = Server::start(&db.url);
     let key = "INQ-300:confirmation:v1";
     let payload = r#"{"to":"c-300","template":"confirmation"}"#;
-    let first = idem(
-        &s,
-        &[
-            "acquire",
-            key,
-            "--action",
-            "send_confirmation",
-            "--payload",
-            payload,
-        ],
-    );
+    let first = idem(&s, &["acquire", key, "--action", "send_confirmation", "--payload", payload]);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
     assert!(text(&first.stdout).contains("fencing token 1"));
-    let busy = idem(
-        &s,
-        &[
-            "acquire",
-            key,
-            "--action",
-            "send_confirmation",
-            "--payload",
-            payload,
-        ],
-    );
+    let busy = idem(&s, &["acquire", key, "--action", "send_confirmation", "--payload", payload]);
     assert_eq!(busy.status.code(), Some(12));
-    let done = idem(
-        &s,
-        &[
-            "complete",
-            key,
-            "--token",
-            "1",
-            "--outcome",
-            "succeeded",
-            "--provider-ref",
-            "msg-300",
-            "--json",
-        ],
-    );
+    let done =
+        idem(&s, &["complete", key, "--token", "1", "--outcome", "succeeded", "--provider-ref", "msg-300", "--json"]);
     assert_eq!(done.status.code(), Some(0), "{}", text(&done.stderr));
     let v: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
     assert_eq!(v["state"], "SUCCEEDED");
-    let replay = idem(
-        &s,
-        &[
-            "acquire",
-            key,
-            "--action",
-            "send_confirmation",
-            "--payload",
-            payload,
-        ],
-    );
+    let replay = idem(&s, &["acquire", key, "--action", "send_confirmation", "--payload", payload]);
     assert_eq!(replay.status.code(), Some(10));
     assert!(text(&replay.stdout).contains("msg-300"));
-    let mismatch = idem(
-        &s,
-        &[
-            "acquire",
-            key,
-            "--action",
-            "send_confirmation",
-            "--payload",
-            r#"{"to":"x"}"#,
-        ],
-    );
+    let mismatch = idem(&s, &["acquire", key, "--action", "send_confirmation", "--payload", r#"{"to":"x"}"#]);
     assert_eq!(mismatch.status.code(), Some(1));
     let err = text(&mismatch.stderr);
-    assert!(
-        err.starts_with("idem: 422 fingerprint-mismatch") && err.trim_end().lines().count() == 1,
-        "{err}"
-    );
+    assert!(err.starts_with("idem: 422 fingerprint-mismatch") && err.trim_end().lines().count() == 1, "{err}");
     let got = idem(&s, &["ops", "get", key]);
     assert!(text(&got.stdout).contains("SUCCEEDED") && text(&got.stdout).contains("replayed"));
     let list = idem(&s, &["ops", "list", "--state", "SUCCEEDED", "--json"]);
@@ -114,32 +54,15 @@ async fn bad_input_is_one_line_and_non_zero() {
         &["complete", "k", "--token", "1", "--outcome", "succeeded"][..],
         &["ops", "get", "never-used"][..],
         &["ops", "list", "--state", "DONE"][..],
-        &[
-            "acquire",
-            "k",
-            "--action",
-            "a",
-            "--payload",
-            r#"{"a":1,"a":2}"#,
-        ][..],
+        &["acquire", "k", "--action", "a", "--payload", r#"{"a":1,"a":2}"#][..],
     ] {
         let out = idem(&s, args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
         let err = text(&out.stderr);
-        assert!(
-            err.starts_with("idem: ") && err.trim_end().lines().count() == 1,
-            "{args:?}: {err}"
-        );
+        assert!(err.starts_with("idem: ") && err.trim_end().lines().count() == 1, "{args:?}: {err}");
     }
     let unreachable = Command::new(idem_bin())
-        .args([
-            "ops",
-            "list",
-            "--server",
-            "http://127.0.0.1:9",
-            "--api-key",
-            "x",
-        ])
+        .args(["ops", "list", "--server", "http://127.0.0.1:9", "--api-key", "x"])
         .output()
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(1));
@@ -154,45 +77,18 @@ async fn keys_create_list_revoke() {
     let ok = s.get(&secret, "/v1/operations").await;
     assert_eq!(ok.status, 200);
     let list = Command::new(idem_bin())
-        .args([
-            "keys",
-            "list",
-            "--json",
-            "--tenant",
-            "acme",
-            "--database-url",
-            &db.url,
-        ])
+        .args(["keys", "list", "--json", "--tenant", "acme", "--database-url", &db.url])
         .output()
         .unwrap();
     let keys: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
     assert_eq!(keys.as_array().unwrap().len(), 1);
-    assert!(
-        !text(&list.stdout).contains(&secret),
-        "secrets are never listed"
-    );
+    assert!(!text(&list.stdout).contains(&secret), "secrets are never listed");
     let id = keys[0]["id"].as_str().unwrap();
-    let revoke = Command::new(idem_bin())
-        .args(["keys", "revoke", id, "--database-url", &db.url])
-        .output()
-        .unwrap();
+    let revoke = Command::new(idem_bin()).args(["keys", "revoke", id, "--database-url", &db.url]).output().unwrap();
     assert!(revoke.status.success());
-    assert_eq!(
-        s.get(&secret, "/v1/operations").await.status,
-        401,
-        "revoked at once"
-    );
+    assert_eq!(s.get(&secret, "/v1/operations").await.status, 401, "revoked at once");
     let bad = Command::new(idem_bin())
-        .args([
-            "keys",
-            "create",
-            "--tenant",
-            "bad tenant",
-            "--role",
-            "client",
-            "--database-url",
-            &db.url,
-        ])
+        .args(["keys", "create", "--tenant", "bad tenant", "--role", "client", "--database-url", &db.url])
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(1));
@@ -204,37 +100,19 @@ async fn one_server_per_sqlite_file_and_keys_never_create_a_database() {
     let db = Db::new(Backend::Sqlite).await;
     let _s = Server::start(&db.url);
     let second = Command::new(idem_bin())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            &db.url,
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &db.url])
         .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
         .output()
         .unwrap();
     assert_eq!(second.status.code(), Some(1));
-    assert!(
-        text(&second.stderr).contains("another idem serve already uses"),
-        "{}",
-        text(&second.stderr)
-    );
+    assert!(text(&second.stderr).contains("another idem serve already uses"), "{}", text(&second.stderr));
     let dir = tempfile::tempdir().unwrap();
     let wrong = dir.path().join("typo.db");
-    let keys = Command::new(idem_bin())
-        .args(["keys", "list", "--database-url", wrong.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let keys =
+        Command::new(idem_bin()).args(["keys", "list", "--database-url", wrong.to_str().unwrap()]).output().unwrap();
     assert_eq!(keys.status.code(), Some(1));
-    assert!(
-        !wrong.exists(),
-        "a wrong path must not become a new empty database"
-    );
-    let scheme = Command::new(idem_bin())
-        .args(["keys", "list", "--database-url", "mysql://x/y"])
-        .output()
-        .unwrap();
+    assert!(!wrong.exists(), "a wrong path must not become a new empty database");
+    let scheme = Command::new(idem_bin()).args(["keys", "list", "--database-url", "mysql://x/y"]).output().unwrap();
     assert_eq!(scheme.status.code(), Some(1));
     assert!(text(&scheme.stderr).contains("unsupported database URL"));
 }
@@ -244,8 +122,7 @@ async fn a_closed_stdout_is_not_a_crash() {
     let db = Db::new(Backend::Sqlite).await;
     let s = Server::start(&db.url);
     for i in 0..30 {
-        s.acquire(&format!("k-{i}"), serde_json::json!({"i": i}))
-            .await;
+        s.acquire(&format!("k-{i}"), serde_json::json!({"i": i})).await;
     }
     let mut child = Command::new(idem_bin())
         .args(["ops", "list", "--limit", "30"])
@@ -257,11 +134,6 @@ async fn a_closed_stdout_is_not_a_crash() {
         .unwrap();
     drop(child.stdout.take()); // the reader went away (like `| head -c 0`)
     let out = child.wait_with_output().unwrap();
-    assert_ne!(
-        out.status.code(),
-        Some(101),
-        "panicked: {}",
-        text(&out.stderr)
-    );
+    assert_ne!(out.status.code(), Some(101), "panicked: {}", text(&out.stderr));
     assert!(!text(&out.stderr).contains("panicked"));
 }

@@ -17,22 +17,11 @@ fn trigger(key: &str, connector: &str, payload: Value, wait_ms: u64) -> Value {
 }
 
 fn events_of(rec: &Value, kind: &str) -> Vec<Value> {
-    rec["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == kind)
-        .cloned()
-        .collect()
+    rec["events"].as_array().unwrap().iter().filter(|e| e["kind"] == kind).cloned().collect()
 }
 
 fn at_ms(e: &Value) -> i64 {
-    e["at"]
-        .as_str()
-        .unwrap()
-        .parse::<jiff::Timestamp>()
-        .unwrap()
-        .as_millisecond()
+    e["at"].as_str().unwrap().parse::<jiff::Timestamp>().unwrap().as_millisecond()
 }
 
 /// S4 over HTTP: the provider creates the order but the reply never comes (timeout after
@@ -47,37 +36,17 @@ async fn s4_http_lost_reply_is_reconciled_never_resent() {
     // A slow reconciler, so the 09:02 re-run surely finds the operation still UNKNOWN.
     let config = orders_config(addr, "").replace("interval_ms = 100", "interval_ms = 1500");
     let s = Server::start_with_config(&db.url, &config);
-    let t0 = s
-        .post(
-            ADMIN_KEY,
-            "/v1/operations",
-            &trigger(key, "orders", json!({"sku": "A"}), 5_000),
-        )
-        .await;
+    let t0 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"sku": "A"}), 5_000)).await;
     assert_eq!(t0.status, 202, "{t0:?}");
     assert_eq!(t0.body["state"], "UNKNOWN");
-    assert!(
-        t0.header("location")
-            .unwrap()
-            .ends_with("/v1/operations/INQ-004:confirmation:v1")
-    );
-    let t1 = s
-        .post(
-            ADMIN_KEY,
-            "/v1/operations",
-            &trigger(key, "orders", json!({"sku": "A"}), 0),
-        )
-        .await;
+    assert!(t0.header("location").unwrap().ends_with("/v1/operations/INQ-004:confirmation:v1"));
+    let t1 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"sku": "A"}), 0)).await;
     assert_eq!(t1.status, 202, "reconciliation pending: {t1:?}");
     let rec = s.wait_for(key, 15, |r| r["state"] == "SUCCEEDED").await;
     assert_eq!(rec["provider_ref"], "ord-1");
     assert_eq!(rec["evidence_source"], "lookup");
     assert!(rec["verified_at"].is_string());
-    assert_eq!(
-        (provider.calls(key), provider.effects(key)),
-        (1, 1),
-        "one call, one order: nothing resent"
-    );
+    assert_eq!((provider.calls(key), provider.effects(key)), (1, 1), "one call, one order: nothing resent");
     assert_eq!(events_of(&rec, "reconciled").len(), 1);
 }
 
@@ -87,12 +56,7 @@ async fn s4_http_lost_reply_is_reconciled_never_resent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s4_smtp_reply_cut_after_data_is_found_over_imap() {
     let mail = MailServers::start();
-    let proxy = FaultProxy::start(
-        format!("127.0.0.1:{}", mail.smtp_port).parse().unwrap(),
-        b"\r\n.\r\n",
-        1,
-    )
-    .await;
+    let proxy = FaultProxy::start(format!("127.0.0.1:{}", mail.smtp_port).parse().unwrap(), b"\r\n.\r\n", 1).await;
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("imap-password");
     std::fs::write(&secret, IMAP_PASSWORD).unwrap();
@@ -133,30 +97,14 @@ async fn s5_validation_failure_is_final_and_replayed() {
     provider.script(key, vec![Step::Status(422, None)]);
     let db = Db::new(Backend::Sqlite).await;
     let s = Server::start_with_config(&db.url, &orders_config(addr, ""));
-    let t0 = s
-        .post(
-            ADMIN_KEY,
-            "/v1/operations",
-            &trigger(key, "orders", json!({"to": "bad"}), 5_000),
-        )
-        .await;
+    let t0 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"to": "bad"}), 5_000)).await;
     assert_eq!(t0.status, 201, "{t0:?}");
     assert_eq!(t0.body["state"], "FAILED");
     assert_eq!(t0.body["error"]["class"], "validation");
-    let t1 = s
-        .post(
-            ADMIN_KEY,
-            "/v1/operations",
-            &trigger(key, "orders", json!({"to": "bad"}), 0),
-        )
-        .await;
+    let t1 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"to": "bad"}), 0)).await;
     assert_eq!(t1.status, 200);
     assert_eq!(t1.header("idempotent-replayed"), Some("true"));
-    assert_eq!(
-        (provider.calls(key), provider.effects(key)),
-        (1, 0),
-        "no second call to the provider"
-    );
+    assert_eq!((provider.calls(key), provider.effects(key)), (1, 0), "no second call to the provider");
 }
 
 /// S6: 503 (Retry-After 1), 503, then success: three attempts, each logged with its class
@@ -165,25 +113,12 @@ async fn s5_validation_failure_is_final_and_replayed() {
 async fn s6_retryable_failures_back_off_then_succeed() {
     let (provider, addr) = start_provider().await;
     let key = "INQ-006:confirmation:v1";
-    provider.script(
-        key,
-        vec![
-            Step::Status(503, Some(1)),
-            Step::Status(503, None),
-            Step::Ok,
-        ],
-    );
+    provider.script(key, vec![Step::Status(503, Some(1)), Step::Status(503, None), Step::Ok]);
     let exhausted = "INQ-006b:confirmation:v1";
     provider.script(exhausted, vec![Step::Status(503, None); 10]);
     let db = Db::new(Backend::Postgres).await;
     let s = Server::start_with_config(&db.url, &orders_config(addr, ""));
-    let t0 = s
-        .post(
-            ADMIN_KEY,
-            "/v1/operations",
-            &trigger(key, "orders", json!({"n": 1}), 2_000),
-        )
-        .await;
+    let t0 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"n": 1}), 2_000)).await;
     assert_eq!(t0.status, 202, "first attempt failed retryably: {t0:?}");
     let rec = s.wait_for(key, 15, |r| r["state"] == "SUCCEEDED").await;
     assert_eq!(rec["attempt"], 3);
@@ -191,35 +126,16 @@ async fn s6_retryable_failures_back_off_then_succeed() {
     let done = events_of(&rec, "completed");
     assert_eq!(done.len(), 3);
     assert_eq!(
-        (
-            done[0]["error_class"].as_str(),
-            done[1]["error_class"].as_str()
-        ),
+        (done[0]["error_class"].as_str(), done[1]["error_class"].as_str()),
         (Some("unavailable"), Some("unavailable"))
     );
-    assert!(
-        done[0]["wait_ms"].as_i64().unwrap() >= 1_000,
-        "Retry-After: 1 is a floor: {}",
-        done[0]
-    );
+    assert!(done[0]["wait_ms"].as_i64().unwrap() >= 1_000, "Retry-After: 1 is a floor: {}", done[0]);
     let grants = events_of(&rec, "acquired");
-    assert!(
-        at_ms(&grants[1]) - at_ms(&done[0]) >= 1_000,
-        "the second attempt waited for Retry-After"
-    );
+    assert!(at_ms(&grants[1]) - at_ms(&done[0]) >= 1_000, "the second attempt waited for Retry-After");
 
-    s.post(
-        ADMIN_KEY,
-        "/v1/operations",
-        &trigger(exhausted, "orders", json!({"n": 2}), 0),
-    )
-    .await;
+    s.post(ADMIN_KEY, "/v1/operations", &trigger(exhausted, "orders", json!({"n": 2}), 0)).await;
     let rec = s.wait_for(exhausted, 15, |r| r["state"] == "FAILED").await;
-    assert_eq!(
-        provider.calls(exhausted),
-        4,
-        "at most max_attempts (4) calls"
-    );
+    assert_eq!(provider.calls(exhausted), 4, "at most max_attempts (4) calls");
     assert_eq!(rec["attempt"], 4);
 }
 
@@ -231,16 +147,9 @@ async fn c1_crash_before_the_effect_is_redone_once_after_lookup_absent() {
     let key = "ORD-101:create-order";
     provider.script(key, vec![Step::Hang]);
     let db = Db::new(Backend::Sqlite).await;
-    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 30000")
-        + "lease_ms = 1500\n";
+    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 30000") + "lease_ms = 1500\n";
     let s = Server::start_with_config(&db.url, &config);
-    let t0 = s
-        .post(
-            ADMIN_KEY,
-            "/v1/operations",
-            &trigger(key, "orders", json!({"sku": "B"}), 200),
-        )
-        .await;
+    let t0 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"sku": "B"}), 200)).await;
     assert_eq!(t0.status, 202);
     while provider.calls(key) == 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -250,10 +159,7 @@ async fn c1_crash_before_the_effect_is_redone_once_after_lookup_absent() {
     assert_eq!(provider.effects(key), 1, "exactly one order");
     assert_eq!(provider.calls(key), 2);
     let reconciled = events_of(&rec, "reconciled");
-    assert!(
-        reconciled[0]["reason"].as_str().unwrap().contains("absent"),
-        "{reconciled:?}"
-    );
+    assert!(reconciled[0]["reason"].as_str().unwrap().contains("absent"), "{reconciled:?}");
     assert_eq!(rec["attempt"], 2);
 }
 
@@ -265,15 +171,9 @@ async fn c2_crash_after_the_effect_is_found_not_redone() {
     let key = "ORD-102:create-order";
     provider.script(key, vec![Step::EffectThenHang]);
     let db = Db::new(Backend::Postgres).await;
-    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 30000")
-        + "lease_ms = 1500\n";
+    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 30000") + "lease_ms = 1500\n";
     let s = Server::start_with_config(&db.url, &config);
-    s.post(
-        ADMIN_KEY,
-        "/v1/operations",
-        &trigger(key, "orders", json!({"sku": "C"}), 200),
-    )
-    .await;
+    s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"sku": "C"}), 200)).await;
     while provider.effects(key) == 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -281,11 +181,7 @@ async fn c2_crash_after_the_effect_is_found_not_redone() {
     let rec = s.wait_for(key, 20, |r| r["state"] == "SUCCEEDED").await;
     assert_eq!(rec["provider_ref"], "ord-1");
     assert_eq!(rec["evidence_source"], "lookup");
-    assert_eq!(
-        (provider.calls(key), provider.effects(key)),
-        (1, 1),
-        "no second create"
-    );
+    assert_eq!((provider.calls(key), provider.effects(key)), (1, 1), "no second create");
 }
 
 /// The storm: the provider answers 503 for 10 s while 200 operations are due. The retry
@@ -294,22 +190,15 @@ async fn c2_crash_after_the_effect_is_found_not_redone() {
 async fn an_outage_does_not_become_a_retry_storm() {
     let (provider, addr) = start_provider().await;
     let db = Db::new(Backend::Sqlite).await;
-    let config = orders_config(addr, ", budget_per_s = 20, budget_burst = 20").replace(
-        "base_ms = 100, cap_ms = 400, max_attempts = 4",
-        "base_ms = 100, cap_ms = 300, max_attempts = 1000",
-    );
+    let config = orders_config(addr, ", budget_per_s = 20, budget_burst = 20")
+        .replace("base_ms = 100, cap_ms = 400, max_attempts = 4", "base_ms = 100, cap_ms = 300, max_attempts = 1000");
     let s = Server::start_with_config(&db.url, &config);
     let outage = Duration::from_secs(10);
     provider.outage(outage);
     let started = std::time::Instant::now();
     for i in 0..200 {
-        let r = s
-            .post(
-                ADMIN_KEY,
-                "/v1/operations",
-                &trigger(&format!("storm-{i}"), "orders", json!({"i": i}), 0),
-            )
-            .await;
+        let r =
+            s.post(ADMIN_KEY, "/v1/operations", &trigger(&format!("storm-{i}"), "orders", json!({"i": i}), 0)).await;
         assert!(r.status == 201 || r.status == 202, "{r:?}");
     }
     tokio::time::sleep(outage.saturating_sub(started.elapsed()) + Duration::from_millis(200)).await;
@@ -317,18 +206,12 @@ async fn an_outage_does_not_become_a_retry_storm() {
     let secs = started.elapsed().as_secs_f64();
     // 200 first attempts are not budgeted; retries are: burst + rate × time.
     let allowed = 200.0 + 20.0 + 20.0 * secs;
-    assert!(
-        (during as f64) <= allowed,
-        "{during} calls during the outage, budget allows {allowed:.0}"
-    );
+    assert!((during as f64) <= allowed, "{during} calls during the outage, budget allows {allowed:.0}");
     // Without a budget each operation would retry every 100-300 ms: thousands of calls.
     assert!(during >= 200, "every operation was tried once: {during}");
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
     loop {
-        let page = s
-            .get(ADMIN_KEY, "/v1/operations?state=SUCCEEDED&limit=500")
-            .await
-            .body;
+        let page = s.get(ADMIN_KEY, "/v1/operations?state=SUCCEEDED&limit=500").await.body;
         if page["items"].as_array().unwrap().len() == 200 {
             break;
         }
@@ -357,19 +240,11 @@ async fn operators_resolve_reviewed_operations_with_a_reason() {
         .collect::<Vec<_>>()
         .join("\n");
     let s = Server::start_with_config(&db.url, &config);
-    s.post(
-        ADMIN_KEY,
-        "/v1/operations",
-        &trigger(key, "orders", json!({}), 2_000),
-    )
-    .await;
+    s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({}), 2_000)).await;
     let rec = s.wait_for(key, 15, |r| r["needs_review"] == true).await;
     assert_eq!(rec["state"], "UNKNOWN");
     assert_eq!(events_of(&rec, "reconciled").len(), 2);
-    let queue = s
-        .get(ADMIN_KEY, "/v1/operations?needs_review=true")
-        .await
-        .body;
+    let queue = s.get(ADMIN_KEY, "/v1/operations?needs_review=true").await.body;
     assert_eq!(queue["items"][0]["key"], key);
 
     // The same from the command line: reconcile now (still inconclusive), and a resolve
@@ -383,83 +258,41 @@ async fn operators_resolve_reviewed_operations_with_a_reason() {
             .unwrap()
     };
     let out = cli(&["ops", "reconcile", key, "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["state"], "UNKNOWN");
     assert_eq!(v["lookup_attempts"], 3);
-    let out = cli(&[
-        "ops",
-        "resolve",
-        key,
-        "--to",
-        "succeeded",
-        "--reason",
-        "looked",
-    ]);
+    let out = cli(&["ops", "resolve", key, "--to", "succeeded", "--reason", "looked"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("evidence"));
 
     let path = format!("/v1/operations/{}/resolve", common::enc(key));
     let client = s.create_key("default", "client");
-    let r = s
-        .post(
-            &client,
-            &path,
-            &json!({"to": "SUCCEEDED", "reason": "checked", "evidence": "ord-77"}),
-        )
-        .await;
+    let r = s.post(&client, &path, &json!({"to": "SUCCEEDED", "reason": "checked", "evidence": "ord-77"})).await;
     assert_eq!(r.status, 403);
-    let r = s
-        .post(
-            ADMIN_KEY,
-            &path,
-            &json!({"to": "SUCCEEDED", "reason": "checked the order system"}),
-        )
-        .await;
-    assert_eq!(
-        (r.status.as_u16(), r.problem()),
-        (400, "invalid-request"),
-        "SUCCEEDED needs evidence"
-    );
-    let r = s
-        .post(
-            ADMIN_KEY,
-            &path,
-            &json!({"to": "SUCCEEDED", "reason": " ", "evidence": "ord-77"}),
-        )
-        .await;
+    let r = s.post(ADMIN_KEY, &path, &json!({"to": "SUCCEEDED", "reason": "checked the order system"})).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"), "SUCCEEDED needs evidence");
+    let r = s.post(ADMIN_KEY, &path, &json!({"to": "SUCCEEDED", "reason": " ", "evidence": "ord-77"})).await;
     assert_eq!(r.status, 400, "a reason is mandatory");
-    let r = s.post(ADMIN_KEY, &path, &json!({"to": "SUCCEEDED", "reason": "found it in the order system", "evidence": "ord-77"})).await;
+    let r = s
+        .post(
+            ADMIN_KEY,
+            &path,
+            &json!({"to": "SUCCEEDED", "reason": "found it in the order system", "evidence": "ord-77"}),
+        )
+        .await;
     assert_eq!(r.status, 200, "{r:?}");
     let rec = s.record(key).await.body;
     assert_eq!(
-        (
-            rec["state"].as_str(),
-            rec["evidence_source"].as_str(),
-            rec["provider_ref"].as_str()
-        ),
+        (rec["state"].as_str(), rec["evidence_source"].as_str(), rec["provider_ref"].as_str()),
         (Some("SUCCEEDED"), Some("operator"), Some("ord-77"))
     );
     assert_eq!(rec["needs_review"], false);
     let resolved = events_of(&rec, "resolved");
     assert_eq!(resolved[0]["principal"], "bootstrap");
-    assert!(
-        resolved[0]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("found it in the order system")
-    );
-    let again = s
-        .post(ADMIN_KEY, &path, &json!({"to": "FAILED", "reason": "oops"}))
-        .await;
-    assert_eq!(
-        (again.status.as_u16(), again.problem()),
-        (409, "not-resolvable")
-    );
+    assert!(resolved[0]["reason"].as_str().unwrap().contains("found it in the order system"));
+    let again = s.post(ADMIN_KEY, &path, &json!({"to": "FAILED", "reason": "oops"})).await;
+    assert_eq!((again.status.as_u16(), again.problem()), (409, "not-resolvable"));
     assert_eq!(provider.effects(key), 0);
 }
 
@@ -469,10 +302,7 @@ fn bad_config_fails_at_start_up_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("[connectors.x]\nkind = \"ftp\"\n", "ftp"),
-        (
-            "[actions.send]\nconnector = \"mial\"\n",
-            "actions.send.connector",
-        ),
+        ("[actions.send]\nconnector = \"mial\"\n", "actions.send.connector"),
         (
             "[connectors.mail]\nkind = \"smtp\"\nhost = \"h\"\nport = 25\nfrom = \"a@b.org\"\nusername = \"u\"\npassword = { env = \"IDEM_TEST_NO_SUCH_SECRET\" }\n",
             "connectors.mail.password",

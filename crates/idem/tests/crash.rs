@@ -28,11 +28,7 @@ async fn crash_between_acquire_and_complete(b: Backend) {
     assert_eq!(rec.body["payload"], json!({"sku": "A-1", "qty": 2}));
     assert_eq!(rec.body["fencing_token"], 1);
     for i in 0..50 {
-        assert_eq!(
-            s.record(&format!("ack-{i}")).await.status,
-            200,
-            "acknowledged acquire {i} lost"
-        );
+        assert_eq!(s.record(&format!("ack-{i}")).await.status, 200, "acknowledged acquire {i} lost");
     }
     // Let the lease run out: the sweeper (or the next trigger) turns it UNKNOWN.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
@@ -45,11 +41,7 @@ async fn crash_between_acquire_and_complete(b: Backend) {
     assert_eq!(rec["attempt"], 1);
     let kinds = event_kinds(&rec);
     assert_eq!(kinds[..2], ["acquired", "lease_expired"], "{kinds:?}");
-    assert_eq!(
-        kinds.iter().filter(|k| *k == "acquired").count(),
-        1,
-        "never a second grant: {kinds:?}"
-    );
+    assert_eq!(kinds.iter().filter(|k| *k == "acquired").count(), 1, "never a second grant: {kinds:?}");
     assert!(kinds.contains(&"unknown_pending".to_string()));
     // Nobody can be asked about an effect the caller performed: it waits for review.
     for _ in 0..50 {
@@ -59,33 +51,16 @@ async fn crash_between_acquire_and_complete(b: Backend) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(s.record(key).await.body["needs_review"], true);
-    let queue = s
-        .get(ADMIN_KEY, "/v1/operations?needs_review=true")
-        .await
-        .body;
+    let queue = s.get(ADMIN_KEY, "/v1/operations?needs_review=true").await.body;
     assert_eq!(queue["items"][0]["key"], key);
     let expired = &rec["events"][1];
-    assert_eq!(
-        (expired["from_state"].as_str(), expired["to_state"].as_str()),
-        (Some("EXECUTING"), Some("UNKNOWN"))
-    );
+    assert_eq!((expired["from_state"].as_str(), expired["to_state"].as_str()), (Some("EXECUTING"), Some("UNKNOWN")));
     // The crashed worker's late report (same token, no newer grant) settles it with evidence.
-    let late = s
-        .complete(
-            key,
-            json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "ord-102"}),
-        )
-        .await;
+    let late = s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "ord-102"})).await;
     assert_eq!(late.status, 200);
     assert_eq!(late.body["state"], "SUCCEEDED");
     let unknowns = s.get(ADMIN_KEY, "/v1/operations?state=UNKNOWN").await.body;
-    assert!(
-        unknowns["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|o| o["key"] != key)
-    );
+    assert!(unknowns["items"].as_array().unwrap().iter().all(|o| o["key"] != key));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

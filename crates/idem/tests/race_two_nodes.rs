@@ -10,10 +10,7 @@ use std::sync::Arc;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_nodes_one_database_exactly_one_acquire_per_round() {
     let db = Db::new(Backend::Postgres).await;
-    let nodes = [
-        Arc::new(Server::start(&db.url)),
-        Arc::new(Server::start(&db.url)),
-    ];
+    let nodes = [Arc::new(Server::start(&db.url)), Arc::new(Server::start(&db.url))];
     for round in 0..100 {
         let key = format!("INQ-003:confirmation:v1:round-{round}");
         let barrier = Arc::new(tokio::sync::Barrier::new(16));
@@ -46,10 +43,6 @@ async fn two_nodes_one_database_exactly_one_acquire_per_round() {
         let rec = nodes[node].record(&key).await.body;
         assert_eq!(rec["state"], "SUCCEEDED");
         assert_eq!(rec["attempt"], 1);
-        assert_eq!(
-            rec["events"].as_array().unwrap().len(),
-            17,
-            "all 16 triggers logged"
-        );
+        assert_eq!(rec["events"].as_array().unwrap().len(), 17, "all 16 triggers logged");
     }
 }

@@ -48,12 +48,7 @@ async fn s1_same_message_sent_twice(b: Backend) {
         .await;
     assert_eq!(done.status, 200, "{done:?}");
     // Same request again, with the payload's fields in another order.
-    let t1 = s
-        .acquire(
-            key,
-            json!({"inquiry": "INQ-001", "template": "confirmation", "to": "customer-42"}),
-        )
-        .await;
+    let t1 = s.acquire(key, json!({"inquiry": "INQ-001", "template": "confirmation", "to": "customer-42"})).await;
     assert_eq!(t1.status, 200, "{t1:?}");
     assert_eq!(t1.header("idempotent-replayed"), Some("true"));
     assert_eq!(t1.body["provider_ref"], "msg-001");
@@ -72,11 +67,7 @@ async fn s2_same_key_reused_with_different_content(b: Backend) {
     let t0 = s.acquire(key, p1()).await;
     assert_eq!(t0.status, 201);
     let fp1 = t0.body["fingerprint"].as_str().unwrap().to_string();
-    s.complete(
-        key,
-        json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-002"}),
-    )
-    .await;
+    s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-002"})).await;
     let mut p2 = p1();
     p2["to"] = json!("someone-else");
     let t1 = s.acquire(key, p2).await;
@@ -86,18 +77,10 @@ async fn s2_same_key_reused_with_different_content(b: Backend) {
     assert_eq!(rec["state"], "SUCCEEDED");
     assert_eq!(rec["payload"], p1(), "stored payload P1 unchanged");
     assert_eq!(rec["fingerprint"], fp1.as_str());
-    let mismatch = rec["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "mismatch")
-        .unwrap();
+    let mismatch = rec["events"].as_array().unwrap().iter().find(|e| e["kind"] == "mismatch").unwrap();
     let fp2 = mismatch["fingerprint"].as_str().unwrap();
     assert_ne!(fp2, fp1);
-    assert!(
-        mismatch["reason"].as_str().unwrap().contains(&fp1),
-        "both fingerprints logged: {mismatch}"
-    );
+    assert!(mismatch["reason"].as_str().unwrap().contains(&fp1), "both fingerprints logged: {mismatch}");
 }
 
 async fn s3_concurrent_claims_one_acquire(b: Backend) {
@@ -114,7 +97,10 @@ async fn s3_concurrent_claims_one_acquire(b: Backend) {
                     fx.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(200)).await; // the provider takes 200 ms
                     let c = s
-                        .complete(key, json!({"fencing_token": r.token(), "outcome": "succeeded", "provider_ref": "msg-003"}))
+                        .complete(
+                            key,
+                            json!({"fencing_token": r.token(), "outcome": "succeeded", "provider_ref": "msg-003"}),
+                        )
                         .await;
                     assert_eq!(c.status, 200);
                 } else {
@@ -130,20 +116,12 @@ async fn s3_concurrent_claims_one_acquire(b: Backend) {
     for t in tasks {
         statuses.push(t.await.unwrap());
     }
-    assert_eq!(
-        statuses.iter().filter(|s| **s == 201).count(),
-        1,
-        "{statuses:?}"
-    );
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
     assert_eq!(side_effects.load(Ordering::SeqCst), 1);
     let rec = s.record(key).await.body;
     assert_eq!(rec["state"], "SUCCEEDED");
     assert_eq!(rec["attempt"], 1);
-    assert_eq!(
-        event_kinds(&rec).len(),
-        17,
-        "16 triggers + 1 completion logged"
-    );
+    assert_eq!(event_kinds(&rec).len(), 17, "16 triggers + 1 completion logged");
 
     // Waiting duplicates: they hold until the winner completes, then get the replay.
     let key = "INQ-003b:confirmation:v1";
@@ -159,11 +137,7 @@ async fn s3_concurrent_claims_one_acquire(b: Backend) {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    s.complete(
-        key,
-        json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-003b"}),
-    )
-    .await;
+    s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-003b"})).await;
     for w in waiters {
         let r = w.await.unwrap();
         assert_eq!(r.status, 200, "{r:?}");
@@ -172,14 +146,7 @@ async fn s3_concurrent_claims_one_acquire(b: Backend) {
     let rec = s.record(key).await.body;
     assert_eq!(
         event_kinds(&rec),
-        [
-            "acquired",
-            "completed",
-            "replayed",
-            "replayed",
-            "replayed",
-            "replayed"
-        ],
+        ["acquired", "completed", "replayed", "replayed", "replayed", "replayed"],
         "a waiting trigger is logged once"
     );
 }
@@ -209,12 +176,7 @@ async fn s5_validation_failure_is_replayed(b: Backend) {
     assert_eq!(t1.body["result"]["provider_status"], 550);
     let rec = s.record(key).await.body;
     assert_eq!(rec["attempt"], 1, "no second call to the provider");
-    let completed = rec["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["kind"] == "completed")
-        .unwrap();
+    let completed = rec["events"].as_array().unwrap().iter().find(|e| e["kind"] == "completed").unwrap();
     assert_eq!(completed["error_class"], "validation");
 }
 
@@ -231,19 +193,13 @@ async fn s8_approved_new_version_is_a_new_intent(b: Backend) {
     let mut p2 = p1();
     p2["template"] = json!("confirmation-revised");
     let v2 = s.acquire("INQ-008:confirmation:v2", p2).await;
-    assert_eq!(
-        v2.status, 201,
-        "a new version is a new intent, not blocked: {v2:?}"
-    );
+    assert_eq!(v2.status, 201, "a new version is a new intent, not blocked: {v2:?}");
     s.complete(
         "INQ-008:confirmation:v2",
         json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-008-v2"}),
     )
     .await;
-    for (k, r) in [
-        ("INQ-008:confirmation:v1", "msg-008-v1"),
-        ("INQ-008:confirmation:v2", "msg-008-v2"),
-    ] {
+    for (k, r) in [("INQ-008:confirmation:v1", "msg-008-v1"), ("INQ-008:confirmation:v2", "msg-008-v2")] {
         let rec = s.record(k).await.body;
         assert_eq!(rec["state"], "SUCCEEDED");
         assert_eq!(rec["provider_ref"], r);

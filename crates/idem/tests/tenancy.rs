@@ -24,15 +24,10 @@ async fn tenant_b_cannot_read_acquire_or_learn_of_tenant_a_key() {
     assert_eq!(done.status, 200);
 
     // Reading A's key from B looks exactly like reading a key nobody has.
-    let theirs = s
-        .get(&b, &format!("/v1/operations/{}", common::enc(key)))
-        .await;
+    let theirs = s.get(&b, &format!("/v1/operations/{}", common::enc(key))).await;
     let nobodys = s.get(&b, "/v1/operations/never-used").await;
     assert_eq!(theirs.status, 404);
-    assert_eq!(
-        (theirs.problem(), &theirs.body["detail"]),
-        (nobodys.problem(), &nobodys.body["detail"])
-    );
+    assert_eq!((theirs.problem(), &theirs.body["detail"]), (nobodys.problem(), &nobodys.body["detail"]));
     // Listing shows nothing of A.
     let page = s.get(&b, "/v1/operations").await;
     assert_eq!(page.body["items"], json!([]));
@@ -50,19 +45,11 @@ async fn tenant_b_cannot_read_acquire_or_learn_of_tenant_a_key() {
     let mine = s.acquire_as(&b, key, json!({"to": "b-customer"})).await;
     assert_eq!(mine.status, 201, "{mine:?}");
     assert_eq!(mine.body["payload"], json!({"to": "b-customer"}));
-    let a_view = s
-        .get(&a, &format!("/v1/operations/{}", common::enc(key)))
-        .await;
+    let a_view = s.get(&a, &format!("/v1/operations/{}", common::enc(key))).await;
     assert_eq!(a_view.body["state"], "SUCCEEDED");
     assert_eq!(a_view.body["provider_ref"], "a-msg");
     assert_eq!(a_view.body["payload"], json!({"to": "a-customer"}));
-    assert!(
-        a_view.body["events"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|e| e["principal"] == "client")
-    );
+    assert!(a_view.body["events"].as_array().unwrap().iter().all(|e| e["principal"] == "client"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,19 +60,11 @@ async fn key_management_needs_the_admin_role_and_stays_in_the_tenant() {
     let admin_a = s.create_key("tenant-a", "admin");
     let admin_b = s.create_key("tenant-b", "admin");
 
-    let r = s
-        .post(&client, "/v1/keys", &json!({"role": "client"}))
-        .await;
+    let r = s.post(&client, "/v1/keys", &json!({"role": "client"})).await;
     assert_eq!((r.status.as_u16(), r.problem()), (403, "forbidden"));
     assert_eq!(s.get(&client, "/v1/keys").await.status, 403);
 
-    let made = s
-        .post(
-            &admin_a,
-            "/v1/keys",
-            &json!({"role": "operator", "principal": "ops-bot"}),
-        )
-        .await;
+    let made = s.post(&admin_a, "/v1/keys", &json!({"role": "operator", "principal": "ops-bot"})).await;
     assert_eq!(made.status, 201, "{made:?}");
     assert_eq!(made.body["tenant"], "tenant-a");
     let secret = made.body["secret"].as_str().unwrap().to_string();
@@ -93,43 +72,17 @@ async fn key_management_needs_the_admin_role_and_stays_in_the_tenant() {
     assert_eq!(s.get(&secret, "/v1/operations").await.status, 200);
     let listed = s.get(&admin_a, "/v1/keys").await.body;
     assert_eq!(listed.as_array().unwrap().len(), 3);
-    assert!(
-        !listed.to_string().contains(&secret),
-        "secrets are never listed"
-    );
-    assert!(
-        s.get(&admin_b, "/v1/keys")
-            .await
-            .body
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|k| k["tenant"] == "tenant-b")
-    );
+    assert!(!listed.to_string().contains(&secret), "secrets are never listed");
+    assert!(s.get(&admin_b, "/v1/keys").await.body.as_array().unwrap().iter().all(|k| k["tenant"] == "tenant-b"));
 
     let bad = s.post(&admin_a, "/v1/keys", &json!({"role": "root"})).await;
-    assert_eq!(
-        (bad.status.as_u16(), bad.problem()),
-        (400, "invalid-request")
-    );
+    assert_eq!((bad.status.as_u16(), bad.problem()), (400, "invalid-request"));
 
     // B's admin cannot revoke A's key: it looks like no such key.
-    let del = s
-        .http
-        .delete(s.url(&format!("/v1/keys/{id}")))
-        .bearer_auth(&admin_b)
-        .send()
-        .await
-        .unwrap();
+    let del = s.http.delete(s.url(&format!("/v1/keys/{id}"))).bearer_auth(&admin_b).send().await.unwrap();
     assert_eq!(del.status(), 404);
     assert_eq!(s.get(&secret, "/v1/operations").await.status, 200);
-    let del = s
-        .http
-        .delete(s.url(&format!("/v1/keys/{id}")))
-        .bearer_auth(&admin_a)
-        .send()
-        .await
-        .unwrap();
+    let del = s.http.delete(s.url(&format!("/v1/keys/{id}"))).bearer_auth(&admin_a).send().await.unwrap();
     assert_eq!(del.status(), 204);
     assert_eq!(s.get(&secret, "/v1/operations").await.status, 401);
 }

@@ -47,11 +47,7 @@ pub enum Step {
 impl std::str::FromStr for Step {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || {
-            format!(
-                "unknown provider step {s:?}: ok, slow:MS, NNN[:RETRY_AFTER_S], effect_then_hang, hang"
-            )
-        };
+        let bad = || format!("unknown provider step {s:?}: ok, slow:MS, NNN[:RETRY_AFTER_S], effect_then_hang, hang");
         match s {
             "ok" => Ok(Step::Ok),
             "effect_then_hang" => Ok(Step::EffectThenHang),
@@ -123,11 +119,7 @@ impl Provider {
 
     /// Orders created for `key` (side effects).
     pub fn effects(&self, key: &str) -> usize {
-        self.lock()
-            .orders
-            .iter()
-            .filter(|o| op_key(&o.client_reference) == key)
-            .count()
+        self.lock().orders.iter().filter(|o| op_key(&o.client_reference) == key).count()
     }
 
     /// Answers every `POST /orders` with 503 (no effect) for `d`, counting those calls.
@@ -154,10 +146,7 @@ impl Provider {
 
     fn create(&self, reference: &str) -> Order {
         let mut inner = self.lock();
-        let order = Order {
-            id: format!("ord-{}", inner.orders.len() + 1),
-            client_reference: reference.to_owned(),
-        };
+        let order = Order { id: format!("ord-{}", inner.orders.len() + 1), client_reference: reference.to_owned() };
         inner.orders.push(order.clone());
         order
     }
@@ -179,33 +168,18 @@ impl Provider {
 }
 
 async fn create_order(State(p): State<Provider>, headers: HeaderMap) -> Response {
-    let Some(reference) = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-    else {
-        return (
-            StatusCode::BAD_REQUEST,
-            Json(json!({"error": "Idempotency-Key required"})),
-        )
-            .into_response();
+    let Some(reference) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned) else {
+        return (StatusCode::BAD_REQUEST, Json(json!({"error": "Idempotency-Key required"}))).into_response();
     };
     let key = op_key(&reference).to_owned();
     let step = {
         let mut inner = p.lock();
         *inner.calls.entry(key.clone()).or_default() += 1;
-        if inner
-            .outage_until
-            .is_some_and(|t| std::time::Instant::now() < t)
-        {
+        if inner.outage_until.is_some_and(|t| std::time::Instant::now() < t) {
             inner.outage_calls += 1;
             Step::Status(503, None)
         } else {
-            inner
-                .scripts
-                .get_mut(&key)
-                .and_then(VecDeque::pop_front)
-                .unwrap_or(Step::Ok)
+            inner.scripts.get_mut(&key).and_then(VecDeque::pop_front).unwrap_or(Step::Ok)
         }
     };
     match step {
@@ -216,8 +190,7 @@ async fn create_order(State(p): State<Provider>, headers: HeaderMap) -> Response
         }
         Step::Status(code, retry_after) => {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let mut r =
-                (status, Json(json!({"error": format!("scripted {code}")}))).into_response();
+            let mut r = (status, Json(json!({"error": format!("scripted {code}")}))).into_response();
             if let Some(s) = retry_after
                 && let Ok(v) = s.to_string().parse()
             {
@@ -234,11 +207,7 @@ async fn create_order(State(p): State<Provider>, headers: HeaderMap) -> Response
 }
 
 fn created(o: Order) -> Response {
-    (
-        StatusCode::CREATED,
-        Json(json!({"id": o.id, "client_reference": o.client_reference})),
-    )
-        .into_response()
+    (StatusCode::CREATED, Json(json!({"id": o.id, "client_reference": o.client_reference}))).into_response()
 }
 
 #[derive(Deserialize)]
@@ -264,12 +233,7 @@ struct ScriptBody {
 }
 
 async fn control_script(State(p): State<Provider>, Json(b): Json<ScriptBody>) -> Response {
-    match b
-        .steps
-        .iter()
-        .map(|s| s.parse::<Step>())
-        .collect::<Result<Vec<_>, _>>()
-    {
+    match b.steps.iter().map(|s| s.parse::<Step>()).collect::<Result<Vec<_>, _>>() {
         Ok(steps) => {
             p.script(&b.key, steps);
             StatusCode::NO_CONTENT.into_response()

@@ -17,10 +17,11 @@
 //! expect = { state = "SUCCEEDED", effects = 1, calls = 3 }
 //! ```
 //!
-//! A trigger may name another `key` (and its own `provider` steps come from
-//! `[scenario.providers]`), a `payload` (default `{"to": "customer-42"}`), `wait_ms`
-//! (default 5000), `copies` (concurrent identical triggers, default 1) and `created`
-//! (how many of the copies must get 201). `expect` checks the final state of the
+//! A scenario may set its `action` (default `acceptance`; e.g. one with a short retention
+//! in the server's config). A trigger may name another `key` (and its own `provider` steps
+//! come from `[scenario.providers]`), a `payload` (default `{"to": "customer-42"}`),
+//! `wait_ms` (default 5000), `delay_ms` (wait before it), `copies` (concurrent identical
+//! triggers, default 1) and `created` (how many of the copies must get 201). `expect` checks the final state of the
 //! scenario's key (waited for up to `timeout_s`, default 20), and the provider's counts of
 //! calls and side effects over all the scenario's keys. `skip = "why"` reports SKIP.
 //! Every key gets a run suffix, so runs against the same idem never see each other.
@@ -62,6 +63,9 @@ pub struct Scenario {
     /// The triggers, in order.
     #[serde(default)]
     pub triggers: Vec<Trigger>,
+    /// The action of its triggers (default `acceptance`).
+    #[serde(default = "default_action")]
+    pub action: String,
     /// What must hold afterwards.
     #[serde(default)]
     pub expect: Expect,
@@ -71,6 +75,10 @@ pub struct Scenario {
 
 fn default_key() -> String {
     "scenario".into()
+}
+
+fn default_action() -> String {
+    "acceptance".into()
 }
 
 /// One trigger (or `copies` concurrent identical ones).
@@ -90,6 +98,9 @@ pub struct Trigger {
     pub expect_status: Vec<u16>,
     /// How many of the copies must get 201.
     pub created: Option<usize>,
+    /// Wait this long before triggering (ms).
+    #[serde(default)]
+    pub delay_ms: u64,
 }
 
 fn one() -> usize {
@@ -171,10 +182,7 @@ impl Run {
             .await
             .context("cannot reach the provider")?;
         if !r.status().is_success() {
-            bail!(
-                "the provider refused the script for {key}: {}",
-                r.text().await.unwrap_or_default()
-            );
+            bail!("the provider refused the script for {key}: {}", r.text().await.unwrap_or_default());
         }
         Ok(())
     }
@@ -182,28 +190,13 @@ impl Run {
     async fn stats(&self, key: &str) -> anyhow::Result<(u64, usize)> {
         let mut url = self.url(&self.target.provider, &["_control", "stats"])?;
         url.query_pairs_mut().append_pair("key", &self.key(key));
-        let v: Value = self
-            .http
-            .get(url)
-            .send()
-            .await
-            .context("cannot reach the provider")?
-            .json()
-            .await?;
-        Ok((
-            v["calls"].as_u64().unwrap_or(0),
-            v["effects"].as_u64().unwrap_or(0) as usize,
-        ))
+        let v: Value = self.http.get(url).send().await.context("cannot reach the provider")?.json().await?;
+        Ok((v["calls"].as_u64().unwrap_or(0), v["effects"].as_u64().unwrap_or(0) as usize))
     }
 
-    async fn trigger(
-        &self,
-        key: &str,
-        payload: &Value,
-        wait_ms: u64,
-    ) -> anyhow::Result<(u16, Value)> {
+    async fn trigger(&self, key: &str, action: &str, payload: &Value, wait_ms: u64) -> anyhow::Result<(u16, Value)> {
         let url = self.url(&self.target.server, &["v1", "operations"])?;
-        let body = json!({"key": self.key(key), "action": "acceptance", "connector": self.connector, "payload": payload, "wait_ms": wait_ms});
+        let body = json!({"key": self.key(key), "action": action, "connector": self.connector, "payload": payload, "wait_ms": wait_ms});
         let r = self
             .http
             .post(url)
@@ -243,12 +236,10 @@ impl Run {
             if !keys.contains(&key) {
                 keys.push(key.clone());
             }
-            let payload = t
-                .payload
-                .clone()
-                .unwrap_or_else(|| json!({"to": "customer-42"}));
+            let payload = t.payload.clone().unwrap_or_else(|| json!({"to": "customer-42"}));
             let wait = t.wait_ms.unwrap_or(5_000);
-            let answers = futures_join(self, &key, &payload, wait, t.copies).await?;
+            tokio::time::sleep(Duration::from_millis(t.delay_ms)).await;
+            let answers = futures_join(self, &key, &s.action, &payload, wait, t.copies).await?;
             let got: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
             ok &= got.iter().all(|s| t.expect_status.contains(s));
             if let Some(n) = t.created {
@@ -260,11 +251,7 @@ impl Run {
         let start = Instant::now();
         let record = loop {
             let r = self.record(&s.key).await?;
-            let reached = s
-                .expect
-                .state
-                .as_deref()
-                .is_none_or(|want| r["state"] == want);
+            let reached = s.expect.state.as_deref().is_none_or(|want| r["state"] == want);
             if reached || start.elapsed() > timeout {
                 break r;
             }
@@ -280,19 +267,9 @@ impl Run {
         ok &= s.expect.state.as_deref().is_none_or(|w| w == state);
         ok &= s.expect.effects.is_none_or(|w| w == effects);
         ok &= s.expect.calls.is_none_or(|w| w == calls);
-        ok &= s
-            .expect
-            .evidence_source
-            .as_deref()
-            .is_none_or(|w| record["evidence_source"] == w);
-        let actual = format!(
-            "{state}; {effects} effect(s), {calls} call(s); answers {}",
-            statuses.join(" then ")
-        );
-        let evidence = match (
-            record["provider_ref"].as_str(),
-            record["evidence_source"].as_str(),
-        ) {
+        ok &= s.expect.evidence_source.as_deref().is_none_or(|w| record["evidence_source"] == w);
+        let actual = format!("{state}; {effects} effect(s), {calls} call(s); answers {}", statuses.join(" then "));
+        let evidence = match (record["provider_ref"].as_str(), record["evidence_source"].as_str()) {
             (Some(r), Some(src)) => format!("{r} ({src})"),
             _ => match record["error"]["class"].as_str() {
                 Some(c) => format!("error class {c}"),
@@ -307,12 +284,12 @@ impl Run {
 async fn futures_join(
     run: &Run,
     key: &str,
+    action: &str,
     payload: &Value,
     wait: u64,
     copies: usize,
 ) -> anyhow::Result<Vec<(u16, Value)>> {
-    let all =
-        futures_util::future::join_all((0..copies).map(|_| run.trigger(key, payload, wait))).await;
+    let all = futures_util::future::join_all((0..copies).map(|_| run.trigger(key, action, payload, wait))).await;
     all.into_iter().collect()
 }
 
@@ -322,17 +299,7 @@ fn summarize(statuses: &[u16]) -> String {
     for s in statuses {
         *counts.entry(*s).or_default() += 1;
     }
-    counts
-        .iter()
-        .map(|(s, n)| {
-            if *n == 1 {
-                s.to_string()
-            } else {
-                format!("{n}×{s}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("+")
+    counts.iter().map(|(s, n)| if *n == 1 { s.to_string() } else { format!("{n}×{s}") }).collect::<Vec<_>>().join("+")
 }
 
 fn expected_text(s: &Scenario) -> String {
@@ -340,12 +307,7 @@ fn expected_text(s: &Scenario) -> String {
         .triggers
         .iter()
         .map(|t| {
-            let set = t
-                .expect_status
-                .iter()
-                .map(u16::to_string)
-                .collect::<Vec<_>>()
-                .join("|");
+            let set = t.expect_status.iter().map(u16::to_string).collect::<Vec<_>>().join("|");
             match (t.copies, t.created) {
                 (1, _) => set,
                 (n, Some(c)) => format!("{n}× ({c}×201, rest {set})"),
@@ -368,10 +330,8 @@ fn expected_text(s: &Scenario) -> String {
 /// # Errors
 /// Unreadable or malformed files, with the TOML error.
 pub fn load(path: &std::path::Path) -> anyhow::Result<File> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    toml::from_str(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().replace('\n', " ")))
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().replace('\n', " ")))
 }
 
 /// Runs every scenario of `file` against `target`.
@@ -379,16 +339,10 @@ pub fn load(path: &std::path::Path) -> anyhow::Result<File> {
 /// # Errors
 /// Only when idem or the provider cannot be reached; scenario failures are rows.
 pub async fn run(file: &File, target: Target) -> anyhow::Result<Vec<Row>> {
-    let suffix: String = format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_micros()
-    );
+    let suffix: String =
+        format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_micros());
     let run = Run {
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()?,
+        http: reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?,
         target,
         connector: file.connector.clone(),
         suffix,
@@ -432,11 +386,6 @@ pub fn render(rows: &[Row]) -> String {
         ));
     }
     let count = |w: &str| rows.iter().filter(|r| r.result == w).count();
-    out.push_str(&format!(
-        "{} passed, {} failed, {} skipped\n",
-        count("PASS"),
-        count("FAIL"),
-        count("SKIP")
-    ));
+    out.push_str(&format!("{} passed, {} failed, {} skipped\n", count("PASS"), count("FAIL"), count("SKIP")));
     out
 }

@@ -20,30 +20,20 @@ pub struct MailServers {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 fn wait_for(port: u16, what: &str) {
     let start = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "{what} did not start on port {port}"
-        );
+        assert!(start.elapsed() < Duration::from_secs(15), "{what} did not start on port {port}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 impl MailServers {
     pub fn start() -> MailServers {
-        for (bin, pkg) in [
-            ("/usr/sbin/dovecot", "dovecot-imapd"),
-            ("/usr/bin/setpriv", "util-linux"),
-        ] {
+        for (bin, pkg) in [("/usr/sbin/dovecot", "dovecot-imapd"), ("/usr/bin/setpriv", "util-linux")] {
             assert!(
                 std::path::Path::new(bin).exists(),
                 "{bin} is missing: run ./scripts/test.sh, which installs {pkg}"
@@ -52,32 +42,15 @@ impl MailServers {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         let maildir = root.join("Maildir");
-        for d in [
-            "Maildir/cur",
-            "Maildir/new",
-            "Maildir/tmp",
-            "home",
-            "run",
-            "state",
-        ] {
+        for d in ["Maildir/cur", "Maildir/new", "Maildir/tmp", "home", "run", "state"] {
             std::fs::create_dir_all(root.join(d)).unwrap();
         }
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
-        for d in [
-            "Maildir",
-            "Maildir/cur",
-            "Maildir/new",
-            "Maildir/tmp",
-            "home",
-        ] {
+        for d in ["Maildir", "Maildir/cur", "Maildir/new", "Maildir/tmp", "home"] {
             std::os::unix::fs::chown(root.join(d), Some(NOBODY), Some(NOBODY)).unwrap();
         }
-        std::fs::write(
-            root.join("passwd"),
-            format!("{IMAP_USER}:{{PLAIN}}{IMAP_PASSWORD}::::::\n"),
-        )
-        .unwrap();
+        std::fs::write(root.join("passwd"), format!("{IMAP_USER}:{{PLAIN}}{IMAP_PASSWORD}::::::\n")).unwrap();
         let (smtp_port, imap_port) = (free_port(), free_port());
         let r = root.display();
         let conf = format!(
@@ -116,13 +89,7 @@ impl MailServers {
             .stderr(Stdio::null())
             .spawn()
             .expect("start aiosmtpd (Debian python3-aiosmtpd)");
-        let servers = MailServers {
-            smtp_port,
-            imap_port,
-            maildir,
-            _dir: dir,
-            children: vec![dovecot, smtpd],
-        };
+        let servers = MailServers { smtp_port, imap_port, maildir, _dir: dir, children: vec![dovecot, smtpd] };
         wait_for(smtp_port, "aiosmtpd");
         wait_for(imap_port, "dovecot");
         servers
@@ -132,11 +99,7 @@ impl MailServers {
     pub fn delivered(&self) -> Vec<String> {
         ["new", "cur"]
             .iter()
-            .flat_map(|d| {
-                std::fs::read_dir(self.maildir.join(d))
-                    .into_iter()
-                    .flatten()
-            })
+            .flat_map(|d| std::fs::read_dir(self.maildir.join(d)).into_iter().flatten())
             .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
             .collect()
     }
@@ -146,9 +109,7 @@ impl Drop for MailServers {
     fn drop(&mut self) {
         for c in &mut self.children {
             // TERM lets Dovecot's master stop its children too.
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
+            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
             let _ = c.wait();
         }
     }

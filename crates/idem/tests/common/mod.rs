@@ -35,15 +35,9 @@ impl Db {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-                Db {
-                    url,
-                    _dir: Some(dir),
-                }
+                Db { url, _dir: Some(dir) }
             }
-            Backend::Postgres => Db {
-                url: idem_store::testing::fresh_pg_database("idem_http").await,
-                _dir: None,
-            },
+            Backend::Postgres => Db { url: idem_store::testing::fresh_pg_database("idem_http").await, _dir: None },
         }
     }
 }
@@ -85,25 +79,13 @@ impl Server {
         Server::spawn(&db, config, dir)
     }
 
-    fn spawn(
-        db_url: &str,
-        config: Option<PathBuf>,
-        config_dir: Option<tempfile::TempDir>,
-    ) -> Server {
+    fn spawn(db_url: &str, config: Option<PathBuf>, config_dir: Option<tempfile::TempDir>) -> Server {
         let mut cmd = Command::new(idem_bin());
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--sweep-interval-ms",
-            "50",
-            "--database-url",
-            db_url,
-        ])
-        .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--sweep-interval-ms", "50", "--database-url", db_url])
+            .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         if let Some(c) = &config {
             cmd.arg("--config").arg(c);
         }
@@ -117,16 +99,11 @@ impl Server {
                 }
             }
         });
-        let base = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("idem serve did not start within 30 s");
+        let base = rx.recv_timeout(Duration::from_secs(30)).expect("idem serve did not start within 30 s");
         Server {
             child,
             base,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .unwrap(),
+            http: reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap(),
             db_url: db_url.to_string(),
             config,
             _config_dir: config_dir,
@@ -146,10 +123,7 @@ impl Server {
             if done(&r) {
                 return r;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(secs),
-                "gave up waiting on {key}: {r}"
-            );
+            assert!(start.elapsed() < Duration::from_secs(secs), "gave up waiting on {key}: {r}");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -166,51 +140,22 @@ impl Server {
     /// Creates an API key with the CLI against the server's database; returns the secret.
     pub fn create_key(&self, tenant: &str, role: &str) -> String {
         let out = Command::new(idem_bin())
-            .args([
-                "keys",
-                "create",
-                "--tenant",
-                tenant,
-                "--role",
-                role,
-                "--database-url",
-                &self.db_url,
-            ])
+            .args(["keys", "create", "--tenant", tenant, "--role", role, "--database-url", &self.db_url])
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "keys create failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "keys create failed: {}", String::from_utf8_lossy(&out.stderr));
         let secret = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        assert!(
-            secret.starts_with("idem_") && !secret.contains('\n'),
-            "stdout holds only the key: {secret:?}"
-        );
+        assert!(secret.starts_with("idem_") && !secret.contains('\n'), "stdout holds only the key: {secret:?}");
         secret
     }
 
     pub async fn post(&self, api_key: &str, path: &str, body: &Value) -> Resp {
-        let r = self
-            .http
-            .post(self.url(path))
-            .bearer_auth(api_key)
-            .json(body)
-            .send()
-            .await
-            .unwrap();
+        let r = self.http.post(self.url(path)).bearer_auth(api_key).json(body).send().await.unwrap();
         Resp::read(r).await
     }
 
     pub async fn get(&self, api_key: &str, path: &str) -> Resp {
-        let r = self
-            .http
-            .get(self.url(path))
-            .bearer_auth(api_key)
-            .send()
-            .await
-            .unwrap();
+        let r = self.http.get(self.url(path)).bearer_auth(api_key).send().await.unwrap();
         Resp::read(r).await
     }
 
@@ -226,18 +171,12 @@ impl Server {
 
     /// `POST /v1/operations/{key}/complete` with the admin key.
     pub async fn complete(&self, key: &str, body: Value) -> Resp {
-        self.post(
-            ADMIN_KEY,
-            &format!("/v1/operations/{}/complete", enc(key)),
-            &body,
-        )
-        .await
+        self.post(ADMIN_KEY, &format!("/v1/operations/{}/complete", enc(key)), &body).await
     }
 
     /// `GET /v1/operations/{key}` with the admin key.
     pub async fn record(&self, key: &str) -> Resp {
-        self.get(ADMIN_KEY, &format!("/v1/operations/{}", enc(key)))
-            .await
+        self.get(ADMIN_KEY, &format!("/v1/operations/{}", enc(key))).await
     }
 }
 
@@ -269,11 +208,7 @@ impl Resp {
         let headers = r.headers().clone();
         let text = r.text().await.unwrap();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Resp {
-            status,
-            headers,
-            body,
-        }
+        Resp { status, headers, body }
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -282,15 +217,8 @@ impl Resp {
 
     /// The problem type's slug (`/problems/<slug>`).
     pub fn problem(&self) -> &str {
-        assert_eq!(
-            self.header("content-type"),
-            Some("application/problem+json"),
-            "{self:?}"
-        );
-        self.body["type"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("/problems/")
+        assert_eq!(self.header("content-type"), Some("application/problem+json"), "{self:?}");
+        self.body["type"].as_str().unwrap().trim_start_matches("/problems/")
     }
 
     pub fn token(&self) -> i64 {
@@ -300,12 +228,7 @@ impl Resp {
 
 /// The record's events, without the request-specific fields.
 pub fn event_kinds(record: &Value) -> Vec<String> {
-    record["events"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap().to_string())
-        .collect()
+    record["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_string()).collect()
 }
 
 /// The provider double of `idem scenarios provider`, served in this test's runtime.

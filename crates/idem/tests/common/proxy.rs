@@ -25,9 +25,7 @@ impl FaultProxy {
         let (left, done) = (cuts_left.clone(), cut_done.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let faulty = left
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                    .is_ok();
+                let faulty = left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
                 let done = done.clone();
                 tokio::spawn(async move {
                     if let Ok(up) = TcpStream::connect(upstream).await {
@@ -36,11 +34,7 @@ impl FaultProxy {
                 });
             }
         });
-        FaultProxy {
-            addr,
-            cuts_left,
-            cut_done,
-        }
+        FaultProxy { addr, cuts_left, cut_done }
     }
 
     /// Cuts still to make.
@@ -49,12 +43,7 @@ impl FaultProxy {
     }
 }
 
-async fn pump(
-    client: TcpStream,
-    upstream: TcpStream,
-    trigger: Option<&'static [u8]>,
-    done: Arc<AtomicUsize>,
-) {
+async fn pump(client: TcpStream, upstream: TcpStream, trigger: Option<&'static [u8]>, done: Arc<AtomicUsize>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut ur, mut uw) = upstream.into_split();
     let armed = AtomicBool::new(false);
