@@ -14,6 +14,7 @@ pub mod keys;
 pub mod openapi;
 pub mod operations;
 pub mod problem;
+pub mod proxy;
 pub mod review;
 
 use axum::Router;
@@ -231,7 +232,35 @@ pub fn spawn_retention_sweeper(store: Arc<dyn Store>, interval: Duration, batch:
 /// # Errors
 /// Bind failures, store errors during bootstrap, or I/O errors from the server.
 pub async fn run(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: ServerConfig) -> std::io::Result<()> {
-    let io = |e: idem_store::StoreError| std::io::Error::other(e.to_string());
+    serve_with(store, clock, config, |state, body_limit| Ok(router(state, body_limit))).await
+}
+
+/// Like [`run`], but serving `idem proxy`: requests are proxied to the upstream with
+/// Idempotency-Key semantics (see [`proxy`]), and idem's API lives under `/_idem/`.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_proxy(
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    config: ServerConfig,
+    proxy_config: proxy::ProxyConfig,
+) -> std::io::Result<()> {
+    serve_with(store, clock, config, move |state, body_limit| {
+        let api = router(state.clone(), body_limit);
+        let proxy_state = proxy::ProxyState::new(state, proxy_config).map_err(std::io::Error::other)?;
+        Ok(proxy::router(proxy_state, api))
+    })
+    .await
+}
+
+async fn serve_with(
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    config: ServerConfig,
+    app: impl FnOnce(AppState, usize) -> std::io::Result<Router>,
+) -> std::io::Result<()> {
+    let io = |e: idem_store::StoreError| std::io::Error::other(format!("bootstrap key (IDEM_BOOTSTRAP_KEY): {e}"));
     if let Some(secret) = bootstrap(store.as_ref(), config.bootstrap_key.clone()).await.map_err(io)? {
         println!("idem: first start: created an admin API key for tenant \"default\". It is shown only this once:");
         println!("idem: IDEM_API_KEY={secret}");
@@ -239,8 +268,9 @@ pub async fn run(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: ServerCon
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
-    println!("idem: listening on http://{}", listener.local_addr()?);
     let state = AppState::new(store.clone(), clock, config.registry.clone(), &config.connect);
+    let app = app(state.clone(), config.max_body_bytes)?;
+    println!("idem: listening on http://{}", listener.local_addr()?);
     let sweep_every = Duration::from_millis(config.connect.retention.sweep_interval_ms);
     let loops = [
         spawn_retention_sweeper(store.clone(), sweep_every, config.connect.retention.sweep_batch),
@@ -248,7 +278,6 @@ pub async fn run(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: ServerCon
         state.executor.clone().spawn_loop(),
         state.reconciler.clone().spawn_loop(),
     ];
-    let app = router(state, config.max_body_bytes);
     let result = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
     for l in loops {
         l.abort();

@@ -69,6 +69,16 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The operation under this key completed, and its record was removed when its retention window ended (default 24 h after completion). A tombstone keeps the key's hash, fingerprint and final state (default 30 days after completion), so this late retry executes nothing. After the tombstone is gone the key is new again.",
     ),
     (
+        "outcome-unknown",
+        "The outcome is unknown",
+        "A request with this idempotency key reached the upstream, but no complete answer came back (timeout or reset). It may or may not have taken effect, so it is not forwarded again until an operator resolves the operation (POST /_idem/v1/operations/{principal}%2F{key}/resolve).",
+    ),
+    (
+        "upstream-unreachable",
+        "The upstream could not be reached",
+        "Nothing was sent to the upstream (connection refused or failed); retrying with the same key is safe.",
+    ),
+    (
         "stale-fencing-token",
         "The lease was lost",
         "The fencing token is not the operation's current one: another lease was granted, or the token never existed. The completion was ignored.",

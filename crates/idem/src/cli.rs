@@ -35,6 +35,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the HTTP service (API under /v1, OpenAPI at /openapi.json).
     Serve(ServeArgs),
+    /// Put Idempotency-Key semantics (IETF httpapi draft) in front of an existing HTTP API;
+    /// idem's own API is served under /_idem/.
+    Proxy(ProxyArgs),
     /// Manage API keys, directly in the database the server uses.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -119,6 +122,39 @@ pub struct ServeArgs {
     /// Log format on stderr (level via RUST_LOG, default info).
     #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Base URL of the API to protect, e.g. http://127.0.0.1:9000/.
+    #[arg(long, env = "IDEM_PROXY_UPSTREAM")]
+    pub upstream: String,
+    /// Methods that need an Idempotency-Key (comma-separated).
+    #[arg(long, default_value = "POST,PATCH")]
+    pub methods: String,
+    /// Only paths with this prefix need one (repeatable; default: every path).
+    #[arg(long = "route-prefix")]
+    pub route_prefix: Vec<String>,
+    /// A request header that is part of the fingerprint (repeatable).
+    #[arg(long = "fingerprint-header")]
+    pub fingerprint_header: Vec<String>,
+    /// A response header stored and replayed besides content-type, location, etag,
+    /// content-language (repeatable).
+    #[arg(long = "store-header")]
+    pub store_header: Vec<String>,
+    /// Largest upstream response body stored for replay, in bytes (a larger one is
+    /// replayed without its body, with Idem-Body-Omitted: true).
+    #[arg(long, default_value_t = 1024 * 1024)]
+    pub max_stored_body_bytes: usize,
+    /// Upstream timeout in milliseconds; after it the outcome is UNKNOWN (never re-sent).
+    #[arg(long, default_value_t = 30_000)]
+    pub timeout_ms: u64,
+    /// Trust this header (set by a gateway in front) to name the client, instead of an
+    /// idem API key in Idem-Api-Key.
+    #[arg(long)]
+    pub principal_header: Option<String>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -36,9 +36,17 @@ fn lock_sqlite(path: &str) -> anyhow::Result<Option<std::fs::File>> {
     }
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+/// What `serve` and `proxy` set up alike: logging, the lock, the config, the store.
+struct Prepared {
+    _lock: Option<std::fs::File>,
+    store: Arc<dyn idem_store::Store>,
+    clock: Arc<dyn Clock>,
+    config: idem_server::ServerConfig,
+}
+
+async fn prepare(args: ServeArgs) -> anyhow::Result<Prepared> {
     init_logging(args.log_format);
-    let _lock = match idem_store::parse_database_url(&args.db.database_url)? {
+    let lock = match idem_store::parse_database_url(&args.db.database_url)? {
         idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
         idem_store::DatabaseUrl::Postgres(_) => None,
     };
@@ -61,7 +69,48 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         connect,
         registry,
     };
-    Ok(idem_server::run(store, clock, config).await?)
+    Ok(Prepared { _lock: lock, store, clock, config })
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let p = prepare(args).await?;
+    Ok(idem_server::run(p.store, p.clock, p.config).await?)
+}
+
+pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
+    use axum::http::{HeaderName, Method};
+    let upstream =
+        reqwest::Url::parse(&args.upstream).with_context(|| format!("--upstream {:?} is not a URL", args.upstream))?;
+    if !matches!(upstream.scheme(), "http" | "https") {
+        anyhow::bail!("--upstream must be an http:// or https:// URL");
+    }
+    let header = |h: &String| {
+        HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes()).with_context(|| format!("{h:?} is not a header name"))
+    };
+    let methods = args
+        .methods
+        .split(',')
+        .map(|m| {
+            Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes())
+                .with_context(|| format!("{m:?} is not an HTTP method"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let proxy = idem_server::proxy::ProxyConfig {
+        upstream,
+        methods,
+        prefixes: args.route_prefix.clone(),
+        fingerprint_headers: args.fingerprint_header.iter().map(header).collect::<anyhow::Result<_>>()?,
+        stored_headers: args.store_header.iter().map(header).collect::<anyhow::Result<_>>()?,
+        max_request_bytes: args.serve.max_body_bytes,
+        max_stored_bytes: args.max_stored_body_bytes,
+        timeout: Duration::from_millis(args.timeout_ms),
+        auth: match &args.principal_header {
+            Some(h) => idem_server::proxy::ClientAuth::TrustedHeader(header(h)?),
+            None => idem_server::proxy::ClientAuth::ApiKey,
+        },
+    };
+    let p = prepare(args.serve).await?;
+    Ok(idem_server::run_proxy(p.store, p.clock, p.config, proxy).await?)
 }
 
 /// The URL without its password, for messages.

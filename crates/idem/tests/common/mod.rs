@@ -50,6 +50,7 @@ pub struct Server {
     pub db_url: String,
     config: Option<PathBuf>,
     _config_dir: Option<tempfile::TempDir>,
+    sub: Vec<String>,
 }
 
 pub fn idem_bin() -> PathBuf {
@@ -72,16 +73,33 @@ impl Server {
 
     /// A new server process on the same database and configuration (after a crash).
     pub fn restart(self) -> Server {
-        let (db, config) = (self.db_url.clone(), self.config.clone());
+        let (db, config, sub) = (self.db_url.clone(), self.config.clone(), self.sub.clone());
         let mut old = self;
         let dir = old._config_dir.take();
         old.kill9_in_place();
-        Server::spawn(&db, config, dir)
+        Server::spawn_args(&sub, &db, config, dir)
+    }
+
+    /// `idem proxy` in front of `upstream`, with extra flags; the same harness as `serve`.
+    pub fn start_proxy(db_url: &str, upstream: &str, extra: &[&str]) -> Server {
+        let mut args = vec!["proxy".to_string(), "--upstream".into(), upstream.into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Server::spawn_args(&args, db_url, None, None)
     }
 
     fn spawn(db_url: &str, config: Option<PathBuf>, config_dir: Option<tempfile::TempDir>) -> Server {
+        Server::spawn_args(&["serve".to_string()], db_url, config, config_dir)
+    }
+
+    fn spawn_args(
+        sub: &[String],
+        db_url: &str,
+        config: Option<PathBuf>,
+        config_dir: Option<tempfile::TempDir>,
+    ) -> Server {
         let mut cmd = Command::new(idem_bin());
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--sweep-interval-ms", "50", "--database-url", db_url])
+        cmd.args(sub)
+            .args(["--listen", "127.0.0.1:0", "--sweep-interval-ms", "50", "--database-url", db_url])
             .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
@@ -107,6 +125,7 @@ impl Server {
             db_url: db_url.to_string(),
             config,
             _config_dir: config_dir,
+            sub: sub.to_vec(),
         }
     }
 

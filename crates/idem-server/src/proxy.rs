@@ -1,0 +1,471 @@
+//! `idem proxy`: the IETF httpapi "Idempotency-Key HTTP Header Field" draft
+//! (draft-ietf-httpapi-idempotency-key-header-07) in front of an HTTP API that was never
+//! written with it.
+//!
+//! For the configured methods (default POST and PATCH) and path prefixes:
+//! - a request without `Idempotency-Key` is 400 (draft §2.7), a malformed key 400;
+//! - the fingerprint is SHA-256 over RFC 8785 canonical JSON of
+//!   `{"method", "path" (with query), "body", "headers"}`, where `body` is the canonical
+//!   JSON body for JSON content types and `{"sha256": …}` of the raw bytes otherwise, and
+//!   `headers` the configured fingerprint headers; reuse of a key with another fingerprint
+//!   is 422 (draft §2.7);
+//! - the first request is forwarded, with its key; a duplicate while it is in flight is
+//!   409 (draft §2.7);
+//! - the upstream's final answer — 2xx and 4xx except 408/425/429 — is stored (status,
+//!   selected headers, body up to a limit) and replayed byte-for-byte with
+//!   `Idempotent-Replayed: true`; 408/425/429 and 5xx are passed on but not stored, and the
+//!   key is released for a retry;
+//! - a timeout or a reset after the request reached the upstream is UNKNOWN: 504/502 with
+//!   a problem saying the outcome is unknown; later retries get 409 `outcome-unknown` until
+//!   an operator resolves it (`/_idem/v1/operations/{key}/resolve`) — the proxy never
+//!   forwards that request again on its own.
+//!
+//! Keys are scoped by the authenticated client: the idem API key in `Idem-Api-Key` (its
+//! principal), or a configured trusted header naming the principal. The proxy's own API
+//! is mounted under `/_idem/` (the same routes as `idem serve`).
+
+use crate::AppState;
+use crate::operations::store_problem;
+use crate::problem::Problem;
+use axum::body::{Body, Bytes, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use idem_core::{AcquireInput, Actor, Decision, IdempotencyKey, Outcome, RetryPolicy, fingerprint};
+use idem_store::CompleteRequest;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How the proxy tells clients apart.
+#[derive(Debug, Clone)]
+pub enum ClientAuth {
+    /// An idem API key in the `Idem-Api-Key` header (stripped before forwarding).
+    ApiKey,
+    /// A trusted header (set by a gateway in front) that names the principal; all such
+    /// clients share tenant `proxy`.
+    TrustedHeader(HeaderName),
+}
+
+/// Proxy settings.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Base URL requests are forwarded to.
+    pub upstream: reqwest::Url,
+    /// Methods that need an Idempotency-Key (default POST, PATCH).
+    pub methods: Vec<Method>,
+    /// Path prefixes that need one (default: all).
+    pub prefixes: Vec<String>,
+    /// Request headers that are part of the fingerprint (lower-case).
+    pub fingerprint_headers: Vec<HeaderName>,
+    /// Response headers stored and replayed besides `content-type`, `location`, `etag`.
+    pub stored_headers: Vec<HeaderName>,
+    /// Largest request body accepted (bytes); larger is 413.
+    pub max_request_bytes: usize,
+    /// Largest response body stored for replay (bytes); a larger one is replayed without
+    /// its body and with `Idem-Body-Omitted: true`.
+    pub max_stored_bytes: usize,
+    /// Upstream timeout; after it the outcome is UNKNOWN.
+    pub timeout: Duration,
+    /// How clients are told apart.
+    pub auth: ClientAuth,
+}
+
+/// The proxy's shared state.
+#[derive(Clone)]
+pub struct ProxyState {
+    app: AppState,
+    config: Arc<ProxyConfig>,
+    client: reqwest::Client,
+}
+
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+];
+
+impl ProxyState {
+    /// A proxy over `app`'s store.
+    ///
+    /// # Errors
+    /// If the HTTP client cannot be built.
+    pub fn new(app: AppState, config: ProxyConfig) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .retry(reqwest::retry::never())
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(ProxyState { app, config: Arc::new(config), client })
+    }
+}
+
+/// The proxy's router: idem's own API under `/_idem/`, everything else proxied.
+pub fn router(state: ProxyState, api: axum::Router) -> axum::Router {
+    let body_limit = state.config.max_request_bytes;
+    axum::Router::new()
+        .nest_service("/_idem", api)
+        .fallback(handle)
+        .with_state(state)
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+}
+
+fn problem(status: StatusCode, slug: &str, detail: impl Into<String>) -> Response {
+    Problem::new(status, slug, detail).into_response()
+}
+
+fn needs_key(config: &ProxyConfig, method: &Method, path: &str) -> bool {
+    config.methods.contains(method)
+        && (config.prefixes.is_empty() || config.prefixes.iter().any(|p| path.starts_with(p)))
+}
+
+/// The client's scope: (tenant, principal).
+async fn client_of(state: &ProxyState, headers: &HeaderMap) -> Result<(String, String), Response> {
+    match &state.config.auth {
+        ClientAuth::TrustedHeader(h) => match headers.get(h).and_then(|v| v.to_str().ok()) {
+            Some(p) if idem_store::keys::validate_name("principal", p).is_ok() => Ok(("proxy".into(), p.to_owned())),
+            _ => Err(problem(StatusCode::UNAUTHORIZED, "unauthorized", format!("missing or invalid {h} header"))),
+        },
+        ClientAuth::ApiKey => {
+            let Some(secret) = headers.get("idem-api-key").and_then(|v| v.to_str().ok()) else {
+                return Err(problem(StatusCode::UNAUTHORIZED, "unauthorized", "missing Idem-Api-Key header"));
+            };
+            match state.app.store.authenticate(secret.trim()).await {
+                Ok(Some(k)) => Ok((k.tenant, k.principal)),
+                Ok(None) => Err(problem(StatusCode::UNAUTHORIZED, "unauthorized", "unknown or revoked API key")),
+                Err(e) => Err(store_problem(e).into_response()),
+            }
+        }
+    }
+}
+
+/// The fingerprint of a request (see the module docs).
+pub fn request_fingerprint(
+    config: &ProxyConfig,
+    method: &Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<String, String> {
+    let is_json = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.split(';').next().is_some_and(|m| m.trim().ends_with("json")));
+    let body_part = if body.is_empty() {
+        Value::Null
+    } else if is_json {
+        let p: idem_core::Payload =
+            serde_json::from_slice(body).map_err(|e| format!("the JSON body is not valid for idem: {e}"))?;
+        json!({"json": p.0})
+    } else {
+        json!({"sha256": idem_core::fingerprint::sha256_hex(body)})
+    };
+    let mut hs = serde_json::Map::new();
+    for h in &config.fingerprint_headers {
+        let v = headers.get_all(h).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>().join(", ");
+        hs.insert(h.as_str().to_owned(), Value::String(v));
+    }
+    let v = json!({"method": method.as_str(), "path": path_and_query, "body": body_part, "headers": hs});
+    fingerprint(&v, None).map(|f| f.0).map_err(|e| e.to_string())
+}
+
+/// A stored upstream answer, as kept in the record's `result`.
+fn stored_answer(config: &ProxyConfig, status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Value {
+    let keep = |n: &HeaderName| {
+        matches!(n.as_str(), "content-type" | "location" | "etag" | "content-language")
+            || config.stored_headers.contains(n)
+    };
+    let hs: Vec<Value> = headers
+        .iter()
+        .filter(|(n, _)| keep(n))
+        .filter_map(|(n, v)| v.to_str().ok().map(|v| json!([n.as_str(), v])))
+        .collect();
+    if body.len() > config.max_stored_bytes {
+        json!({"status": status.as_u16(), "headers": hs, "body_omitted": true, "body_bytes": body.len()})
+    } else {
+        json!({"status": status.as_u16(), "headers": hs, "body_b64": base64::engine::general_purpose::STANDARD.encode(body)})
+    }
+}
+
+/// Rebuilds a response from [`stored_answer`].
+fn replay(stored: &Value) -> Response {
+    let status = stored["status"].as_u64().and_then(|s| StatusCode::from_u16(s as u16).ok()).unwrap_or(StatusCode::OK);
+    let body = stored["body_b64"]
+        .as_str()
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .unwrap_or_default();
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    for pair in stored["headers"].as_array().into_iter().flatten() {
+        if let (Some(n), Some(v)) = (pair[0].as_str(), pair[1].as_str())
+            && let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_bytes()), HeaderValue::from_str(v))
+        {
+            h.append(n, v);
+        }
+    }
+    if stored["body_omitted"] == true {
+        h.insert("idem-body-omitted", HeaderValue::from_static("true"));
+    }
+    h.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    resp
+}
+
+fn forwardable(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (n, v) in headers {
+        if !HOP_BY_HOP.contains(&n.as_str()) && n != "idem-api-key" && n != "content-length" {
+            out.append(n.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// A policy that releases the key at once after a 429/5xx: the client's retry is
+/// forwarded again (the client, not the proxy, decides when to retry).
+fn release_policy() -> RetryPolicy {
+    RetryPolicy { base_ms: 1, cap_ms: 1, max_attempts: i64::MAX, max_elapsed_ms: None }
+}
+
+async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+    let body = match to_bytes(body, state.config.max_request_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            return problem(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                format!("the request body is larger than {} bytes", state.config.max_request_bytes),
+            );
+        }
+    };
+    if !needs_key(&state.config, &parts.method, parts.uri.path()) {
+        return forward(&state, &parts.method, &path_and_query, &parts.headers, body).await.map_or_else(
+            |e| problem(StatusCode::BAD_GATEWAY, "upstream-unreachable", e),
+            |(status, headers, bytes)| rebuild(status, &headers, bytes),
+        );
+    }
+    let (tenant, principal) = match client_of(&state, &parts.headers).await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let mut keys = parts.headers.get_all("idempotency-key").iter();
+    let raw_key = match (keys.next(), keys.next()) {
+        (None, _) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "missing-idempotency-key",
+                "this route needs an Idempotency-Key header",
+            );
+        }
+        (Some(_), Some(_)) => {
+            return problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key", "more than one Idempotency-Key header");
+        }
+        (Some(v), None) => match v.to_str() {
+            Ok(s) => s.trim().trim_matches('"').to_owned(),
+            Err(_) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-idempotency-key",
+                    "the Idempotency-Key header is not ASCII",
+                );
+            }
+        },
+    };
+    let key = match IdempotencyKey::parse(&raw_key) {
+        Ok(k) => k,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key", e.to_string()),
+    };
+    let fp = match request_fingerprint(&state.config, &parts.method, &path_and_query, &parts.headers, &body) {
+        Ok(f) => f,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "invalid-request", e),
+    };
+    let store_key = format!("{principal}/{key}");
+    let actor = Actor { principal: principal.clone(), request_id: None };
+    let input = AcquireInput {
+        tenant: tenant.clone(),
+        key: store_key.clone(),
+        action: format!("proxy:{}", parts.method),
+        payload: json!({"method": parts.method.as_str(), "path": path_and_query}),
+        fingerprint: fp,
+        lease_ms: state.config.timeout.as_millis() as i64 + 10_000,
+        redo_safe: false,
+        connector: None,
+        actor: actor.clone(),
+    };
+    let out = match state.app.store.acquire(input).await {
+        Ok(o) => o,
+        Err(e) => return store_problem(e).into_response(),
+    };
+    match out.decision {
+        Decision::Acquire => {}
+        Decision::Replay => {
+            return match &out.record.result {
+                Some(stored) => replay(stored),
+                // Settled by an operator: there is no upstream answer to replay.
+                None => {
+                    let mut r = (
+                        StatusCode::OK,
+                        axum::Json(json!({"state": out.record.state.as_str(), "provider_ref": out.record.provider_ref, "error": out.record.error_message, "note": "resolved by an operator; no upstream answer was stored"})),
+                    )
+                        .into_response();
+                    r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+                    r
+                }
+            };
+        }
+        Decision::InProgress { retry_after_ms } | Decision::RetryNotDue { retry_after_ms } => {
+            let mut p =
+                Problem::new(StatusCode::CONFLICT, "operation-in-progress", "a request with this key is in flight");
+            p.retry_after_ms = Some(retry_after_ms);
+            return p.into_response();
+        }
+        Decision::Unknown | Decision::ExpireToUnknown => {
+            return problem(
+                StatusCode::CONFLICT,
+                "outcome-unknown",
+                "an earlier request with this key reached the upstream and its outcome is unknown; it will not be forwarded again until an operator resolves it",
+            );
+        }
+        Decision::Mismatch => {
+            return problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "fingerprint-mismatch",
+                "this key was used with another request",
+            );
+        }
+        Decision::Late => {
+            return problem(
+                StatusCode::GONE,
+                "late-arrival",
+                "this key's request completed and its record outlived its retention window",
+            );
+        }
+    }
+    let token = out.record.fencing_token;
+    let (outcome, response) = match forward(&state, &parts.method, &path_and_query, &parts.headers, body).await {
+        Ok((status, headers, bytes)) => {
+            let retryable = matches!(status.as_u16(), 408 | 425 | 429) || status.is_server_error();
+            let outcome = if retryable {
+                Outcome::RetryableFailure {
+                    error_class: format!("http_{}", status.as_u16()),
+                    message: None,
+                    retry_after_ms: Some(0),
+                }
+            } else if status.is_success() {
+                Outcome::Succeeded {
+                    provider_ref: format!("http {}", status.as_u16()),
+                    result: Some(stored_answer(&state.config, status, &headers, &bytes)),
+                }
+            } else {
+                Outcome::FinalFailure {
+                    error_class: format!("http_{}", status.as_u16()),
+                    message: None,
+                    result: Some(stored_answer(&state.config, status, &headers, &bytes)),
+                }
+            };
+            (outcome, rebuild(status, &headers, bytes))
+        }
+        Err(ForwardError::NotSent(e)) => (
+            Outcome::RetryableFailure {
+                error_class: "connect".into(),
+                message: Some(e.clone()),
+                retry_after_ms: Some(0),
+            },
+            problem(
+                StatusCode::BAD_GATEWAY,
+                "upstream-unreachable",
+                format!("the upstream could not be reached; nothing was sent: {e}"),
+            ),
+        ),
+        Err(ForwardError::Unknown { timeout, message }) => (
+            Outcome::Unknown { message: Some(message.clone()) },
+            problem(
+                if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY },
+                "outcome-unknown",
+                format!(
+                    "the request reached the upstream but no complete answer came back ({message}); the outcome is unknown and the request will not be forwarded again"
+                ),
+            ),
+        ),
+    };
+    let req = CompleteRequest {
+        tenant,
+        key: store_key,
+        fencing_token: token,
+        outcome,
+        actor,
+        policy: Some(release_policy()),
+    };
+    if let Err(e) = state.app.store.complete(req).await {
+        tracing::error!(error = %e, "proxy: recording the upstream's answer failed");
+    }
+    response
+}
+
+/// Why forwarding failed.
+enum ForwardError {
+    /// Nothing reached the upstream.
+    NotSent(String),
+    /// The request may have been processed.
+    Unknown { timeout: bool, message: String },
+}
+
+impl From<ForwardError> for String {
+    fn from(e: ForwardError) -> String {
+        match e {
+            ForwardError::NotSent(m) | ForwardError::Unknown { message: m, .. } => m,
+        }
+    }
+}
+
+async fn forward(
+    state: &ProxyState,
+    method: &Method,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, HeaderMap, Bytes), ForwardError> {
+    let url = state
+        .config
+        .upstream
+        .join(path_and_query.trim_start_matches('/'))
+        .map_err(|e| ForwardError::NotSent(e.to_string()))?;
+    let method =
+        reqwest::Method::from_bytes(method.as_str().as_bytes()).map_err(|e| ForwardError::NotSent(e.to_string()))?;
+    let resp =
+        state.client.request(method, url).headers(forwardable(headers)).body(body).send().await.map_err(|e| {
+            if e.is_connect() {
+                ForwardError::NotSent(e.to_string())
+            } else {
+                ForwardError::Unknown { timeout: e.is_timeout(), message: e.to_string() }
+            }
+        })?;
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = resp.bytes().await.map_err(|e| ForwardError::Unknown {
+        timeout: e.is_timeout(),
+        message: format!("the answer was cut off: {e}"),
+    })?;
+    Ok((status, headers, bytes))
+}
+
+fn rebuild(status: StatusCode, headers: &HeaderMap, bytes: Bytes) -> Response {
+    let mut resp = Response::new(Body::from(bytes));
+    *resp.status_mut() = status;
+    for (n, v) in headers {
+        if !HOP_BY_HOP.contains(&n.as_str()) && n != "content-length" {
+            resp.headers_mut().append(n.clone(), v.clone());
+        }
+    }
+    resp
+}

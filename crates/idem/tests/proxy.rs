@@ -1,0 +1,243 @@
+//! `idem proxy`: the IETF Idempotency-Key header in front of an API that never had it.
+//! A real upstream HTTP server in the test counts what reaches it; curl and reqwest are
+//! the clients.
+
+mod common;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::{Json, Router};
+use common::{ADMIN_KEY, Backend, Db, Server};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Clone, Default)]
+struct Upstream(Arc<Mutex<HashMap<String, u64>>>);
+
+impl Upstream {
+    fn hit(&self, path: &str) -> u64 {
+        let mut m = self.0.lock().unwrap();
+        let n = m.entry(path.to_string()).or_default();
+        *n += 1;
+        *n
+    }
+    fn count(&self, path: &str) -> u64 {
+        self.0.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+}
+
+async fn start_upstream() -> (Upstream, String) {
+    let up = Upstream::default();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(|State(u): State<Upstream>, Json(b): Json<Value>| async move {
+                let n = u.hit("/charges");
+                (
+                    StatusCode::CREATED,
+                    [("x-upstream", "yes"), ("location", "/charges/1")],
+                    Json(json!({"id": format!("ch_{n}"), "amount": b["amount"]})),
+                )
+            })
+            .get(|| async { Json(json!([])) }),
+        )
+        .route(
+            "/slow",
+            post(|State(u): State<Upstream>| async move {
+                u.hit("/slow");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                (StatusCode::CREATED, "slow done")
+            }),
+        )
+        .route(
+            "/flaky",
+            post(|State(u): State<Upstream>| async move {
+                if u.hit("/flaky") == 1 {
+                    (StatusCode::SERVICE_UNAVAILABLE, "busy").into_response()
+                } else {
+                    (StatusCode::CREATED, "ok").into_response()
+                }
+            }),
+        )
+        .route(
+            "/invalid",
+            post(|State(u): State<Upstream>| async move {
+                u.hit("/invalid");
+                (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error": "amount must be positive"})))
+            }),
+        )
+        .route(
+            "/hang",
+            post(|State(u): State<Upstream>| async move {
+                u.hit("/hang");
+                std::future::pending::<()>().await;
+            }),
+        )
+        .route(
+            "/die",
+            post(|State(u): State<Upstream>| async move {
+                u.hit("/die");
+                // Headers and a first chunk go out, then the connection dies mid-body.
+                let chunks: Vec<Result<&'static str, std::io::Error>> =
+                    vec![Ok("{\"partial\":"), Err(std::io::Error::other("upstream died"))];
+                axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+            }),
+        )
+        .with_state(up.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (up, format!("http://{addr}/"))
+}
+
+async fn send(
+    p: &Server,
+    path: &str,
+    key: Option<&str>,
+    client_key: &str,
+    body: &str,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut r = p
+        .http
+        .post(p.url(path))
+        .header("idem-api-key", client_key)
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(k) = key {
+        r = r.header("idempotency-key", k);
+    }
+    let resp = r.send().await.unwrap();
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    (status, headers, resp.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_replays_refuses_and_never_resends_the_unknown() {
+    let (up, upstream) = start_upstream().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let p = Server::start_proxy(&db.url, &upstream, &["--timeout-ms", "800", "--max-body-bytes", "65536"]);
+
+    // First request forwarded; the retry (curl, same JSON in another order) is replayed
+    // byte-for-byte with Idempotent-Replayed.
+    let (s1, h1, b1) = send(&p, "/charges", Some("charge-1"), ADMIN_KEY, r#"{"amount": 100, "currency": "EUR"}"#).await;
+    assert_eq!(s1, 201, "{b1}");
+    assert!(h1.get("idempotent-replayed").is_none());
+    let curl = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-i",
+            "-X",
+            "POST",
+            &p.url("/charges"),
+            "-H",
+            &format!("idem-api-key: {ADMIN_KEY}"),
+            "-H",
+            "idempotency-key: charge-1",
+        ])
+        .args(["-H", "content-type: application/json", "--data", r#"{ "currency":"EUR","amount":100 }"#])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&curl.stdout).to_string();
+    assert!(text.starts_with("HTTP/1.1 201"), "{text}");
+    assert!(text.to_ascii_lowercase().contains("idempotent-replayed: true"), "{text}");
+    assert!(text.to_ascii_lowercase().contains("location: /charges/1"), "{text}");
+    assert!(text.ends_with(&b1), "byte-for-byte body: {text}");
+    assert_eq!(up.count("/charges"), 1);
+
+    // Another body under the same key: 422. No key: 400. A bad key: 400. GET passes.
+    let (s, _, b) = send(&p, "/charges", Some("charge-1"), ADMIN_KEY, r#"{"amount": 999}"#).await;
+    assert_eq!(s, 422, "{b}");
+    assert_eq!(send(&p, "/charges", None, ADMIN_KEY, "{}").await.0, 400);
+    assert_eq!(send(&p, "/charges", Some("mail:jane@example.com"), ADMIN_KEY, "{}").await.0, 400);
+    assert_eq!(p.http.get(p.url("/charges")).send().await.unwrap().status(), 200);
+    assert_eq!(up.count("/charges"), 1, "nothing refused reached the upstream");
+
+    // Keys are per client: another principal's same key is its own request.
+    let other = p.create_key("default", "client");
+    assert_eq!(send(&p, "/charges", Some("charge-1"), &other, r#"{"amount": 100, "currency": "EUR"}"#).await.0, 201);
+    assert_eq!(up.count("/charges"), 2);
+    assert_eq!(send(&p, "/charges", Some("charge-1"), "idem_bogus", "{}").await.0, 401);
+
+    // Concurrent duplicates: one forwarded, the rest 409 while it is in flight.
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (http, url) = (p.http.clone(), p.url("/slow"));
+            tokio::spawn(async move {
+                http.post(url)
+                    .header("idem-api-key", ADMIN_KEY)
+                    .header("idempotency-key", "slow-1")
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 1, "{statuses:?}");
+    assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
+    assert_eq!(up.count("/slow"), 1);
+
+    // 5xx is not stored: the key is released and the retry is forwarded.
+    assert_eq!(send(&p, "/flaky", Some("flaky-1"), ADMIN_KEY, "{}").await.0, 503);
+    assert_eq!(send(&p, "/flaky", Some("flaky-1"), ADMIN_KEY, "{}").await.0, 201);
+    assert_eq!(send(&p, "/flaky", Some("flaky-1"), ADMIN_KEY, "{}").await.1["idempotent-replayed"], "true");
+    assert_eq!(up.count("/flaky"), 2);
+    // A final 4xx is stored and replayed.
+    assert_eq!(send(&p, "/invalid", Some("inv-1"), ADMIN_KEY, "{}").await.0, 422);
+    let (s, h, _) = send(&p, "/invalid", Some("inv-1"), ADMIN_KEY, "{}").await;
+    assert_eq!((s, h["idempotent-replayed"].to_str().unwrap()), (422, "true"));
+    assert_eq!(up.count("/invalid"), 1);
+
+    // Too large: 413, clearly, and nothing forwarded.
+    let big = format!(r#"{{"amount": 1, "pad": "{}"}}"#, "x".repeat(100_000));
+    let (s, h, b) = send(&p, "/charges", Some("big-1"), ADMIN_KEY, &big).await;
+    assert_eq!(s, 413, "{b}");
+    assert_eq!(h["content-type"], "application/problem+json");
+
+    // The upstream takes the request and never answers: 504 outcome unknown; the retry is
+    // 409 and is not forwarded again.
+    let (s, _, b) = send(&p, "/hang", Some("hang-1"), ADMIN_KEY, "{}").await;
+    assert_eq!(s, 504, "{b}");
+    assert!(b.contains("outcome-unknown"));
+    let (s, _, b) = send(&p, "/hang", Some("hang-1"), ADMIN_KEY, "{}").await;
+    assert_eq!(s, 409, "{b}");
+    assert!(b.contains("outcome-unknown"));
+    assert_eq!(up.count("/hang"), 1, "never forwarded again on its own");
+
+    // The upstream dies in the middle of its answer: 502 outcome unknown, never resent.
+    let (s, _, b) = send(&p, "/die", Some("die-1"), ADMIN_KEY, "{}").await;
+    assert_eq!(s, 502, "{b}");
+    assert!(b.contains("outcome-unknown"));
+    assert_eq!(send(&p, "/die", Some("die-1"), ADMIN_KEY, "{}").await.0, 409);
+    assert_eq!(up.count("/die"), 1);
+
+    // Restart between the first request and a retry: nothing is lost.
+    let p = p.restart();
+    let (s, h, b) = send(&p, "/charges", Some("charge-1"), ADMIN_KEY, r#"{"amount": 100, "currency": "EUR"}"#).await;
+    assert_eq!((s, h["idempotent-replayed"].to_str().unwrap()), (201, "true"));
+    assert_eq!(b, b1);
+    assert_eq!(send(&p, "/hang", Some("hang-1"), ADMIN_KEY, "{}").await.0, 409);
+
+    // An operator settles the unknown one through idem's API under /_idem/.
+    let r = p
+        .post(
+            ADMIN_KEY,
+            "/_idem/v1/operations/bootstrap%2Fhang-1/resolve",
+            &json!({"to": "SUCCEEDED", "reason": "the upstream's log shows it", "evidence": "hang-log-1"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let (s, h, _) = send(&p, "/hang", Some("hang-1"), ADMIN_KEY, "{}").await;
+    assert_eq!((s, h["idempotent-replayed"].to_str().unwrap()), (200, "true"));
+    assert_eq!(up.count("/hang"), 1);
+}
