@@ -113,7 +113,7 @@ impl Executor {
         let due = self.store.due_executions(64).await?;
         let mut started = 0;
         for rec in due {
-            let Some(entry) = rec.connector.as_deref().and_then(|c| self.registry.get(c)) else {
+            let Some(entry) = rec.connector.as_deref().and_then(|c| self.registry.get(c)).filter(|e| e.executes) else {
                 continue;
             };
             if !entry.budget.try_take() {

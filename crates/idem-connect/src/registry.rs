@@ -22,6 +22,10 @@ pub struct Entry {
     pub budget: RetryBudget,
     /// Inconclusive lookups before review.
     pub max_lookups: i64,
+    /// False for lookup-only entries (e.g. the proxy's): the executor never runs their
+    /// operations and triggers cannot name them; the caller performs the effect and the
+    /// reconciler may still ask.
+    pub executes: bool,
 }
 
 /// All connectors and the action → connector defaults.
@@ -53,11 +57,34 @@ impl Registry {
                     policy: r.policy(),
                     budget: RetryBudget::new(r.budget_per_s, r.budget_burst),
                     max_lookups: r.max_lookups,
+                    executes: true,
                 }),
             );
         }
         let actions = config.actions.iter().filter_map(|(a, c)| c.connector.clone().map(|c| (a.clone(), c))).collect();
         Ok(Registry { entries, actions })
+    }
+
+    /// Adds a lookup-only entry (see [`Entry::executes`]). Its name must start with
+    /// `lookup:` (the store never lists such operations as due for execution; configured
+    /// connector names cannot contain `:`).
+    pub fn add_lookup_only(
+        &mut self,
+        name: &str,
+        connector: Arc<dyn Connector>,
+        policy: RetryPolicy,
+        max_lookups: i64,
+    ) {
+        debug_assert!(name.starts_with("lookup:"));
+        let entry = Entry {
+            name: name.to_owned(),
+            connector,
+            policy,
+            budget: RetryBudget::new(1.0, 1.0),
+            max_lookups,
+            executes: false,
+        };
+        self.entries.insert(name.to_owned(), Arc::new(entry));
     }
 
     /// The connector named `name`.

@@ -320,7 +320,7 @@ fn acquire_input(
     let payload = body.payload.as_ref().map_or(serde_json::Value::Null, |p| p.0.clone());
     let connector = match body.connector.as_deref().or_else(|| registry.for_action(&body.action)) {
         None => None,
-        Some(name) if registry.get(name).is_some() => Some(name.to_owned()),
+        Some(name) if registry.get(name).is_some_and(|e| e.executes) => Some(name.to_owned()),
         Some(name) => {
             return Err(Problem::invalid(format!("unknown connector {name:?}: it is not configured on this server")));
         }

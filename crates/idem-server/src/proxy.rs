@@ -17,8 +17,10 @@
 //!   key is released for a retry;
 //! - a timeout or a reset after the request reached the upstream is UNKNOWN: 504/502 with
 //!   a problem saying the outcome is unknown; later retries get 409 `outcome-unknown` until
-//!   an operator resolves it (`/_idem/v1/operations/{key}/resolve`) — the proxy never
-//!   forwards that request again on its own.
+//!   the upstream's lookup (`--lookup-url`, [`ProxyLookup`]) finds it (then they get a 200
+//!   naming the evidence) or proves it absent (then the next retry is forwarded), or an
+//!   operator resolves it (`/_idem/v1/operations/{principal}%2F{key}/resolve`) — the proxy
+//!   never forwards that request again on its own.
 //!
 //! Keys are scoped by the authenticated client: the idem API key in `Idem-Api-Key` (its
 //! principal), or a configured trusted header naming the principal. The proxy's own API
@@ -70,6 +72,74 @@ pub struct ProxyConfig {
     pub timeout: Duration,
     /// How clients are told apart.
     pub auth: ClientAuth,
+    /// Whether a [`ProxyLookup`] is registered as [`PROXY_LOOKUP`] for UNKNOWN requests.
+    pub lookup: bool,
+}
+
+/// The registry name of the proxy's lookup (lookup-only: never executed).
+pub const PROXY_LOOKUP: &str = "lookup:proxy";
+
+/// Asks the upstream whether a request with a client's Idempotency-Key took effect:
+/// `GET` a URL template where `{key}` is the client's key, as the HTTP connector's lookup
+/// does (found pointer ⇒ Found, 404 or nothing at the pointer ⇒ Absent, else Inconclusive).
+#[derive(Debug)]
+pub struct ProxyLookup {
+    inner: idem_connect::http::HttpConnector,
+}
+
+impl ProxyLookup {
+    /// A lookup GETting `url_template` and reading the reference at `found_pointer`.
+    ///
+    /// # Errors
+    /// A config error naming `--lookup-url` or `--lookup-found-pointer`.
+    pub fn new(url_template: &str, found_pointer: &str, timeout: Duration) -> Result<Self, idem_connect::ConfigError> {
+        let ms = timeout.as_millis() as u64;
+        let config = idem_connect::config::HttpConfig {
+            url: "http://lookup-only.invalid/".into(),
+            method: "GET".into(),
+            headers: Default::default(),
+            timeout_ms: ms.max(1),
+            connect_timeout_ms: ms.clamp(1, 5_000),
+            provider_ref: None,
+            lookup: Some(idem_connect::config::HttpLookupConfig {
+                url: url_template.into(),
+                found_pointer: found_pointer.into(),
+                absent_statuses: vec![404],
+            }),
+            retry: Default::default(),
+            lease_ms: None,
+        };
+        let inner =
+            idem_connect::http::HttpConnector::new("proxy", &config).map_err(|e| idem_connect::ConfigError {
+                field: if e.field.contains("pointer") {
+                    "--lookup-found-pointer".into()
+                } else {
+                    "--lookup-url".into()
+                },
+                message: e.message,
+            })?;
+        Ok(ProxyLookup { inner })
+    }
+}
+
+#[async_trait::async_trait]
+impl idem_connect::Connector for ProxyLookup {
+    async fn execute(&self, _op: &idem_connect::OperationCtx) -> Outcome {
+        idem_connect::connector::final_failure("not_executable", "the proxy's lookup never performs requests")
+    }
+
+    async fn lookup(&self, op: &idem_connect::OperationCtx) -> idem_core::Lookup {
+        let mut ctx = op.clone();
+        // The upstream knows the client's own key, not the proxy's scoped one.
+        if let Some(k) = op.payload.get("idempotency_key").and_then(Value::as_str) {
+            ctx.key = k.to_owned();
+        }
+        self.inner.lookup(&ctx).await
+    }
+
+    fn lease_ms(&self) -> i64 {
+        30_000
+    }
 }
 
 /// The proxy's shared state.
@@ -295,11 +365,11 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         tenant: tenant.clone(),
         key: store_key.clone(),
         action: format!("proxy:{}", parts.method),
-        payload: json!({"method": parts.method.as_str(), "path": path_and_query}),
+        payload: json!({"method": parts.method.as_str(), "path": path_and_query, "idempotency_key": key.as_str()}),
         fingerprint: fp,
         lease_ms: state.config.timeout.as_millis() as i64 + 10_000,
         redo_safe: false,
-        connector: None,
+        connector: state.config.lookup.then(|| PROXY_LOOKUP.to_owned()),
         actor: actor.clone(),
     };
     let out = match state.app.store.acquire(input).await {
@@ -315,7 +385,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
                 None => {
                     let mut r = (
                         StatusCode::OK,
-                        axum::Json(json!({"state": out.record.state.as_str(), "provider_ref": out.record.provider_ref, "error": out.record.error_message, "note": "resolved by an operator; no upstream answer was stored"})),
+                        axum::Json(json!({"state": out.record.state.as_str(), "provider_ref": out.record.provider_ref, "error": out.record.error_message, "note": "settled by the upstream's lookup or an operator; no upstream answer was stored"})),
                     )
                         .into_response();
                     r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));

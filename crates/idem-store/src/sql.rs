@@ -203,10 +203,11 @@ macro_rules! sql_ops {
         }
 
         /// Connector operations due for an attempt: PENDING whose next attempt is due, and
-        /// EXECUTING redo_safe ones whose lease expired; oldest due first.
+        /// EXECUTING redo_safe ones whose lease expired; oldest due first. Connectors named
+        /// `lookup:…` only look up (the caller performs the effect) and are never due.
         pub(crate) async fn due_executions(conn: &mut $Conn, now_ms: i64, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
             let sql = concat!(
-                "SELECT ", operation_columns!(), " FROM operations WHERE connector IS NOT NULL AND \
+                "SELECT ", operation_columns!(), " FROM operations WHERE connector IS NOT NULL AND connector NOT LIKE 'lookup:%' AND \
                  ((state = 'PENDING' AND (next_attempt_at IS NULL OR next_attempt_at <= $1)) \
                   OR (state = 'EXECUTING' AND redo_safe = TRUE AND lease_expires_at <= $1)) \
                  ORDER BY next_attempt_at LIMIT $2"

@@ -153,6 +153,15 @@ pub struct ProxyArgs {
     /// idem API key in Idem-Api-Key.
     #[arg(long)]
     pub principal_header: Option<String>,
+    /// How to ask the upstream whether an UNKNOWN request took effect: a GET URL template
+    /// where {key} is the client's Idempotency-Key, e.g.
+    /// http://127.0.0.1:9000/charges?idempotency_key={key}.
+    #[arg(long)]
+    pub lookup_url: Option<String>,
+    /// JSON pointer to the upstream's reference in the lookup's answer; nothing there (or
+    /// a 404) means the request never took effect.
+    #[arg(long, default_value = "/0/id")]
+    pub lookup_found_pointer: String,
     #[command(flatten)]
     pub serve: ServeArgs,
 }

@@ -44,7 +44,7 @@ struct Prepared {
     config: idem_server::ServerConfig,
 }
 
-async fn prepare(args: ServeArgs) -> anyhow::Result<Prepared> {
+async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector>>) -> anyhow::Result<Prepared> {
     init_logging(args.log_format);
     let lock = match idem_store::parse_database_url(&args.db.database_url)? {
         idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
@@ -55,7 +55,11 @@ async fn prepare(args: ServeArgs) -> anyhow::Result<Prepared> {
         Some(path) => idem_connect::Config::load(path)?,
         None => idem_connect::Config::default(),
     };
-    let registry = Arc::new(idem_connect::Registry::from_config(&connect)?);
+    let mut registry = idem_connect::Registry::from_config(&connect)?;
+    if let Some(l) = lookup {
+        registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, idem_core::RetryPolicy::default(), 5);
+    }
+    let registry = Arc::new(registry);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store_config = idem_store::StoreConfig { retention: connect.retention()?, ..Default::default() };
     let store = idem_store::open(&args.db.database_url, clock.clone(), store_config)
@@ -73,7 +77,7 @@ async fn prepare(args: ServeArgs) -> anyhow::Result<Prepared> {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let p = prepare(args).await?;
+    let p = prepare(args, None).await?;
     Ok(idem_server::run(p.store, p.clock, p.config).await?)
 }
 
@@ -108,8 +112,15 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
             Some(h) => idem_server::proxy::ClientAuth::TrustedHeader(header(h)?),
             None => idem_server::proxy::ClientAuth::ApiKey,
         },
+        lookup: args.lookup_url.is_some(),
     };
-    let p = prepare(args.serve).await?;
+    let lookup: Option<Arc<dyn idem_connect::Connector>> = match &args.lookup_url {
+        Some(url) => {
+            Some(Arc::new(idem_server::proxy::ProxyLookup::new(url, &args.lookup_found_pointer, proxy.timeout)?))
+        }
+        None => None,
+    };
+    let p = prepare(args.serve, lookup).await?;
     Ok(idem_server::run_proxy(p.store, p.clock, p.config, proxy).await?)
 }
 

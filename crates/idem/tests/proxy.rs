@@ -241,3 +241,81 @@ async fn the_proxy_replays_refuses_and_never_resends_the_unknown() {
     assert_eq!((s, h["idempotent-replayed"].to_str().unwrap()), (200, "true"));
     assert_eq!(up.count("/hang"), 1);
 }
+
+#[derive(Clone, Default)]
+struct Booked(Arc<Mutex<(Vec<String>, u64)>>);
+
+/// With `--lookup-url`, an UNKNOWN request is settled by asking the upstream: found ⇒ the
+/// retry gets the evidence, absent ⇒ the next retry is forwarded, never before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_settles_unknown_requests_by_the_upstream_lookup() {
+    let booked = Booked::default();
+    let app = Router::new()
+        .route(
+            "/book",
+            post(|State(b): State<Booked>, headers: axum::http::HeaderMap| async move {
+                let key = headers["idempotency-key"].to_str().unwrap().to_string();
+                b.0.lock().unwrap().0.push(key);
+                std::future::pending::<()>().await;
+            }),
+        )
+        .route(
+            "/maybe",
+            post(|State(b): State<Booked>, headers: axum::http::HeaderMap| async move {
+                let calls = {
+                    let mut g = b.0.lock().unwrap();
+                    g.1 += 1;
+                    g.1
+                };
+                if calls == 1 {
+                    std::future::pending::<()>().await; // never took effect
+                }
+                b.0.lock().unwrap().0.push(headers["idempotency-key"].to_str().unwrap().to_string());
+                (StatusCode::CREATED, "booked")
+            }),
+        )
+        .route(
+            "/lookup",
+            axum::routing::get(
+                |State(b): State<Booked>, q: axum::extract::Query<HashMap<String, String>>| async move {
+                    let found = b.0.lock().unwrap().0.contains(&q["key"]);
+                    Json(if found { json!([{"id": format!("bk_{}", q["key"])}]) } else { json!([]) })
+                },
+            ),
+        )
+        .with_state(booked.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let db = Db::new(Backend::Postgres).await;
+    let lookup = format!("http://{addr}/lookup?key={{key}}");
+    let p = Server::start_proxy(&db.url, &format!("http://{addr}/"), &["--timeout-ms", "600", "--lookup-url", &lookup]);
+
+    assert_eq!(send(&p, "/book", Some("b-1"), ADMIN_KEY, "{}").await.0, 504);
+    let start = std::time::Instant::now();
+    let settled = loop {
+        let (s, h, b) = send(&p, "/book", Some("b-1"), ADMIN_KEY, "{}").await;
+        if s != 409 {
+            break (s, h, b);
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "never settled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(settled.0, 200, "{settled:?}");
+    assert_eq!(settled.1["idempotent-replayed"], "true");
+    assert!(settled.2.contains("bk_b-1"), "the evidence: {}", settled.2);
+    assert_eq!(booked.0.lock().unwrap().0.iter().filter(|k| *k == "b-1").count(), 1, "booked once");
+
+    assert_eq!(send(&p, "/maybe", Some("m-1"), ADMIN_KEY, "{}").await.0, 504);
+    let start = std::time::Instant::now();
+    let retried = loop {
+        let (s, _, b) = send(&p, "/maybe", Some("m-1"), ADMIN_KEY, "{}").await;
+        if s != 409 {
+            break (s, b);
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "never settled");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(retried.0, 201, "absent ⇒ forwarded again: {retried:?}");
+    assert_eq!(booked.0.lock().unwrap().1, 2, "exactly one more call after the lookup proved absence");
+}
