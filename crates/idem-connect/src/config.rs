@@ -223,6 +223,12 @@ impl RetryConfig {
     }
 
     fn check(&self, field: &str) -> Result<(), ConfigError> {
+        if self.max_elapsed_ms.is_some_and(|m| m < 1) {
+            return Err(err(format!("{field}.retry.max_elapsed_ms"), "must be positive"));
+        }
+        if !self.budget_per_s.is_finite() || !self.budget_burst.is_finite() {
+            return Err(err(format!("{field}.retry"), "budget_per_s and budget_burst must be finite"));
+        }
         if self.base_ms < 1 || self.cap_ms < self.base_ms {
             return Err(err(format!("{field}.retry"), "need 1 <= base_ms <= cap_ms"));
         }
@@ -325,13 +331,18 @@ pub struct HttpLookupConfig {
     pub url: String,
     /// JSON pointer to the provider's reference in a 200 answer; absent ⇒ Absent.
     pub found_pointer: String,
-    /// Statuses that prove absence (default `[404]`).
-    #[serde(default = "default_absent_statuses")]
+    /// 4xx statuses that prove absence (default none: e.g. `[404]` for a
+    /// `GET /orders/{key}` lookup). An empty JSON array or `null` answer always does.
+    #[serde(default)]
     pub absent_statuses: Vec<u16>,
+    /// "Not found" proves absence only this long after the attempt ended (ms, default
+    /// 30 000): a provider may still be processing a request whose reply timed out.
+    #[serde(default = "default_absent_after")]
+    pub absent_after_ms: i64,
 }
 
-fn default_absent_statuses() -> Vec<u16> {
-    vec![404]
+fn default_absent_after() -> i64 {
+    30_000
 }
 
 /// `kind = "http"`.

@@ -52,9 +52,13 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
     /// Asks the provider whether the side effect of `op` happened.
     async fn lookup(&self, op: &OperationCtx) -> Lookup;
 
-    /// Lease to take for one attempt (ms): longer than the connector's own timeouts, so a
+    /// Lease to take for one attempt (ms): longer than [`Connector::max_call_ms`], so a
     /// lease never expires under a live attempt.
     fn lease_ms(&self) -> i64;
+
+    /// The longest one `execute` can take (ms), from its timeouts. An attempt does not
+    /// start unless at least this much of its lease is left.
+    fn max_call_ms(&self) -> i64;
 }
 
 /// `retryable_failure` with a class and message.

@@ -61,7 +61,14 @@ impl Executor {
             return Ok(granted);
         };
         let ctx = ctx_of(&granted);
+        let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
         let (outcome, policy) = match self.registry.get(&name) {
+            // Too little of the lease is left for a whole call (it waited for a free slot):
+            // do not start; nothing was sent, so a retry is safe.
+            Some(entry) if granted.lease_expires_at.is_some_and(|end| end - now < entry.connector.max_call_ms()) => (
+                crate::connector::retryable("not_started", "the lease ran short before the call could start", Some(0)),
+                Some(entry.policy.clone()),
+            ),
             Some(entry) => (entry.connector.execute(&ctx).await, Some(entry.policy.clone())),
             // Nothing was sent: the connector is gone from the config.
             None => (
@@ -98,9 +105,22 @@ impl Executor {
         self: &Arc<Self>,
         granted: OperationRecord,
     ) -> tokio::task::JoinHandle<Result<OperationRecord, StoreError>> {
+        self.spawn_with(granted, None)
+    }
+
+    fn spawn_with(
+        self: &Arc<Self>,
+        granted: OperationRecord,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> tokio::task::JoinHandle<Result<OperationRecord, StoreError>> {
         let this = self.clone();
         tokio::spawn(async move {
-            let _slot = this.slots.clone().acquire_owned().await;
+            // A trigger's attempt may wait here for a slot; run_attempt then checks that
+            // enough of its lease is left before it calls the provider.
+            let _slot = match slot {
+                Some(s) => s,
+                None => this.slots.clone().acquire_owned().await.expect("the semaphore is never closed"),
+            };
             this.run_attempt(granted).await
         })
     }
@@ -110,31 +130,42 @@ impl Executor {
     /// # Errors
     /// Store errors while listing due work.
     pub async fn tick(self: &Arc<Self>) -> Result<usize, StoreError> {
-        let due = self.store.due_executions(64).await?;
         let mut started = 0;
-        for rec in due {
-            let Some(entry) = rec.connector.as_deref().and_then(|c| self.registry.get(c)).filter(|e| e.executes) else {
+        // Each connector gets its own queue: one connector's outage (or an empty budget)
+        // must not hold back another's retries.
+        for name in self.registry.names().map(str::to_owned).collect::<Vec<_>>() {
+            let Some(entry) = self.registry.get(&name).filter(|e| e.executes) else {
                 continue;
             };
-            if !entry.budget.try_take() {
-                tracing::debug!(connector = %entry.name, "retry budget exhausted; retry deferred");
-                continue;
+            let free = self.slots.available_permits().min(64) as i64;
+            if free == 0 {
+                break;
             }
-            let input = AcquireInput {
-                tenant: rec.tenant.clone(),
-                key: rec.key.clone(),
-                action: rec.action.clone(),
-                payload: rec.payload.clone(),
-                fingerprint: rec.fingerprint.clone(),
-                lease_ms: entry.connector.lease_ms(),
-                redo_safe: rec.redo_safe,
-                connector: rec.connector.clone(),
-                actor: Actor::executor(),
-            };
-            let out = self.store.acquire(input).await?;
-            if out.decision == Decision::Acquire {
-                self.spawn_attempt(out.record);
-                started += 1;
+            for rec in self.store.due_executions(&name, free).await? {
+                // Take a slot before the lease, so a granted lease never waits for one.
+                let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+                    return Ok(started);
+                };
+                if !entry.budget.try_take() {
+                    tracing::debug!(connector = %entry.name, "retry budget exhausted; retries deferred");
+                    break;
+                }
+                let input = AcquireInput {
+                    tenant: rec.tenant.clone(),
+                    key: rec.key.clone(),
+                    action: rec.action.clone(),
+                    payload: rec.payload.clone(),
+                    fingerprint: rec.fingerprint.clone(),
+                    lease_ms: entry.connector.lease_ms(),
+                    redo_safe: rec.redo_safe,
+                    connector: rec.connector.clone(),
+                    actor: Actor::executor(),
+                };
+                let out = self.store.acquire(input).await?;
+                if out.decision == Decision::Acquire {
+                    self.spawn_with(out.record, Some(slot));
+                    started += 1;
+                }
             }
         }
         Ok(started)

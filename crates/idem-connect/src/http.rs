@@ -34,6 +34,7 @@ pub struct HttpConnector {
     ref_header: Option<HeaderName>,
     lookup: Option<crate::config::HttpLookupConfig>,
     lease_ms: i64,
+    max_call_ms: i64,
 }
 
 /// Replaces `{key}`, `{tenant}`, `{idempotency_key}` with percent-encoded values.
@@ -113,6 +114,9 @@ impl HttpConnector {
                 {
                     return Err(bad("provider_ref.json_pointer", "a JSON pointer starts with /".into()));
                 }
+                if p.json_pointer.is_some() == p.header.is_some() {
+                    return Err(bad("provider_ref", "give exactly one of json_pointer or header".into()));
+                }
                 let header = p
                     .header
                     .as_deref()
@@ -133,11 +137,27 @@ impl HttpConnector {
                 if !l.found_pointer.starts_with('/') {
                     return Err(bad("lookup.found_pointer", "a JSON pointer starts with /".into()));
                 }
+                if let Some(s) = l.absent_statuses.iter().find(|s| !(400..=499).contains(*s)) {
+                    return Err(bad(
+                        "lookup.absent_statuses",
+                        format!("{s} cannot prove absence: only 4xx statuses can"),
+                    ));
+                }
+                if l.absent_after_ms < 0 {
+                    return Err(bad("lookup.absent_after_ms", "must not be negative".into()));
+                }
                 Some(l)
             }
         };
         if c.timeout_ms == 0 || c.connect_timeout_ms == 0 {
             return Err(bad("timeout_ms", "timeouts must be positive".into()));
+        }
+        let lease_ms = c.lease_ms.unwrap_or(c.timeout_ms as i64 + 10_000);
+        if lease_ms <= c.timeout_ms as i64 {
+            return Err(bad(
+                "lease_ms",
+                format!("must exceed timeout_ms ({}), or a lease could expire under a live call", c.timeout_ms),
+            ));
         }
         let client = reqwest::Client::builder()
             .timeout(Duration::from_millis(c.timeout_ms))
@@ -155,7 +175,8 @@ impl HttpConnector {
             ref_pointer,
             ref_header,
             lookup,
-            lease_ms: c.lease_ms.unwrap_or(c.timeout_ms as i64 + 10_000),
+            lease_ms,
+            max_call_ms: c.timeout_ms as i64,
         })
     }
 
@@ -172,7 +193,9 @@ impl HttpConnector {
 }
 
 /// Classifies a transport error: before the request left ⇒ retryable, after ⇒ UNKNOWN.
-fn classify_error(e: &reqwest::Error) -> Outcome {
+/// The URL is left out of the message: it may carry a token interpolated from `${VAR}`.
+fn classify_error(e: reqwest::Error) -> Outcome {
+    let e = e.without_url();
     if e.is_connect() {
         retryable("connect", format!("could not connect, nothing was sent: {e}"), None)
     } else if e.is_builder() {
@@ -197,8 +220,9 @@ impl Connector for HttpConnector {
         let resp = match request.send().await {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(connector = %self.name, error = %e, "HTTP attempt failed");
-                return classify_error(&e);
+                let outcome = classify_error(e);
+                tracing::warn!(connector = %self.name, outcome = outcome.name(), "HTTP attempt failed");
+                return outcome;
             }
         };
         let status = resp.status();
@@ -214,6 +238,11 @@ impl Connector for HttpConnector {
         }
         let text = resp.text().await.unwrap_or_default();
         let snippet: String = text.chars().take(300).collect();
+        if status.is_redirection() {
+            // A 303 after a POST often means "created, look here"; 307/308 mean "not
+            // processed". Without following it, nobody knows: ask the lookup.
+            return unknown(format!("HTTP {status}: a redirect, not followed; the provider may have acted"));
+        }
         if is_retryable_status(status) {
             let class = if status.as_u16() == 429 { "rate_limited" } else { "unavailable" };
             return retryable(class, format!("HTTP {status}: {snippet}"), retry_after_ms(&headers));
@@ -232,32 +261,55 @@ impl Connector for HttpConnector {
         let url = fill(&l.url, op);
         let resp = match self.client.get(&url).headers(self.headers.clone()).send().await {
             Ok(r) => r,
-            Err(e) => {
-                return Lookup::Inconclusive { why: format!("lookup failed: {e}") };
-            }
+            Err(e) => return Lookup::Inconclusive { why: format!("lookup failed: {}", e.without_url()) },
         };
         let status = resp.status();
-        if l.absent_statuses.contains(&status.as_u16()) {
-            return Lookup::Absent;
-        }
-        if !status.is_success() {
+        let absent = if l.absent_statuses.contains(&status.as_u16()) {
+            true
+        } else if !status.is_success() {
             return Lookup::Inconclusive { why: format!("lookup answered HTTP {status}") };
-        }
-        match resp.json::<Value>().await {
-            Ok(body) => match body.pointer(&l.found_pointer) {
-                Some(Value::String(s)) if !s.is_empty() => Lookup::Found { provider_ref: s.clone() },
-                Some(Value::Number(n)) => Lookup::Found { provider_ref: n.to_string() },
-                None | Some(Value::Null) => Lookup::Absent,
-                Some(other) => {
-                    Lookup::Inconclusive { why: format!("lookup's {} is not a reference: {other}", l.found_pointer) }
+        } else {
+            match resp.json::<Value>().await {
+                Ok(body) => match body.pointer(&l.found_pointer) {
+                    Some(Value::String(s)) if !s.is_empty() => return Lookup::Found { provider_ref: s.clone() },
+                    Some(Value::Number(n)) => return Lookup::Found { provider_ref: n.to_string() },
+                    // Only an empty answer proves absence; a non-empty one without the
+                    // reference means the pointer or the lookup is misconfigured.
+                    None if body == Value::Array(vec![]) || body == Value::Null => true,
+                    None => {
+                        return Lookup::Inconclusive {
+                            why: format!("the lookup's answer is not empty but has nothing at {}", l.found_pointer),
+                        };
+                    }
+                    Some(other) => {
+                        return Lookup::Inconclusive {
+                            why: format!("lookup's {} is not a reference: {other}", l.found_pointer),
+                        };
+                    }
+                },
+                Err(e) => {
+                    return Lookup::Inconclusive { why: format!("lookup's answer is not JSON: {}", e.without_url()) };
                 }
-            },
-            Err(e) => Lookup::Inconclusive { why: format!("lookup's answer is not JSON: {e}") },
+            }
+        };
+        // A provider may still be processing a request whose reply timed out: "not found"
+        // proves absence only once the attempt has had time to settle.
+        let since = idem_core::Clock::now_ms(&idem_core::SystemClock) - op.updated_at;
+        if absent && since < l.absent_after_ms {
+            return Lookup::TooEarly {
+                why: format!("not found {since} ms after the attempt; absence counts after {} ms", l.absent_after_ms),
+                retry_in_ms: l.absent_after_ms - since,
+            };
         }
+        Lookup::Absent
     }
 
     fn lease_ms(&self) -> i64 {
         self.lease_ms
+    }
+
+    fn max_call_ms(&self) -> i64 {
+        self.max_call_ms
     }
 }
 

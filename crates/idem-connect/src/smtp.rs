@@ -31,6 +31,10 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// SMTP steps that each may take up to `timeout_ms` (connect, EHLO/STARTTLS, AUTH, MAIL,
+/// RCPT, DATA and body): an attempt may take this many timeouts.
+const SMTP_STEPS: i64 = 7;
+
 /// A configured SMTP connector.
 #[derive(Debug)]
 pub struct SmtpConnector {
@@ -125,6 +129,13 @@ impl SmtpConnector {
             tls_parameters(&c.host, &format!("{field}.tls"))?;
         }
         let domain = c.message_id_domain.clone().unwrap_or_else(|| from.email.domain().to_owned());
+        let lease_ms = c.lease_ms.unwrap_or(SMTP_STEPS * c.timeout_ms as i64 + 10_000);
+        if lease_ms <= SMTP_STEPS * c.timeout_ms as i64 {
+            return Err(ConfigError {
+                field: format!("{field}.lease_ms"),
+                message: format!("must exceed {SMTP_STEPS} × timeout_ms (each SMTP step may take timeout_ms)"),
+            });
+        }
         Ok(SmtpConnector {
             name: name.to_owned(),
             host: c.host.clone(),
@@ -135,7 +146,7 @@ impl SmtpConnector {
             domain,
             timeout: Duration::from_millis(c.timeout_ms.max(1)),
             imap,
-            lease_ms: c.lease_ms.unwrap_or(4 * c.timeout_ms as i64 + 10_000),
+            lease_ms,
         })
     }
 
@@ -143,6 +154,11 @@ impl SmtpConnector {
     fn message(&self, op: &OperationCtx) -> Result<Message, Outcome> {
         let bad = |m: String| final_failure("validation", m);
         let p = &op.payload;
+        if let Some(obj) = p.as_object()
+            && let Some(unknown) = obj.keys().find(|k| !["to", "subject", "text", "from"].contains(&k.as_str()))
+        {
+            return Err(bad(format!("payload.{unknown} is not supported (to, subject, text, from)")));
+        }
         let to: Vec<&str> = match p.get("to") {
             Some(Value::String(s)) => vec![s.as_str()],
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
@@ -235,8 +251,9 @@ impl Connector for SmtpConnector {
             Ok(Ok(false)) => {
                 let since = idem_core::Clock::now_ms(&idem_core::SystemClock) - op.updated_at;
                 if since < imap.delivery_grace_ms {
-                    Lookup::Inconclusive {
+                    Lookup::TooEarly {
                         why: format!("{id} is not in {} yet; waiting out the delivery grace", imap.mailbox),
+                        retry_in_ms: imap.delivery_grace_ms - since,
                     }
                 } else {
                     Lookup::Absent
@@ -249,6 +266,10 @@ impl Connector for SmtpConnector {
 
     fn lease_ms(&self) -> i64 {
         self.lease_ms
+    }
+
+    fn max_call_ms(&self) -> i64 {
+        SMTP_STEPS * self.timeout.as_millis() as i64
     }
 }
 

@@ -199,6 +199,9 @@ pub fn plan_completion(
             next.evidence_source = Some(source.into());
             next.completed_at = Some(now_ms);
             next.needs_review = false;
+            // Earlier attempts' errors stay in the event log, not on a success.
+            next.error_class = None;
+            next.error_message = None;
             reason.push_str(&format!(" with provider_ref {provider_ref}"));
         }
         Outcome::FinalFailure { error_class, message, result } => {

@@ -6,7 +6,8 @@
 //!   `evidence_source = "lookup"`;
 //! - [`Lookup::Absent`] (the provider proves it did not happen) ⇒ PENDING, eligible again;
 //! - [`Lookup::Inconclusive`] ⇒ stays UNKNOWN, the attempt logged, the next lookup
-//!   scheduled with backoff; after `max_lookups` the record is flagged `needs_review`.
+//!   scheduled with backoff; after `max_lookups` the record is flagged `needs_review`;
+//! - [`Lookup::TooEarly`] ⇒ stays as it is; asked again later, not counted.
 //!   Nothing ever writes SUCCEEDED to make the question go away (invariant 2).
 //!
 //! Resolution ([`plan_resolution`]) is the operator's override, audited with a mandatory
@@ -25,6 +26,10 @@ pub enum Lookup {
     Absent,
     /// The provider could not tell (or could not be asked); why.
     Inconclusive { why: String },
+    /// Not found, but too soon after the attempt for that to prove absence (a provider may
+    /// still be processing, a mail still be in transit): ask again in `retry_in_ms`. Does
+    /// not count towards `max_lookups`.
+    TooEarly { why: String, retry_in_ms: i64 },
 }
 
 /// Plans the reconciliation of `rec` with the provider's answer `lookup`, at `now_ms`.
@@ -62,6 +67,8 @@ pub fn plan_reconciliation(
             next.completed_at = Some(now_ms);
             next.needs_review = false;
             next.next_attempt_at = None;
+            next.error_class = None;
+            next.error_message = None;
             ev.reason = Some(format!("lookup found the side effect: provider_ref {provider_ref}"));
         }
         Lookup::Absent => {
@@ -71,8 +78,19 @@ pub fn plan_reconciliation(
             next.needs_review = false;
             ev.reason = Some("lookup proved the side effect absent: eligible for another attempt".into());
         }
+        Lookup::TooEarly { why, retry_in_ms } => {
+            next.state = rec.state;
+            next.updated_at = rec.updated_at; // the attempt in doubt still ended then
+            let wait = (*retry_in_ms).max(1);
+            next.next_attempt_at = Some(now_ms + wait);
+            ev.wait_ms = Some(wait);
+            ev.reason = Some(format!("lookup too early: {why}"));
+        }
         Lookup::Inconclusive { why } => {
             next.state = State::Unknown;
+            // Only the lookup schedule changes: `updated_at` keeps marking when the
+            // attempt in doubt ended, which "too early" checks count from.
+            next.updated_at = rec.updated_at;
             next.lookup_attempts += 1;
             let wait = policy.delay_ms(next.lookup_attempts, jitter, None);
             next.next_attempt_at = Some(now_ms + wait);

@@ -179,6 +179,9 @@ pub async fn acquire(
         .map_err(|p| with_rid(p, &caller))?;
     let wait_ms = in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
+    if let Some(p) = retry_budget_refusal(&state, &input).await {
+        return Ok(with_rid(p, &caller).into_response());
+    }
     if wait_ms > 0 {
         // Wait before triggering, so a waiting trigger is logged once (with its outcome).
         wait_for_change(&state, &input, deadline).await;
@@ -238,13 +241,36 @@ pub async fn acquire(
                 Problem::new(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "fingerprint-mismatch",
-                    "this key was first used with another payload or action; a new intent needs a new key",
+                    "this key was first used with another payload, action or connector; a new intent needs a new key",
                 ),
                 &caller,
             )
             .into_response(),
         });
     }
+}
+
+/// A caller's re-trigger of a connector operation whose retry is due would make idem call
+/// the provider again: it draws on the connector's retry budget like the executor's own
+/// retries, so callers looping on a failing provider cannot turn an outage into a storm.
+/// `Some(409)` when the budget is empty.
+async fn retry_budget_refusal(state: &AppState, input: &AcquireInput) -> Option<Problem> {
+    let entry = state.executor.registry().get(input.connector.as_deref()?)?;
+    let rec = state.store.get(&input.tenant, &input.key).await.ok()??;
+    let is_due_retry = rec.state == idem_core::State::Pending
+        && rec.fingerprint == input.fingerprint
+        && rec.next_attempt_at.is_none_or(|t| t <= state.clock.now_ms());
+    if !is_due_retry || entry.budget.try_take() {
+        return None;
+    }
+    let mut p = Problem::new(
+        StatusCode::CONFLICT,
+        "retry-not-due",
+        "the connector's retry budget is spent (an outage?); idem retries on its own when the budget allows",
+    );
+    p.retry_after_ms = Some(1_000);
+    p.state = Some("PENDING".into());
+    Some(p)
 }
 
 /// Polls the record while another worker's lease is valid, until `deadline` (reads only;
@@ -325,12 +351,14 @@ fn acquire_input(
             return Err(Problem::invalid(format!("unknown connector {name:?}: it is not configured on this server")));
         }
     };
-    // A connector's attempt gets the connector's lease (longer than its timeouts).
-    let default_lease = connector
-        .as_deref()
-        .and_then(|c| registry.get(c))
-        .map_or(DEFAULT_LEASE_MS, |e| e.connector.lease_ms().clamp(MIN_LEASE_MS, MAX_LEASE_MS));
-    let lease_ms = in_range("lease_ms", body.lease_ms, MIN_LEASE_MS, MAX_LEASE_MS, default_lease)?;
+    // A connector's attempt gets at least the connector's lease (longer than its
+    // timeouts): a shorter one could expire under a live call and invite a second one.
+    let connector_lease = connector.as_deref().and_then(|c| registry.get(c)).map(|e| e.connector.lease_ms());
+    let asked = in_range("lease_ms", body.lease_ms, MIN_LEASE_MS, MAX_LEASE_MS, DEFAULT_LEASE_MS)?;
+    let lease_ms = match connector_lease {
+        Some(min) => body.lease_ms.map_or(min, |_| asked.max(min)),
+        None => asked,
+    };
     let fp = fingerprint(&payload, body.fingerprint_fields.as_deref()).map_err(|e| Problem::invalid(e.to_string()))?;
     Ok(AcquireInput {
         tenant: caller.tenant.clone(),
@@ -414,6 +442,21 @@ pub async fn complete(
     ApiJson(body): ApiJson<CompleteBody>,
 ) -> Result<Response, Problem> {
     let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
+    // idem's own executor completes the operations it performs; nobody else may.
+    if let Ok(Some(rec)) = state.store.get(&caller.tenant, key.as_str()).await
+        && let Some(c) = rec.connector
+    {
+        return Err(with_rid(
+            Problem::new(
+                StatusCode::CONFLICT,
+                "connector-owned",
+                format!(
+                    "connector {c:?} performs this operation and reports its outcome; use resolve for an operator's decision"
+                ),
+            ),
+            &caller,
+        ));
+    }
     let fencing_token = body.fencing_token;
     let outcome = outcome_of(body).map_err(|p| with_rid(p, &caller))?;
     let out = state

@@ -79,6 +79,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "Nothing was sent to the upstream (connection refused or failed); retrying with the same key is safe.",
     ),
     (
+        "connector-owned",
+        "idem performs this operation",
+        "The operation runs on a configured connector; idem's executor reports its outcome. Callers cannot complete it; operators resolve it with POST /v1/operations/{key}/resolve.",
+    ),
+    (
         "stale-fencing-token",
         "The lease was lost",
         "The fencing token is not the operation's current one: another lease was granted, or the token never existed. The completion was ignored.",

@@ -81,7 +81,8 @@ pub const PROXY_LOOKUP: &str = "lookup:proxy";
 
 /// Asks the upstream whether a request with a client's Idempotency-Key took effect:
 /// `GET` a URL template where `{key}` is the client's key, as the HTTP connector's lookup
-/// does (found pointer ⇒ Found, 404 or nothing at the pointer ⇒ Absent, else Inconclusive).
+/// does (a reference at the pointer ⇒ Found; 404, `[]` or `null` ⇒ Absent once
+/// `absent_after` has passed since the request; anything else ⇒ Inconclusive).
 #[derive(Debug)]
 pub struct ProxyLookup {
     inner: idem_connect::http::HttpConnector,
@@ -92,7 +93,12 @@ impl ProxyLookup {
     ///
     /// # Errors
     /// A config error naming `--lookup-url` or `--lookup-found-pointer`.
-    pub fn new(url_template: &str, found_pointer: &str, timeout: Duration) -> Result<Self, idem_connect::ConfigError> {
+    pub fn new(
+        url_template: &str,
+        found_pointer: &str,
+        absent_after: Duration,
+        timeout: Duration,
+    ) -> Result<Self, idem_connect::ConfigError> {
         let ms = timeout.as_millis() as u64;
         let config = idem_connect::config::HttpConfig {
             url: "http://lookup-only.invalid/".into(),
@@ -105,6 +111,7 @@ impl ProxyLookup {
                 url: url_template.into(),
                 found_pointer: found_pointer.into(),
                 absent_statuses: vec![404],
+                absent_after_ms: absent_after.as_millis() as i64,
             }),
             retry: Default::default(),
             lease_ms: None,
@@ -139,6 +146,10 @@ impl idem_connect::Connector for ProxyLookup {
 
     fn lease_ms(&self) -> i64 {
         30_000
+    }
+
+    fn max_call_ms(&self) -> i64 {
+        0
     }
 }
 

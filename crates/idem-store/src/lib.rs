@@ -187,9 +187,10 @@ pub trait Store: Send + Sync + 'static {
     /// Records of `tenant` matching `filter`, newest first.
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Page, StoreError>;
 
-    /// Up to `limit` PENDING operations with a connector whose next attempt is due, across
-    /// tenants (the executor's work queue).
-    async fn due_executions(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError>;
+    /// Up to `limit` operations of `connector` due for an attempt (PENDING whose next
+    /// attempt is due; EXECUTING redo_safe ones whose lease expired), across tenants,
+    /// oldest due first: the executor's work queue, one per connector.
+    async fn due_executions(&self, connector: &str, limit: i64) -> Result<Vec<OperationRecord>, StoreError>;
 
     /// Up to `limit` UNKNOWN operations, not flagged for review, whose next lookup is due,
     /// across tenants (the reconciler's work queue).

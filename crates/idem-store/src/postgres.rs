@@ -122,8 +122,8 @@ impl Store for PgStore {
         Ok(out)
     }
 
-    async fn due_executions(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
-        ops::due_executions(&mut *self.pool.acquire().await?, self.clock.now_ms(), limit).await
+    async fn due_executions(&self, connector: &str, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+        ops::due_executions(&mut *self.pool.acquire().await?, connector, self.clock.now_ms(), limit).await
     }
 
     async fn due_reconciliations(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {

@@ -205,14 +205,14 @@ macro_rules! sql_ops {
         /// Connector operations due for an attempt: PENDING whose next attempt is due, and
         /// EXECUTING redo_safe ones whose lease expired; oldest due first. Connectors named
         /// `lookup:…` only look up (the caller performs the effect) and are never due.
-        pub(crate) async fn due_executions(conn: &mut $Conn, now_ms: i64, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+        pub(crate) async fn due_executions(conn: &mut $Conn, connector: &str, now_ms: i64, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
             let sql = concat!(
-                "SELECT ", operation_columns!(), " FROM operations WHERE connector IS NOT NULL AND connector NOT LIKE 'lookup:%' AND \
+                "SELECT ", operation_columns!(), " FROM operations WHERE connector = $3 AND connector NOT LIKE 'lookup:%' AND \
                  ((state = 'PENDING' AND (next_attempt_at IS NULL OR next_attempt_at <= $1)) \
                   OR (state = 'EXECUTING' AND redo_safe = TRUE AND lease_expires_at <= $1)) \
                  ORDER BY next_attempt_at LIMIT $2"
             );
-            let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
+            let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).bind(connector).fetch_all(&mut *conn).await?;
             rows.into_iter().map(OperationRow::into_record).collect()
         }
 

@@ -250,9 +250,9 @@ impl Store for SqliteStore {
         self.send(|r| Command::Sweep(limit, r)).await
     }
 
-    async fn due_executions(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+    async fn due_executions(&self, connector: &str, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::due_executions(&mut conn, self.clock.now_ms(), limit).await
+        ops::due_executions(&mut conn, connector, self.clock.now_ms(), limit).await
     }
 
     async fn due_reconciliations(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {

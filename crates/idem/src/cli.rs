@@ -162,6 +162,10 @@ pub struct ProxyArgs {
     /// a 404) means the request never took effect.
     #[arg(long, default_value = "/0/id")]
     pub lookup_found_pointer: String,
+    /// "Not found" proves a request never took effect only this long after it (ms): the
+    /// upstream may still be processing a request whose reply timed out.
+    #[arg(long, default_value_t = 30_000)]
+    pub lookup_absent_after_ms: u64,
     #[command(flatten)]
     pub serve: ServeArgs,
 }

@@ -115,9 +115,12 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
         lookup: args.lookup_url.is_some(),
     };
     let lookup: Option<Arc<dyn idem_connect::Connector>> = match &args.lookup_url {
-        Some(url) => {
-            Some(Arc::new(idem_server::proxy::ProxyLookup::new(url, &args.lookup_found_pointer, proxy.timeout)?))
-        }
+        Some(url) => Some(Arc::new(idem_server::proxy::ProxyLookup::new(
+            url,
+            &args.lookup_found_pointer,
+            Duration::from_millis(args.lookup_absent_after_ms),
+            proxy.timeout,
+        )?)),
         None => None,
     };
     let p = prepare(args.serve, lookup).await?;

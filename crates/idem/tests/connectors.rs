@@ -147,7 +147,7 @@ async fn c1_crash_before_the_effect_is_redone_once_after_lookup_absent() {
     let key = "ORD-101:create-order";
     provider.script(key, vec![Step::Hang]);
     let db = Db::new(Backend::Sqlite).await;
-    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 30000") + "lease_ms = 1500\n";
+    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 1000") + "lease_ms = 1500\n";
     let s = Server::start_with_config(&db.url, &config);
     let t0 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"sku": "B"}), 200)).await;
     assert_eq!(t0.status, 202);
@@ -159,7 +159,10 @@ async fn c1_crash_before_the_effect_is_redone_once_after_lookup_absent() {
     assert_eq!(provider.effects(key), 1, "exactly one order");
     assert_eq!(provider.calls(key), 2);
     let reconciled = events_of(&rec, "reconciled");
-    assert!(reconciled[0]["reason"].as_str().unwrap().contains("absent"), "{reconciled:?}");
+    assert!(
+        reconciled.iter().any(|e| e["reason"].as_str().unwrap().contains("proved the side effect absent")),
+        "{reconciled:?}"
+    );
     assert_eq!(rec["attempt"], 2);
 }
 
@@ -171,7 +174,7 @@ async fn c2_crash_after_the_effect_is_found_not_redone() {
     let key = "ORD-102:create-order";
     provider.script(key, vec![Step::EffectThenHang]);
     let db = Db::new(Backend::Postgres).await;
-    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 30000") + "lease_ms = 1500\n";
+    let config = orders_config(addr, "").replace("timeout_ms = 800", "timeout_ms = 1000") + "lease_ms = 1500\n";
     let s = Server::start_with_config(&db.url, &config);
     s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"sku": "C"}), 200)).await;
     while provider.effects(key) == 0 {
@@ -328,4 +331,93 @@ fn bad_config_fails_at_start_up_naming_the_field() {
         assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
+}
+
+/// Regressions from a break-it session: a caller's short lease, a caller's completion of a
+/// connector's operation, and a lookup whose answer lacks the reference must never lead
+/// to a second side effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_a_caller_or_a_bad_lookup_does_causes_a_second_effect() {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let config = orders_config(addr, ", max_lookups = 2").replace("timeout_ms = 800", "timeout_ms = 3000");
+    let s = Server::start_with_config(&db.url, &config);
+
+    // A 100 ms lease asked by the caller is raised to the connector's lease.
+    provider.script("short-lease", vec![Step::Slow(1_500), Step::Ok]);
+    let mut t = trigger("short-lease", "orders", json!({}), 5_000);
+    t["lease_ms"] = json!(100);
+    let r = s.post(ADMIN_KEY, "/v1/operations", &t).await;
+    assert_eq!((r.status.as_u16(), r.body["state"].as_str()), (201, Some("SUCCEEDED")), "{r:?}");
+    assert_eq!((provider.calls("short-lease"), provider.effects("short-lease")), (1, 1));
+
+    // Callers cannot complete what idem's connector is performing.
+    provider.script("owned", vec![Step::Slow(1_000)]);
+    let r = s.post(ADMIN_KEY, "/v1/operations", &trigger("owned", "orders", json!({}), 0)).await;
+    assert_eq!(r.status, 202);
+    let c = s.complete("owned", json!({"fencing_token": 1, "outcome": "retryable_failure", "error_class": "x"})).await;
+    assert_eq!((c.status.as_u16(), c.problem()), (409, "connector-owned"));
+    s.wait_for("owned", 10, |r| r["state"] == "SUCCEEDED").await;
+    assert_eq!(provider.effects("owned"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_answer_without_the_reference_is_not_proof_of_absence() {
+    let (provider, addr) = start_provider().await;
+    let key = "misconfigured";
+    provider.script(key, vec![Step::EffectThenHang, Step::Ok]);
+    let db = Db::new(Backend::Sqlite).await;
+    // The order exists, but the pointer names a field the provider does not return.
+    let config = orders_config(addr, ", max_lookups = 2")
+        .replace("found_pointer = \"/0/id\"", "found_pointer = \"/0/order_id\"");
+    let s = Server::start_with_config(&db.url, &config);
+    s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({}), 2_000)).await;
+    let rec = s.wait_for(key, 15, |r| r["needs_review"] == true).await;
+    assert_eq!(rec["state"], "UNKNOWN");
+    assert_eq!((provider.calls(key), provider.effects(key)), (1, 1), "never redone on a doubtful lookup");
+}
+
+/// One connector's outage (and its empty budget) does not hold back another's retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connectors_outage_does_not_starve_another() {
+    let (provider, addr) = start_provider().await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap(); // closed once dropped
+    let config = orders_config(addr, "")
+        + &format!(
+            "\n[connectors.down]\nkind = \"http\"\nurl = \"http://{dead}/x\"\nconnect_timeout_ms = 200\n\
+             retry = {{ base_ms = 1, cap_ms = 1, max_attempts = 1000000, budget_per_s = 0.01, budget_burst = 1 }}\n"
+        );
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &config);
+    for i in 0..80 {
+        s.post(ADMIN_KEY, "/v1/operations", &trigger(&format!("down-{i}"), "down", json!({}), 0)).await;
+    }
+    let key = "healthy";
+    provider.script(key, vec![Step::Status(503, None), Step::Ok]);
+    s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({}), 0)).await;
+    s.wait_for(key, 10, |r| r["state"] == "SUCCEEDED").await;
+}
+
+/// Callers re-triggering a failing connector operation draw on the retry budget too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_triggers_by_callers_draw_on_the_retry_budget() {
+    let (provider, addr) = start_provider().await;
+    let config = orders_config(addr, ", budget_per_s = 1, budget_burst = 2")
+        .replace("base_ms = 100, cap_ms = 400, max_attempts = 4", "base_ms = 1, cap_ms = 1, max_attempts = 1000");
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &config);
+    let keys: Vec<String> = (0..10).map(|i| format!("loop-{i}")).collect();
+    for k in &keys {
+        provider.script(k, vec![Step::Status(503, None); 1000]);
+    }
+    let start = std::time::Instant::now();
+    for _round in 0..15 {
+        for k in &keys {
+            s.post(ADMIN_KEY, "/v1/operations", &trigger(k, "orders", json!({}), 0)).await;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let calls = provider.total_calls() as f64;
+    // 10 first attempts, then retries: burst 2 + 1/s (shared by the executor and callers).
+    assert!(calls <= 10.0 + 2.0 + secs + 2.0, "{calls} calls in {secs:.1} s: the budget did not hold");
 }

@@ -289,7 +289,11 @@ async fn the_proxy_settles_unknown_requests_by_the_upstream_lookup() {
     tokio::spawn(async move { axum::serve(listener, app).await });
     let db = Db::new(Backend::Postgres).await;
     let lookup = format!("http://{addr}/lookup?key={{key}}");
-    let p = Server::start_proxy(&db.url, &format!("http://{addr}/"), &["--timeout-ms", "600", "--lookup-url", &lookup]);
+    let p = Server::start_proxy(
+        &db.url,
+        &format!("http://{addr}/"),
+        &["--timeout-ms", "600", "--lookup-url", &lookup, "--lookup-absent-after-ms", "300"],
+    );
 
     assert_eq!(send(&p, "/book", Some("b-1"), ADMIN_KEY, "{}").await.0, 504);
     let start = std::time::Instant::now();

@@ -265,7 +265,7 @@ pub fn orders_config(addr: std::net::SocketAddr, extra_retry: &str) -> String {
         "[executor]\npoll_interval_ms = 50\n[reconciler]\ninterval_ms = 100\n\n\
          [connectors.orders]\nkind = \"http\"\nurl = \"http://{addr}/orders\"\ntimeout_ms = 800\nconnect_timeout_ms = 500\n\
          provider_ref = {{ json_pointer = \"/id\" }}\n\
-         lookup = {{ url = \"http://{addr}/orders?client_reference={{idempotency_key}}\", found_pointer = \"/0/id\" }}\n\
+         lookup = {{ url = \"http://{addr}/orders?client_reference={{idempotency_key}}\", found_pointer = \"/0/id\", absent_after_ms = 300 }}\n\
          retry = {{ base_ms = 100, cap_ms = 400, max_attempts = 4{extra_retry} }}\n"
     )
 }
