@@ -137,3 +137,27 @@ async fn a_closed_stdout_is_not_a_crash() {
     assert_ne!(out.status.code(), Some(101), "panicked: {}", text(&out.stderr));
     assert!(!text(&out.stderr).contains("panicked"));
 }
+
+#[test]
+fn logs_piped_to_a_file_have_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(idem_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--database-url"])
+        .arg(dir.path().join("logs.db"))
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("listening") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0, "serve exited");
+    }
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert!(err.contains("bootstrap admin key"), "{err}");
+    assert!(!err.contains('\u{1b}'), "ANSI escape codes in piped logs: {err:?}");
+}
