@@ -57,9 +57,27 @@ pub enum Command {
     Acquire(AcquireArgs),
     /// Report the outcome of the attempt that holds a fencing token.
     Complete(CompleteArgs),
+    /// Measure idem against naive baselines on this machine and print the table.
+    Bench(BenchCli),
     /// The acceptance matrix: run a scenario file, or serve the provider double it uses.
     #[command(subcommand)]
     Scenarios(ScenariosCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchCli {
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+    /// Concurrencies of the embedded SQLite runs (comma-separated).
+    #[arg(long, default_value = "1,16,64,256", value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Concurrency of the HTTP runs.
+    #[arg(long, default_value_t = 32)]
+    pub http_concurrency: usize,
+    /// PostgreSQL admin URL for the PostgreSQL runs (databases are created on it).
+    #[arg(long, env = "IDEM_BENCH_PG_URL")]
+    pub postgres_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

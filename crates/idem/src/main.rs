@@ -1,6 +1,7 @@
 //! `idem`: the command line. `serve` runs the service; `keys` manages API keys directly in
 //! the database; `ops`, `acquire` and `complete` talk to a running server over HTTP.
 
+mod bench;
 mod cli;
 mod client;
 mod keys;
@@ -56,6 +57,14 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Acquire(a) => client::acquire(a).await,
         cli::Command::Complete(c) => client::complete(c).await,
         cli::Command::Scenarios(s) => scenarios(s).await,
+        cli::Command::Bench(b) => bench::run(bench::BenchArgs {
+            seconds: b.seconds,
+            concurrency: b.concurrency,
+            http_concurrency: b.http_concurrency,
+            postgres_url: b.postgres_url,
+        })
+        .await
+        .map(|()| ExitCode::SUCCESS),
     }
 }
 

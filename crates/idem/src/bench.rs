@@ -1,0 +1,396 @@
+//! `idem bench`: prints, in one run on this machine, idem's throughput and latency next to
+//! baselines that do the same work naively, so the ratios say what idem costs or saves.
+//!
+//! - embedded: acquire+complete pairs/s through the SQLite store (`synchronous=FULL`,
+//!   group commit) at several concurrencies, against a naive baseline: the same two
+//!   statements (insert the operation, mark it done), each committed on its own;
+//! - http: pairs/s and p50/p99/max latency of a pair over loopback against `idem serve`
+//!   (SQLite, and PostgreSQL when `--postgres-url` is given), against the raw baseline of
+//!   the same two statements issued to the same kind of database by as many clients;
+//! - replays/s of a SUCCEEDED key over HTTP;
+//! - peak RSS (VmHWM) of the server process under that load.
+//!
+//! The ceiling of group commit is about C / (2·F) pairs/s for concurrency C and fsync
+//! latency F (two commits per pair); the run measures F and prints that ceiling too.
+
+use anyhow::Context;
+use idem_core::{AcquireInput, Actor, Clock, Outcome, SystemClock};
+use idem_store::{CompleteRequest, Store};
+use serde_json::json;
+use sqlx::{ConnectOptions, Connection};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    /// Seconds per measurement.
+    pub seconds: f64,
+    /// Concurrencies of the embedded runs.
+    pub concurrency: Vec<usize>,
+    /// Concurrency of the HTTP runs.
+    pub http_concurrency: usize,
+    /// PostgreSQL admin URL for the PostgreSQL runs (a database is created for them).
+    pub postgres_url: Option<String>,
+}
+
+struct Row {
+    what: String,
+    idem: f64,
+    baseline: Option<f64>,
+    extra: String,
+}
+
+fn print_rows(rows: &[Row]) {
+    println!("{:<44} {:>12} {:>12} {:>8}  {}", "measurement", "idem", "baseline", "ratio", "notes");
+    for r in rows {
+        let (b, ratio) = match r.baseline {
+            Some(b) if b > 0.0 => (format!("{b:.0}"), format!("{:.1}×", r.idem / b)),
+            _ => ("-".into(), "-".into()),
+        };
+        println!("{:<44} {:>12.0} {:>12} {:>8}  {}", r.what, r.idem, b, ratio, r.extra);
+    }
+}
+
+fn input(key: String) -> AcquireInput {
+    AcquireInput {
+        tenant: "bench".into(),
+        key,
+        action: "bench".into(),
+        payload: json!({"n": 1}),
+        fingerprint: "f".into(),
+        lease_ms: 30_000,
+        redo_safe: false,
+        connector: None,
+        actor: Actor { principal: "bench".into(), request_id: None },
+    }
+}
+
+/// Pairs per second through `store` with `c` concurrent workers for `secs`.
+async fn store_pairs(store: Arc<dyn Store>, c: usize, secs: f64) -> anyhow::Result<f64> {
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let run = uuid_like();
+    let mut tasks = Vec::new();
+    for w in 0..c {
+        let (store, done, run) = (store.clone(), done.clone(), run.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let key = format!("{run}-{w}-{i}");
+                let granted = store.acquire(input(key.clone())).await?;
+                store
+                    .complete(CompleteRequest {
+                        tenant: "bench".into(),
+                        key,
+                        fencing_token: granted.record.fencing_token,
+                        outcome: Outcome::Succeeded { provider_ref: "r".into(), result: None },
+                        actor: Actor::default(),
+                        policy: None,
+                    })
+                    .await?;
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let start = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(secs))
+}
+
+fn uuid_like() -> String {
+    format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos())
+}
+
+/// The naive baseline on SQLite: one connection, each statement its own durable commit.
+async fn naive_sqlite_pairs(path: &std::path::Path, c: usize, secs: f64) -> anyhow::Result<f64> {
+    let opts = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(30));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(opts).await?;
+    sqlx::query("CREATE TABLE IF NOT EXISTS naive (k TEXT PRIMARY KEY, state TEXT NOT NULL, ref TEXT)")
+        .execute(&pool)
+        .await?;
+    raw_pairs(RawDb::Sqlite(pool), c, secs).await
+}
+
+enum RawDb {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+/// The same two statements idem needs at minimum (insert, then mark done), autocommit.
+async fn raw_pairs(db: RawDb, c: usize, secs: f64) -> anyhow::Result<f64> {
+    let db = Arc::new(db);
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let run = uuid_like();
+    let mut tasks = Vec::new();
+    for w in 0..c {
+        let (db, done, run) = (db.clone(), done.clone(), run.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let k = format!("{run}-{w}-{i}");
+                match db.as_ref() {
+                    RawDb::Sqlite(p) => {
+                        sqlx::query("INSERT INTO naive (k, state) VALUES ($1, 'EXECUTING')")
+                            .bind(&k)
+                            .execute(p)
+                            .await?;
+                        sqlx::query("UPDATE naive SET state = 'SUCCEEDED', ref = 'r' WHERE k = $1")
+                            .bind(&k)
+                            .execute(p)
+                            .await?;
+                    }
+                    RawDb::Postgres(p) => {
+                        sqlx::query("INSERT INTO naive (k, state) VALUES ($1, 'EXECUTING')")
+                            .bind(&k)
+                            .execute(p)
+                            .await?;
+                        sqlx::query("UPDATE naive SET state = 'SUCCEEDED', ref = 'r' WHERE k = $1")
+                            .bind(&k)
+                            .execute(p)
+                            .await?;
+                    }
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let start = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(secs))
+}
+
+/// Mean fsync latency of a small write on the disk under `dir` (ms).
+fn fsync_ms(dir: &std::path::Path) -> anyhow::Result<f64> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(dir.join("fsync.probe"))?;
+    let n = 50;
+    let start = Instant::now();
+    for _ in 0..n {
+        f.write_all(b"x")?;
+        f.sync_data()?;
+    }
+    Ok(start.elapsed().as_secs_f64() * 1000.0 / n as f64)
+}
+
+struct Served {
+    child: std::process::Child,
+    base: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(db_url: &str, key: &str) -> anyhow::Result<Served> {
+    use std::io::BufRead;
+    let exe = std::env::current_exe()?;
+    let mut child = std::process::Command::new(exe)
+        .args(["serve", "--listen", "127.0.0.1:0", "--database-url", db_url])
+        .env("IDEM_BOOTSTRAP_KEY", key)
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()?;
+    let mut out = std::io::BufReader::new(child.stdout.take().context("no stdout")?);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if out.read_line(&mut line)? == 0 {
+            anyhow::bail!("idem serve exited before listening");
+        }
+        if let Some(addr) = line.trim().strip_prefix("idem: listening on ") {
+            return Ok(Served { child, base: addr.to_owned() });
+        }
+    }
+}
+
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+/// HTTP pairs: (pairs/s, p50 ms, p99 ms, max ms).
+async fn http_pairs(base: &str, key: &str, c: usize, secs: f64) -> anyhow::Result<(f64, f64, f64, f64)> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(c).build()?;
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let run = uuid_like();
+    let mut tasks = Vec::new();
+    for w in 0..c {
+        let (http, base, key, run) = (http.clone(), base.to_owned(), key.to_owned(), run.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let k = format!("{run}-{w}-{i}");
+                let t0 = Instant::now();
+                let r = http
+                    .post(format!("{base}/v1/operations"))
+                    .bearer_auth(&key)
+                    .json(&json!({"key": k, "action": "bench", "payload": {"n": i}}))
+                    .send()
+                    .await?;
+                anyhow::ensure!(r.status() == 201, "acquire answered {}", r.status());
+                let r = http
+                    .post(format!("{base}/v1/operations/{k}/complete"))
+                    .bearer_auth(&key)
+                    .json(&json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "r"}))
+                    .send()
+                    .await?;
+                anyhow::ensure!(r.status() == 200, "complete answered {}", r.status());
+                lat.push(t0.elapsed().as_micros() as u64);
+                i += 1;
+            }
+            anyhow::Ok(lat)
+        }));
+    }
+    let start = Instant::now();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let rate = all.len() as f64 / start.elapsed().as_secs_f64().max(secs);
+    all.sort_unstable();
+    Ok((rate, percentile(&all, 0.5), percentile(&all, 0.99), all.last().copied().unwrap_or(0) as f64 / 1000.0))
+}
+
+/// Replays per second of one SUCCEEDED key.
+async fn http_replays(base: &str, key: &str, c: usize, secs: f64) -> anyhow::Result<f64> {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(c).build()?;
+    let body = json!({"key": "bench-replay", "action": "bench", "payload": {"n": 0}});
+    let r = http.post(format!("{base}/v1/operations")).bearer_auth(key).json(&body).send().await?;
+    if r.status() == 201 {
+        http.post(format!("{base}/v1/operations/bench-replay/complete"))
+            .bearer_auth(key)
+            .json(&json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "r"}))
+            .send()
+            .await?;
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for _ in 0..c {
+        let (http, base, key, body, done) = (http.clone(), base.to_owned(), key.to_owned(), body.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let r = http.post(format!("{base}/v1/operations")).bearer_auth(&key).json(&body).send().await?;
+                anyhow::ensure!(r.status() == 200, "replay answered {}", r.status());
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let start = Instant::now();
+    for t in tasks {
+        t.await??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(secs))
+}
+
+async fn fresh_pg(admin: &str) -> anyhow::Result<String> {
+    let mut conn = sqlx::postgres::PgConnectOptions::from_url(&admin.parse()?)?.connect().await?;
+    let name = format!("idem_bench_{}", uuid_like());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await?;
+    conn.close().await?;
+    let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
+    Ok(format!("{base}/{name}"))
+}
+
+/// Runs everything and prints the table.
+///
+/// # Errors
+/// Anything that keeps a measurement from running (a database, the server).
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let f = fsync_ms(dir.path())?;
+    println!(
+        "idem bench: {} s per measurement, {} cores, fsync ≈ {f:.2} ms on {}",
+        args.seconds,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        dir.path().display()
+    );
+    let mut rows = Vec::new();
+
+    // Embedded, SQLite, synchronous=FULL.
+    for &c in &args.concurrency {
+        let store = idem_store::open(
+            &format!("sqlite://{}", dir.path().join(format!("emb-{c}.db")).display()),
+            Arc::new(SystemClock) as Arc<dyn Clock>,
+            Default::default(),
+        )
+        .await?;
+        let idem = store_pairs(store, c, args.seconds).await?;
+        let naive = naive_sqlite_pairs(&dir.path().join(format!("naive-{c}.db")), c, args.seconds).await?;
+        let ceiling = c as f64 / (2.0 * f / 1000.0);
+        rows.push(Row {
+            what: format!("embedded SQLite pairs/s, concurrency {c}"),
+            idem,
+            baseline: Some(naive),
+            extra: format!("group-commit ceiling C/(2F) ≈ {ceiling:.0}/s ({:.0}% of it)", 100.0 * idem / ceiling),
+        });
+    }
+
+    // HTTP end to end.
+    let key = "bench-key-0123456789abcdef0123456789abcdef";
+    let c = args.http_concurrency;
+    let mut targets = vec![("SQLite", format!("sqlite://{}", dir.path().join("http.db").display()), None)];
+    if let Some(admin) = &args.postgres_url {
+        let url = fresh_pg(admin).await?;
+        let raw =
+            sqlx::postgres::PgPoolOptions::new().max_connections(c as u32).connect(&fresh_pg(admin).await?).await?;
+        sqlx::query("CREATE TABLE naive (k TEXT PRIMARY KEY, state TEXT NOT NULL, ref TEXT)").execute(&raw).await?;
+        targets.push(("PostgreSQL", url, Some(raw)));
+    }
+    for (name, url, raw) in targets {
+        let server = serve(&url, key)?;
+        let (rate, p50, p99, max) = http_pairs(&server.base, key, c, args.seconds).await?;
+        let baseline = match raw {
+            Some(pool) => Some(raw_pairs(RawDb::Postgres(pool), c, args.seconds).await?),
+            None => Some(naive_sqlite_pairs(&dir.path().join("http-naive.db"), c, args.seconds).await?),
+        };
+        rows.push(Row {
+            what: format!("HTTP {name} pairs/s, concurrency {c}"),
+            idem: rate,
+            baseline,
+            extra: format!("pair latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms"),
+        });
+        let replays = http_replays(&server.base, key, c, args.seconds).await?;
+        let rss = peak_rss_mib(server.child.id()).map_or("-".into(), |m| format!("{m:.1} MiB"));
+        rows.push(Row {
+            what: format!("HTTP {name} replays/s, concurrency {c}"),
+            idem: replays,
+            baseline: None,
+            extra: format!("server peak RSS {rss}"),
+        });
+    }
+    print_rows(&rows);
+    Ok(())
+}
