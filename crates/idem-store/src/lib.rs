@@ -22,6 +22,7 @@ pub mod postgres;
 mod row;
 mod sql;
 pub mod sqlite;
+mod sqlite_batch;
 pub mod testing;
 
 use async_trait::async_trait;

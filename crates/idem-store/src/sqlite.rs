@@ -166,6 +166,63 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
     }
 }
 
+fn is_hot(cmd: &Command) -> bool {
+    matches!(cmd, Command::Acquire(..) | Command::Complete(..))
+}
+
+/// Runs a run of acquires and completions as one segment (see `sqlite_batch`): a few
+/// statements for all of them. On a database error the segment is undone and its
+/// requests run one by one, so one bad request cannot fail the others.
+async fn run_hot(
+    conn: &mut SqliteConnection,
+    segment: Vec<Command>,
+    clock: &dyn Clock,
+    config: &StoreConfig,
+) -> Vec<Pending> {
+    use crate::sqlite_batch::{Hot, HotResult, run_segment};
+    if let Err(e) = exec(conn, "SAVEPOINT seg").await {
+        let msg = e.to_string();
+        return segment
+            .into_iter()
+            .map(|c| fail(c, StoreError::Database(sqlx::Error::Protocol(msg.clone()))))
+            .collect();
+    }
+    let outcome = {
+        let reqs: Vec<Hot<'_>> = segment
+            .iter()
+            .filter_map(|c| match c {
+                Command::Acquire(i, _) => Some(Hot::Acquire(i)),
+                Command::Complete(r, _) => Some(Hot::Complete(r)),
+                _ => None,
+            })
+            .collect();
+        run_segment(conn, &reqs, config, clock.now_ms()).await
+    };
+    match outcome {
+        Ok(results) if exec(conn, "RELEASE seg").await.is_ok() => segment
+            .into_iter()
+            .zip(results)
+            .map(|(cmd, res)| match (cmd, res) {
+                (Command::Acquire(_, reply), HotResult::Acquire(r)) => pending(reply, r),
+                (Command::Complete(_, reply), HotResult::Complete(r)) => pending(reply, r),
+                (cmd, _) => fail(cmd, StoreError::Corrupt("segment answers out of order".into())),
+            })
+            .collect(),
+        other => {
+            if let Err(e) = &other {
+                tracing::warn!(error = %e, "group-commit segment failed; retrying its requests one by one");
+            }
+            let _ = exec(conn, "ROLLBACK TO seg").await;
+            let _ = exec(conn, "RELEASE seg").await;
+            let mut done = Vec::with_capacity(segment.len());
+            for cmd in segment {
+                done.push(run_one(conn, cmd, clock, config).await);
+            }
+            done
+        }
+    }
+}
+
 fn fail(cmd: Command, e: StoreError) -> Pending {
     match cmd {
         Command::Acquire(_, r) => pending(r, Err(e)),
@@ -197,8 +254,17 @@ async fn writer_loop(
                 None
             }
             Ok(()) => {
-                for cmd in batch.drain(..) {
-                    done.push(run_one(&mut conn, cmd, clock.as_ref(), &config).await);
+                let mut cmds = batch.drain(..).peekable();
+                while let Some(cmd) = cmds.next() {
+                    if is_hot(&cmd) {
+                        let mut segment = vec![cmd];
+                        while let Some(next) = cmds.next_if(is_hot) {
+                            segment.push(next);
+                        }
+                        done.extend(run_hot(&mut conn, segment, clock.as_ref(), &config).await);
+                    } else {
+                        done.push(run_one(&mut conn, cmd, clock.as_ref(), &config).await);
+                    }
                 }
                 match exec(&mut conn, "COMMIT").await {
                     Ok(()) => None,
