@@ -21,6 +21,119 @@ mod ops {
     crate::sql::sql_ops!(sqlx::PgConnection);
 }
 
+/// The hot path without explicit transactions: every write is one atomic statement that
+/// carries its own condition (a unique insert, or `WHERE version = $read`) and appends its
+/// events in the same statement (a data-modifying CTE), so an acquire or a completion costs
+/// a read and one durable write, like the raw two-statement baseline. Anything unusual
+/// (a conflict, a tombstone) falls back to the transactional path of `sql_ops!`.
+mod fast {
+    use crate::StoreError;
+    use idem_core::{OperationEvent, OperationRecord};
+    use sqlx::{PgPool, Postgres, QueryBuilder};
+
+    const OP_COLS: &str = "tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, \
+        lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
+        evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, connector, \
+        lookup_attempts";
+    const EV_COLS: &str =
+        "tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint, reason, error_class, wait_ms";
+
+    fn push_record(q: &mut QueryBuilder<Postgres>, r: &OperationRecord) {
+        let mut s = q.separated(", ");
+        s.push_bind(r.tenant.clone())
+            .push_bind(r.key.clone())
+            .push_bind(r.action.clone())
+            .push_bind(r.fingerprint.clone())
+            .push_bind(r.payload.to_string())
+            .push_bind(r.state.as_str())
+            .push_bind(r.attempt_count)
+            .push_bind(r.lease_owner.clone())
+            .push_bind(r.lease_expires_at)
+            .push_bind(r.fencing_token)
+            .push_bind(r.next_attempt_at)
+            .push_bind(r.provider_ref.clone())
+            .push_bind(r.result.as_ref().map(|v| v.to_string()))
+            .push_bind(r.error_class.clone())
+            .push_bind(r.error_message.clone())
+            .push_bind(r.verified_at)
+            .push_bind(r.evidence_source.clone())
+            .push_bind(r.needs_review)
+            .push_bind(r.redo_safe)
+            .push_bind(r.created_at)
+            .push_bind(r.updated_at)
+            .push_bind(r.completed_at)
+            .push_bind(r.expires_at)
+            .push_bind(r.version)
+            .push_bind(r.connector.clone())
+            .push_bind(r.lookup_attempts);
+    }
+
+    fn push_events(q: &mut QueryBuilder<Postgres>, events: &[OperationEvent]) {
+        q.push_values(events, |mut b, e| {
+            b.push_bind(e.tenant.clone())
+                .push_bind(e.key.clone())
+                .push_bind(e.at)
+                .push_bind(e.kind.clone())
+                .push_bind(e.principal.clone())
+                .push_bind(e.request_id.clone())
+                .push_bind(e.from_state.map(|s| s.as_str()))
+                .push_bind(e.to_state.map(|s| s.as_str()))
+                .push_bind(e.fencing_token)
+                .push_bind(e.fingerprint.clone())
+                .push_bind(e.reason.clone())
+                .push_bind(e.error_class.clone())
+                .push_bind(e.wait_ms);
+        });
+    }
+
+    /// Inserts a new record with its events in one statement, unless the key exists or a
+    /// live tombstone holds it. True if inserted.
+    pub(super) async fn insert_new(pool: &PgPool, r: &OperationRecord, events: &[OperationEvent], now_ms: i64) -> Result<bool, StoreError> {
+        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("WITH ins AS (INSERT INTO operations ({OP_COLS}) SELECT "));
+        push_record(&mut q, r);
+        q.push(" WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE tenant = ")
+            .push_bind(r.tenant.clone())
+            .push(" AND key_hash = ")
+            .push_bind(idem_core::retention::key_hash(&r.key))
+            .push(" AND expires_at > ")
+            .push_bind(now_ms)
+            .push(format!(") ON CONFLICT (tenant, op_key) DO NOTHING RETURNING 1) INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("));
+        push_events(&mut q, events);
+        q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM ins)"));
+        let done = q.build().execute(pool).await?;
+        Ok(done.rows_affected() == events.len() as u64)
+    }
+
+    /// Writes `r` if the stored version is still `read_version`, with its events, in one
+    /// statement. True if written.
+    pub(super) async fn update(pool: &PgPool, r: &OperationRecord, read_version: i64, events: &[OperationEvent]) -> Result<bool, StoreError> {
+        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("WITH upd AS (UPDATE operations SET ({OP_COLS}) = ("));
+        push_record(&mut q, r);
+        q.push(") WHERE tenant = ")
+            .push_bind(r.tenant.clone())
+            .push(" AND op_key = ")
+            .push_bind(r.key.clone())
+            .push(" AND version = ")
+            .push_bind(read_version)
+            .push(format!(" RETURNING 1) INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("));
+        push_events(&mut q, events);
+        q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM upd)"));
+        let done = q.build().execute(pool).await?;
+        Ok(done.rows_affected() == events.len() as u64)
+    }
+
+    /// Appends events (a trigger that changed nothing).
+    pub(super) async fn events(pool: &PgPool, events: &[OperationEvent]) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("INSERT INTO operation_events ({EV_COLS}) "));
+        push_events(&mut q, events);
+        q.build().execute(pool).await?;
+        Ok(())
+    }
+}
+
 /// Bounded retries of a transaction whose conditional write lost a race.
 pub const CAS_RETRIES: usize = 16;
 /// Connections per process.
@@ -86,10 +199,46 @@ macro_rules! retrying {
 #[async_trait]
 impl Store for PgStore {
     async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
+        for _ in 0..CAS_RETRIES {
+            let now = self.clock.now_ms();
+            let existing = ops::load(&mut *self.pool.acquire().await?, &input.tenant, &input.key).await?;
+            let plan = idem_core::plan_acquire(existing.as_ref(), &input, now);
+            let outcome = AcquireOutcome { decision: plan.decision, record: plan.record.clone() };
+            match existing {
+                None if fast::insert_new(&self.pool, &plan.record, &plan.events, now).await? => return Ok(outcome),
+                // A concurrent insert or a tombstone: the transactional path decides.
+                None => break,
+                Some(read) if plan.changed => {
+                    if fast::update(&self.pool, &plan.record, read.version, &plan.events).await? {
+                        return Ok(outcome);
+                    }
+                }
+                Some(_) => {
+                    fast::events(&self.pool, &plan.events).await?;
+                    return Ok(outcome);
+                }
+            }
+        }
         retrying!(self, |conn| ops::acquire_once(conn, &input, self.clock.now_ms()).await)
     }
 
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
+        for _ in 0..CAS_RETRIES {
+            let now = self.clock.now_ms();
+            let Some(rec) = ops::load(&mut *self.pool.acquire().await?, &req.tenant, &req.key).await? else {
+                return Err(StoreError::NotFound);
+            };
+            let policy = req.policy.as_ref().unwrap_or(&self.config.retry_policy);
+            let mut plan = idem_core::plan_completion(&rec, req.fencing_token, &req.outcome, &req.actor, policy, crate::jitter(), now)?;
+            if !plan.changed {
+                return Ok(CompleteOutcome { record: plan.record, changed: false });
+            }
+            self.config.retention.apply(&mut plan.record);
+            let events: Vec<_> = plan.event.iter().cloned().collect();
+            if fast::update(&self.pool, &plan.record, rec.version, &events).await? {
+                return Ok(CompleteOutcome { record: plan.record, changed: true });
+            }
+        }
         retrying!(self, |conn| {
             ops::complete_once(
                 conn,
