@@ -532,6 +532,17 @@ impl Config {
                 per_action.insert(name.clone(), parse_retention(&format!("actions.{name}.retention"), r)?);
             }
         }
+        // The tombstone window is what answers late retries: it must outlast every
+        // record's retention, or a record would vanish with no 410 window after it.
+        let longest = per_action.values().chain(std::iter::once(&default_ms)).filter_map(|r| *r).max().unwrap_or(0);
+        if tombstone_ms <= longest {
+            return Err(err(
+                "retention.tombstone",
+                format!(
+                    "must be longer than every retention ({longest} ms), or late retries would find nothing and run again"
+                ),
+            ));
+        }
         Ok(idem_core::Retention { default_ms, per_action, tombstone_ms })
     }
 
@@ -627,6 +638,8 @@ mod tests {
         let r = c.retention().unwrap();
         assert_eq!((r.of("export"), r.of("other")), (None, Some(7_200_000)));
         assert!(Config::parse("[retention]\ntombstone = \"forever\"\n").is_err());
+        let e = Config::parse("[retention]\ntombstone = \"5s\"\n[actions.a]\nretention = \"6s\"\n").unwrap_err();
+        assert_eq!(e.field, "retention.tombstone");
     }
 
     #[test]

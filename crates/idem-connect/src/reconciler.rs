@@ -44,6 +44,15 @@ impl Reconciler {
             ),
             Some(name) => match self.registry.get(name) {
                 Some(entry) => (entry.connector.lookup(&ctx_of(rec)).await, entry.policy.clone(), entry.max_lookups),
+                // A lookup-only name (the proxy's) without a configured lookup: nobody to
+                // ask, so an operator decides, as for the caller's own effects.
+                None if name.starts_with("lookup:") => (
+                    Lookup::Inconclusive {
+                        why: "no lookup is configured for these requests: an operator must resolve it".into(),
+                    },
+                    RetryPolicy::default(),
+                    1,
+                ),
                 None => (
                     Lookup::Inconclusive { why: format!("connector {name:?} is not configured on this node") },
                     RetryPolicy::default(),

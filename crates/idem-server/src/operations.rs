@@ -96,9 +96,16 @@ fn in_range(name: &str, v: Option<i64>, min: i64, max: i64, default: i64) -> Res
 
 /// An RFC 8941 sf-string (`"a\"b"`, the IETF draft's form of the header) or, leniently,
 /// a bare token; only `\"` and `\\` are escapes (RFC 8941 §3.3.3).
-fn sf_string(raw: &str) -> Result<String, String> {
+pub(crate) fn sf_string(raw: &str) -> Result<String, String> {
     let raw = raw.trim();
     let Some(inner) = raw.strip_prefix('"') else {
+        // A bare value (as many clients send) must not contain what only a quoted
+        // string may: spaces, quotes, backslashes.
+        if raw.contains([' ', '"', '\\']) {
+            return Err(
+                "an Idempotency-Key with spaces, quotes or backslashes must be an RFC 8941 quoted string".into()
+            );
+        }
         return Ok(raw.to_owned());
     };
     let Some(inner) = inner.strip_suffix('"') else {

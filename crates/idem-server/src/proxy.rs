@@ -72,8 +72,6 @@ pub struct ProxyConfig {
     pub timeout: Duration,
     /// How clients are told apart.
     pub auth: ClientAuth,
-    /// Whether a [`ProxyLookup`] is registered as [`PROXY_LOOKUP`] for UNKNOWN requests.
-    pub lookup: bool,
 }
 
 /// The registry name of the proxy's lookup (lookup-only: never executed).
@@ -351,16 +349,16 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         (Some(_), Some(_)) => {
             return problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key", "more than one Idempotency-Key header");
         }
-        (Some(v), None) => match v.to_str() {
-            Ok(s) => s.trim().trim_matches('"').to_owned(),
-            Err(_) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    "invalid-idempotency-key",
-                    "the Idempotency-Key header is not ASCII",
-                );
+        (Some(v), None) => {
+            match v
+                .to_str()
+                .map_err(|_| "the Idempotency-Key header is not ASCII".to_string())
+                .and_then(crate::operations::sf_string)
+            {
+                Ok(k) => k,
+                Err(e) => return problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key", e),
             }
-        },
+        }
     };
     let key = match IdempotencyKey::parse(&raw_key) {
         Ok(k) => k,
@@ -380,7 +378,9 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         fingerprint: fp,
         lease_ms: state.config.timeout.as_millis() as i64 + 10_000,
         redo_safe: false,
-        connector: state.config.lookup.then(|| PROXY_LOOKUP.to_owned()),
+        // Always the same, with or without --lookup-url: the connector is part of the
+        // intent, and a config change must not turn retries into 422s.
+        connector: Some(PROXY_LOOKUP.to_owned()),
         actor: actor.clone(),
     };
     let out = match state.app.store.acquire(input).await {
@@ -525,6 +525,8 @@ async fn forward(
         reqwest::Method::from_bytes(method.as_str().as_bytes()).map_err(|e| ForwardError::NotSent(e.to_string()))?;
     let resp =
         state.client.request(method, url).headers(forwardable(headers)).body(body).send().await.map_err(|e| {
+            // Errors never carry the upstream's URL to clients.
+            let e = e.without_url();
             if e.is_connect() {
                 ForwardError::NotSent(e.to_string())
             } else {
@@ -533,9 +535,9 @@ async fn forward(
         })?;
     let status = resp.status();
     let headers = resp.headers().clone();
-    let bytes = resp.bytes().await.map_err(|e| ForwardError::Unknown {
-        timeout: e.is_timeout(),
-        message: format!("the answer was cut off: {e}"),
+    let bytes = resp.bytes().await.map_err(|e| {
+        let e = e.without_url();
+        ForwardError::Unknown { timeout: e.is_timeout(), message: format!("the answer was cut off: {e}") }
     })?;
     Ok((status, headers, bytes))
 }

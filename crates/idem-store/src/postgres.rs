@@ -35,8 +35,7 @@ mod fast {
         lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
         evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, connector, \
         lookup_attempts";
-    const EV_COLS: &str =
-        "tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint, reason, error_class, wait_ms";
+    const EV_COLS: &str = "tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint, reason, error_class, wait_ms";
 
     fn push_record(q: &mut QueryBuilder<Postgres>, r: &OperationRecord) {
         let mut s = q.separated(", ");
@@ -88,8 +87,14 @@ mod fast {
 
     /// Inserts a new record with its events in one statement, unless the key exists or a
     /// live tombstone holds it. True if inserted.
-    pub(super) async fn insert_new(pool: &PgPool, r: &OperationRecord, events: &[OperationEvent], now_ms: i64) -> Result<bool, StoreError> {
-        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("WITH ins AS (INSERT INTO operations ({OP_COLS}) SELECT "));
+    pub(super) async fn insert_new(
+        pool: &PgPool,
+        r: &OperationRecord,
+        events: &[OperationEvent],
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let mut q: QueryBuilder<Postgres> =
+            QueryBuilder::new(format!("WITH ins AS (INSERT INTO operations ({OP_COLS}) SELECT "));
         push_record(&mut q, r);
         q.push(" WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE tenant = ")
             .push_bind(r.tenant.clone())
@@ -106,8 +111,14 @@ mod fast {
 
     /// Writes `r` if the stored version is still `read_version`, with its events, in one
     /// statement. True if written.
-    pub(super) async fn update(pool: &PgPool, r: &OperationRecord, read_version: i64, events: &[OperationEvent]) -> Result<bool, StoreError> {
-        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("WITH upd AS (UPDATE operations SET ({OP_COLS}) = ("));
+    pub(super) async fn update(
+        pool: &PgPool,
+        r: &OperationRecord,
+        read_version: i64,
+        events: &[OperationEvent],
+    ) -> Result<bool, StoreError> {
+        let mut q: QueryBuilder<Postgres> =
+            QueryBuilder::new(format!("WITH upd AS (UPDATE operations SET ({OP_COLS}) = ("));
         push_record(&mut q, r);
         q.push(") WHERE tenant = ")
             .push_bind(r.tenant.clone())
@@ -229,7 +240,15 @@ impl Store for PgStore {
                 return Err(StoreError::NotFound);
             };
             let policy = req.policy.as_ref().unwrap_or(&self.config.retry_policy);
-            let mut plan = idem_core::plan_completion(&rec, req.fencing_token, &req.outcome, &req.actor, policy, crate::jitter(), now)?;
+            let mut plan = idem_core::plan_completion(
+                &rec,
+                req.fencing_token,
+                &req.outcome,
+                &req.actor,
+                policy,
+                crate::jitter(),
+                now,
+            )?;
             if !plan.changed {
                 return Ok(CompleteOutcome { record: plan.record, changed: false });
             }

@@ -117,7 +117,6 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
             Some(h) => idem_server::proxy::ClientAuth::TrustedHeader(header(h)?),
             None => idem_server::proxy::ClientAuth::ApiKey,
         },
-        lookup: args.lookup_url.is_some(),
     };
     let lookup: Option<Arc<dyn idem_connect::Connector>> = match &args.lookup_url {
         Some(url) => Some(Arc::new(idem_server::proxy::ProxyLookup::new(

@@ -209,6 +209,10 @@ async fn the_proxy_replays_refuses_and_never_resends_the_unknown() {
     let (s, _, b) = send(&p, "/hang", Some("hang-1"), ADMIN_KEY, "{}").await;
     assert_eq!(s, 504, "{b}");
     assert!(b.contains("outcome-unknown"));
+    assert!(!b.contains(&upstream) && !b.contains("127.0.0.1"), "the upstream's address stays private: {b}");
+    for bad in ["\"unterminated", "a b", "a\"b"] {
+        assert_eq!(send(&p, "/charges", Some(bad), ADMIN_KEY, "{}").await.0, 400, "{bad}");
+    }
     let (s, _, b) = send(&p, "/hang", Some("hang-1"), ADMIN_KEY, "{}").await;
     assert_eq!(s, 409, "{b}");
     assert!(b.contains("outcome-unknown"));
@@ -322,4 +326,21 @@ async fn the_proxy_settles_unknown_requests_by_the_upstream_lookup() {
     };
     assert_eq!(retried.0, 201, "absent ⇒ forwarded again: {retried:?}");
     assert_eq!(booked.0.lock().unwrap().1, 2, "exactly one more call after the lookup proved absence");
+}
+
+/// Turning the lookup on (or off) between a request and its retry changes nothing for the
+/// client: the same key is the same operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_change_between_request_and_retry_is_not_a_new_intent() {
+    let (up, upstream) = start_upstream().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let p = Server::start_proxy(&db.url, &upstream, &[]);
+    let (s1, _, b1) = send(&p, "/charges", Some("cfg-1"), ADMIN_KEY, r#"{"amount": 5}"#).await;
+    assert_eq!(s1, 201);
+    drop(p);
+    let lookup = format!("{upstream}charges?k={{key}}");
+    let p = Server::start_proxy(&db.url, &upstream, &["--lookup-url", &lookup]);
+    let (s, h, b) = send(&p, "/charges", Some("cfg-1"), ADMIN_KEY, r#"{"amount": 5}"#).await;
+    assert_eq!((s, h["idempotent-replayed"].to_str().unwrap(), b), (201, "true", b1));
+    assert_eq!(up.count("/charges"), 1);
 }
