@@ -100,6 +100,40 @@ pub struct AcquireInput {
     pub actor: Actor,
 }
 
+impl AcquireInput {
+    /// The record a new key starts from: PENDING, no grant yet (token 0), created now.
+    pub fn new_record(&self, now_ms: i64) -> OperationRecord {
+        OperationRecord {
+            tenant: self.tenant.clone(),
+            key: self.key.clone(),
+            action: self.action.clone(),
+            fingerprint: self.fingerprint.clone(),
+            payload: self.payload.clone(),
+            state: State::Pending,
+            attempt_count: 0,
+            lease_owner: None,
+            lease_expires_at: None,
+            fencing_token: 0,
+            next_attempt_at: None,
+            provider_ref: None,
+            result: None,
+            error_class: None,
+            error_message: None,
+            verified_at: None,
+            evidence_source: None,
+            needs_review: false,
+            redo_safe: self.redo_safe,
+            connector: self.connector.clone(),
+            lookup_attempts: 0,
+            created_at: now_ms,
+            updated_at: now_ms,
+            completed_at: None,
+            expires_at: None,
+            version: 0,
+        }
+    }
+}
+
 /// What to write for one trigger.
 #[derive(Debug, Clone)]
 pub struct AcquirePlan {
@@ -121,34 +155,7 @@ pub struct AcquirePlan {
 /// stored record unchanged. The version is bumped whenever the record changes.
 pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, now_ms: i64) -> AcquirePlan {
     let decision = decide(existing, &input.fingerprint, &input.action, input.connector.as_deref(), now_ms);
-    let mut record = existing.cloned().unwrap_or_else(|| OperationRecord {
-        tenant: input.tenant.clone(),
-        key: input.key.clone(),
-        action: input.action.clone(),
-        fingerprint: input.fingerprint.clone(),
-        payload: input.payload.clone(),
-        state: State::Pending,
-        attempt_count: 0,
-        lease_owner: None,
-        lease_expires_at: None,
-        fencing_token: 0,
-        next_attempt_at: None,
-        provider_ref: None,
-        result: None,
-        error_class: None,
-        error_message: None,
-        verified_at: None,
-        evidence_source: None,
-        needs_review: false,
-        redo_safe: input.redo_safe,
-        connector: input.connector.clone(),
-        lookup_attempts: 0,
-        created_at: now_ms,
-        updated_at: now_ms,
-        completed_at: None,
-        expires_at: None,
-        version: 0,
-    });
+    let mut record = existing.cloned().unwrap_or_else(|| input.new_record(now_ms));
     let from = existing.map(|r| r.state);
     let mut events = Vec::with_capacity(2);
     let ev = |kind: EventKind, rec: &OperationRecord| {

@@ -108,34 +108,15 @@ pub fn plan_late_arrival(t: &Tombstone, input: &AcquireInput, now_ms: i64) -> Op
     if t.expires_at <= now_ms {
         return None;
     }
-    let stub = OperationRecord {
-        tenant: input.tenant.clone(),
-        key: input.key.clone(),
-        action: input.action.clone(),
-        fingerprint: t.fingerprint.clone(),
-        payload: serde_json::Value::Null,
-        state: t.final_state,
-        attempt_count: 0,
-        lease_owner: None,
-        lease_expires_at: None,
-        fencing_token: 0,
-        next_attempt_at: None,
-        provider_ref: None,
-        result: None,
-        error_class: None,
-        error_message: None,
-        verified_at: None,
-        evidence_source: None,
-        needs_review: false,
-        redo_safe: false,
-        connector: None,
-        lookup_attempts: 0,
-        created_at: t.completed_at,
-        updated_at: t.completed_at,
-        completed_at: Some(t.completed_at),
-        expires_at: Some(t.expires_at),
-        version: 0,
-    };
+    // A view of what the tombstone remembers (nothing is written).
+    let mut stub = input.new_record(t.completed_at);
+    stub.fingerprint = t.fingerprint.clone();
+    stub.payload = serde_json::Value::Null;
+    stub.state = t.final_state;
+    stub.redo_safe = false;
+    stub.connector = None;
+    stub.completed_at = Some(t.completed_at);
+    stub.expires_at = Some(t.expires_at);
     Some(AcquirePlan { decision: Decision::Late, record: stub, changed: false, events: Vec::new() })
 }
 
