@@ -72,3 +72,62 @@ async fn sqlite_crash_between_acquire_and_complete() {
 async fn postgres_crash_between_acquire_and_complete() {
     crash_between_acquire_and_complete(Backend::Postgres).await;
 }
+
+/// Group commit never acknowledges before the commit is durable: concurrent acquires are
+/// batched into shared transactions; the server is killed while they are still arriving;
+/// every acknowledged one is there after the restart.
+async fn acknowledged_batches_survive_kill_9(b: Backend) {
+    let db = Db::new(b).await;
+    let s = Server::start(&db.url);
+    let (http, url) = (s.http.clone(), s.url("/v1/operations"));
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // 32 clients, each sending acquires back to back: the writer batches them.
+    let tasks: Vec<_> = (0..32)
+        .map(|w| {
+            let (http, url, acked) = (http.clone(), url.clone(), acked.clone());
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                for i in 0..200 {
+                    let key = format!("batch-{w}-{i}");
+                    let body = json!({"key": key, "action": "send", "payload": {"i": i}});
+                    match http.post(&url).bearer_auth(ADMIN_KEY).json(&body).send().await {
+                        Ok(r) if r.status() == 201 => {
+                            mine.push(key);
+                            acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        _ => break, // not acknowledged: the server died first
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    while acked.load(std::sync::atomic::Ordering::SeqCst) < 300 && start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    s.kill9(); // while the clients are still sending
+    let mut acknowledged = Vec::new();
+    for t in tasks {
+        acknowledged.extend(t.await.unwrap());
+    }
+    let s = Server::start(&db.url);
+    assert!(acknowledged.len() >= 300, "acquires were acknowledged before the kill");
+    assert!(acknowledged.len() < 32 * 200, "the kill happened while clients were still sending");
+    for k in &acknowledged {
+        let r = s.record(k).await;
+        assert_eq!(r.status, 200, "acknowledged {k} was lost");
+        assert_eq!(r.body["state"], "EXECUTING");
+    }
+    eprintln!("{} acquires acknowledged before kill -9; all found after restart", acknowledged.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_acknowledged_batches_survive_kill_9() {
+    acknowledged_batches_survive_kill_9(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_acknowledged_batches_survive_kill_9() {
+    acknowledged_batches_survive_kill_9(Backend::Postgres).await;
+}
