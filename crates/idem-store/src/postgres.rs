@@ -38,33 +38,7 @@ mod fast {
     const EV_COLS: &str = "tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint, reason, error_class, wait_ms";
 
     fn push_record(q: &mut QueryBuilder<Postgres>, r: &OperationRecord) {
-        let mut s = q.separated(", ");
-        s.push_bind(r.tenant.clone())
-            .push_bind(r.key.clone())
-            .push_bind(r.action.clone())
-            .push_bind(r.fingerprint.clone())
-            .push_bind(r.payload.to_string())
-            .push_bind(r.state.as_str())
-            .push_bind(r.attempt_count)
-            .push_bind(r.lease_owner.clone())
-            .push_bind(r.lease_expires_at)
-            .push_bind(r.fencing_token)
-            .push_bind(r.next_attempt_at)
-            .push_bind(r.provider_ref.clone())
-            .push_bind(r.result.as_ref().map(|v| v.to_string()))
-            .push_bind(r.error_class.clone())
-            .push_bind(r.error_message.clone())
-            .push_bind(r.verified_at)
-            .push_bind(r.evidence_source.clone())
-            .push_bind(r.needs_review)
-            .push_bind(r.redo_safe)
-            .push_bind(r.created_at)
-            .push_bind(r.updated_at)
-            .push_bind(r.completed_at)
-            .push_bind(r.expires_at)
-            .push_bind(r.version)
-            .push_bind(r.connector.clone())
-            .push_bind(r.lookup_attempts);
+        crate::row::bind_record(q.separated(", "), r);
     }
 
     fn push_events(q: &mut QueryBuilder<Postgres>, events: &[OperationEvent]) {

@@ -155,3 +155,44 @@ impl ApiKeyRow {
         })
     }
 }
+
+/// Binds every column of `r`, in [`operation_columns!`] order without `id`
+/// (`tenant … lookup_attempts`, as the multi-row writers list them), on either backend.
+pub(crate) fn bind_record<DB: sqlx::Database>(
+    mut b: sqlx::query_builder::Separated<'_, DB, &'static str>,
+    r: &OperationRecord,
+) where
+    for<'t> String: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<String>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> &'static str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<i64>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> bool: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    b.push_bind(r.tenant.clone())
+        .push_bind(r.key.clone())
+        .push_bind(r.action.clone())
+        .push_bind(r.fingerprint.clone())
+        .push_bind(r.payload.to_string())
+        .push_bind(r.state.as_str())
+        .push_bind(r.attempt_count)
+        .push_bind(r.lease_owner.clone())
+        .push_bind(r.lease_expires_at)
+        .push_bind(r.fencing_token)
+        .push_bind(r.next_attempt_at)
+        .push_bind(r.provider_ref.clone())
+        .push_bind(r.result.as_ref().map(|v| v.to_string()))
+        .push_bind(r.error_class.clone())
+        .push_bind(r.error_message.clone())
+        .push_bind(r.verified_at)
+        .push_bind(r.evidence_source.clone())
+        .push_bind(r.needs_review)
+        .push_bind(r.redo_safe)
+        .push_bind(r.created_at)
+        .push_bind(r.updated_at)
+        .push_bind(r.completed_at)
+        .push_bind(r.expires_at)
+        .push_bind(r.version)
+        .push_bind(r.connector.clone())
+        .push_bind(r.lookup_attempts);
+}

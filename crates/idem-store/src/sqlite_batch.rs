@@ -104,34 +104,7 @@ async fn upsert(conn: &mut SqliteConnection, records: &[&OperationRecord]) -> Re
              evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, connector, \
              lookup_attempts) ",
         );
-        q.push_values(chunk, |mut b, r| {
-            b.push_bind(r.tenant.clone())
-                .push_bind(r.key.clone())
-                .push_bind(r.action.clone())
-                .push_bind(r.fingerprint.clone())
-                .push_bind(r.payload.to_string())
-                .push_bind(r.state.as_str())
-                .push_bind(r.attempt_count)
-                .push_bind(r.lease_owner.clone())
-                .push_bind(r.lease_expires_at)
-                .push_bind(r.fencing_token)
-                .push_bind(r.next_attempt_at)
-                .push_bind(r.provider_ref.clone())
-                .push_bind(r.result.as_ref().map(|v| v.to_string()))
-                .push_bind(r.error_class.clone())
-                .push_bind(r.error_message.clone())
-                .push_bind(r.verified_at)
-                .push_bind(r.evidence_source.clone())
-                .push_bind(r.needs_review)
-                .push_bind(r.redo_safe)
-                .push_bind(r.created_at)
-                .push_bind(r.updated_at)
-                .push_bind(r.completed_at)
-                .push_bind(r.expires_at)
-                .push_bind(r.version)
-                .push_bind(r.connector.clone())
-                .push_bind(r.lookup_attempts);
-        });
+        q.push_values(chunk, |b, r| crate::row::bind_record(b, r));
         q.push(
             " ON CONFLICT (tenant, op_key) DO UPDATE SET state = excluded.state, attempt_count = excluded.attempt_count, \
              lease_owner = excluded.lease_owner, lease_expires_at = excluded.lease_expires_at, \
