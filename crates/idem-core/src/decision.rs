@@ -101,7 +101,14 @@ pub struct AcquireInput {
 }
 
 impl AcquireInput {
-    /// The record a new key starts from: PENDING, no grant yet (token 0), created now.
+    /// The record a new key starts from: PENDING, no grant yet, created now.
+    ///
+    /// Its fencing token starts at the creation instant (epoch ms), so the first grant is
+    /// `now_ms + 1`. A key used again after its tombstone is gone (a new operation) thus
+    /// never hands out a token an earlier operation under the same key handed out — as
+    /// long as fewer grants were made than milliseconds passed between them (the
+    /// retention and tombstone windows, days by default) — and a worker of the old
+    /// operation cannot complete the new one.
     pub fn new_record(&self, now_ms: i64) -> OperationRecord {
         OperationRecord {
             tenant: self.tenant.clone(),
@@ -113,7 +120,7 @@ impl AcquireInput {
             attempt_count: 0,
             lease_owner: None,
             lease_expires_at: None,
-            fencing_token: 0,
+            fencing_token: now_ms.max(0),
             next_attempt_at: None,
             provider_ref: None,
             result: None,

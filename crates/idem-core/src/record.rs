@@ -29,7 +29,9 @@ pub struct OperationRecord {
     pub lease_owner: Option<String>,
     /// When the current lease ends (epoch ms); `None` when no lease is held.
     pub lease_expires_at: Option<i64>,
-    /// Fencing token of the latest grant; grows by one on every grant, starts at 1.
+    /// Fencing token of the latest grant; grows by one on every grant. A record starts at
+    /// its creation instant (epoch ms), so its first grant is `created_at + 1` and tokens
+    /// never repeat across operations that reuse a key after retention.
     pub fencing_token: i64,
     /// Earliest instant of the next attempt (epoch ms), for PENDING after a retryable failure.
     pub next_attempt_at: Option<i64>,

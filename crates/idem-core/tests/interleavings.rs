@@ -72,6 +72,8 @@ fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
     let mut workers = vec![Worker::default(); WORKERS];
     let mut effects = 0u32; // side effects the provider saw
     let mut grants = 0i64;
+    // Tokens start at the record's creation instant (the first grant is created_at + 1).
+    let mut token_base: Option<i64> = None;
     let mut triggers = 0usize;
     let mut events = 0usize;
     let mut first_fp: Option<String> = None;
@@ -85,8 +87,9 @@ fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
                 events += plan.events.iter().filter(|e| e.kind != "lease_expired").count();
                 if plan.decision == Decision::Acquire {
                     grants += 1;
+                    let base = *token_base.get_or_insert(plan.record.created_at);
                     // Invariant 1: one holder — the token grows with every grant.
-                    prop_assert_eq!(plan.record.fencing_token, grants);
+                    prop_assert_eq!(plan.record.fencing_token, base + grants);
                     if let Some(prev) = &before {
                         // Invariant 4: never re-granted blindly while an attempt may have acted.
                         prop_assert!(
@@ -182,7 +185,7 @@ fn run(steps: Vec<Step>, redo_safe: bool) -> Result<(), TestCaseError> {
             // Invariant 3: the key stays bound to its first fingerprint.
             let fp = first_fp.get_or_insert_with(|| r.fingerprint.clone());
             prop_assert_eq!(&r.fingerprint, fp);
-            prop_assert_eq!(r.fencing_token, grants);
+            prop_assert_eq!(r.fencing_token, token_base.unwrap_or(r.created_at) + grants);
         }
         // Invariant 5: every trigger is recorded; at most one side effect per intent
         // (unless the action was declared redo_safe, where the provider dedupes).

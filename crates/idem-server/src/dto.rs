@@ -76,7 +76,8 @@ pub struct OperationView {
     pub payload: Value,
     /// Attempts granted so far; while EXECUTING, the number of the current attempt.
     pub attempt: i64,
-    /// Token of the latest lease; present it to complete.
+    /// Token of the latest lease; present it to complete. Grows by one per grant; the
+    /// first is the operation's creation instant in epoch ms (so it is large).
     pub fencing_token: i64,
     /// Principal holding (or last holding) the lease.
     pub lease_owner: Option<String>,

@@ -56,6 +56,10 @@ cases!(
     sweeping_never_removes_records_that_are_not_final,
 );
 
+/// The first fencing token of a key created at the harness clock's start (1 000 000 ms):
+/// tokens start at the creation instant.
+const T1: i64 = 1_000_001;
+
 /// The store settings every case runs with: records kept 1 000 ms after completion
 /// (`forever_action`: forever), tombstones 5 000 ms.
 pub fn case_config() -> crate::StoreConfig {
@@ -133,7 +137,7 @@ async fn new_key_is_granted_with_token_one(h: Harness) {
     let out = h.store.acquire(input(&h, "INQ-001:confirmation:v1", "P1")).await.unwrap();
     assert_eq!(out.decision, Decision::Acquire);
     let r = out.record;
-    assert_eq!((r.state, r.fencing_token, r.attempt_count), (State::Executing, 1, 1));
+    assert_eq!((r.state, r.fencing_token, r.attempt_count), (State::Executing, T1, 1));
     assert_eq!(r.lease_expires_at, Some(1_001_000));
     assert_eq!(r.lease_owner.as_deref(), Some("worker-a"));
     let stored = h.store.get(&h.tenant, "INQ-001:confirmation:v1").await.unwrap().unwrap();
@@ -146,7 +150,7 @@ async fn duplicate_while_executing_is_in_progress(h: Harness) {
     h.clock.advance(400);
     let dup = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     assert_eq!(dup.decision, Decision::InProgress { retry_after_ms: 600 });
-    assert_eq!(dup.record.fencing_token, 1);
+    assert_eq!(dup.record.fencing_token, T1);
 }
 
 async fn success_is_replayed_with_evidence(h: Harness) {
@@ -186,7 +190,7 @@ async fn stale_token_is_rejected_and_changes_nothing(h: Harness) {
     h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     let before = h.store.get(&h.tenant, "k").await.unwrap().unwrap();
     let err = h.store.complete(complete(&h, "k", 7, success("m"))).await.unwrap_err();
-    assert!(matches!(err, StoreError::Complete(CompleteError::StaleToken { presented: 7, current: 1 })), "{err}");
+    assert!(matches!(err, StoreError::Complete(CompleteError::StaleToken { presented: 7, current: T1 })), "{err}");
     assert_eq!(h.store.get(&h.tenant, "k").await.unwrap().unwrap(), before);
     let missing = h.store.complete(complete(&h, "nope", 1, success("m"))).await.unwrap_err();
     assert!(matches!(missing, StoreError::NotFound), "{missing}");
@@ -212,7 +216,7 @@ async fn expired_lease_becomes_unknown_not_a_second_grant(h: Harness) {
     let t = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     assert_eq!(t.decision, Decision::ExpireToUnknown);
     assert_eq!(t.record.state, State::Unknown);
-    assert_eq!(t.record.fencing_token, 1, "no new grant");
+    assert_eq!(t.record.fencing_token, T1, "no new grant");
     h.clock.advance(60_000);
     let again = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     assert_eq!(again.decision, Decision::Unknown);
@@ -228,10 +232,10 @@ async fn redo_safe_expired_lease_is_re_granted_with_a_new_token(h: Harness) {
     h.clock.advance(1_500);
     let second = h.store.acquire(i).await.unwrap();
     assert_eq!(second.decision, Decision::Acquire);
-    assert_eq!((second.record.fencing_token, second.record.attempt_count), (2, 2));
-    let err = h.store.complete(complete(&h, "k", 1, success("m"))).await.unwrap_err();
+    assert_eq!((second.record.fencing_token, second.record.attempt_count), (T1 + 1, 2));
+    let err = h.store.complete(complete(&h, "k", T1, success("m"))).await.unwrap_err();
     assert!(matches!(err, StoreError::Complete(CompleteError::StaleToken { .. })), "{err}");
-    h.store.complete(complete(&h, "k", 2, success("m"))).await.unwrap();
+    h.store.complete(complete(&h, "k", T1 + 1, success("m"))).await.unwrap();
 }
 
 async fn retryable_failure_schedules_a_fenced_retry(h: Harness) {
@@ -241,7 +245,7 @@ async fn retryable_failure_schedules_a_fenced_retry(h: Harness) {
         message: Some("503".into()),
         retry_after_ms: Some(2_000),
     };
-    let r = h.store.complete(complete(&h, "k", 1, retry)).await.unwrap().record;
+    let r = h.store.complete(complete(&h, "k", T1, retry)).await.unwrap().record;
     assert_eq!(r.state, State::Pending);
     assert!(r.next_attempt_at.unwrap() >= 1_002_000);
     let wait = r.next_attempt_at.unwrap() - 1_000_000;
@@ -250,7 +254,7 @@ async fn retryable_failure_schedules_a_fenced_retry(h: Harness) {
     h.clock.advance(wait);
     let due = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     assert_eq!(due.decision, Decision::Acquire);
-    assert_eq!((due.record.fencing_token, due.record.attempt_count), (2, 2));
+    assert_eq!((due.record.fencing_token, due.record.attempt_count), (T1 + 1, 2));
     let ev = h.store.events(&h.tenant, "k").await.unwrap();
     let c = ev.iter().find(|e| e.kind == "completed").unwrap();
     assert_eq!((c.error_class.as_deref(), c.wait_ms), (Some("unavailable"), Some(wait)));
@@ -263,7 +267,7 @@ async fn final_failure_is_replayed(h: Harness) {
         message: Some("invalid recipient".into()),
         result: Some(json!({"status": 550})),
     };
-    let r = h.store.complete(complete(&h, "k", 1, fail)).await.unwrap().record;
+    let r = h.store.complete(complete(&h, "k", T1, fail)).await.unwrap().record;
     assert_eq!(r.state, State::Failed);
     let again = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
     assert_eq!(again.decision, Decision::Replay);
@@ -277,7 +281,7 @@ async fn late_completion_settles_unknown(h: Harness) {
     // Stores sharing a database across cases may expire other cases' leases too.
     assert!(h.store.expire_leases(1_000).await.unwrap() >= 1);
     assert_eq!(h.store.get(&h.tenant, "k").await.unwrap().unwrap().state, State::Unknown);
-    let r = h.store.complete(complete(&h, "k", 1, success("m-late"))).await.unwrap().record;
+    let r = h.store.complete(complete(&h, "k", T1, success("m-late"))).await.unwrap().record;
     assert_eq!(r.state, State::Succeeded);
     assert_eq!(r.provider_ref.as_deref(), Some("m-late"));
 }
@@ -326,7 +330,7 @@ async fn tenants_are_isolated(h: Harness) {
         .complete(CompleteRequest {
             tenant: b.clone(),
             key: "shared-key".into(),
-            fencing_token: 1,
+            fencing_token: T1,
             outcome: success("b"),
             actor: actor("b"),
             policy: None,
@@ -344,7 +348,7 @@ async fn list_filters_and_paginates(h: Harness) {
         let k = format!("k{i}");
         h.store.acquire(input(&h, &k, "P1")).await.unwrap();
         if i % 2 == 0 {
-            h.store.complete(complete(&h, &k, 1, success("m"))).await.unwrap();
+            h.store.complete(complete(&h, &k, T1, success("m"))).await.unwrap();
         }
     }
     let mut seen = Vec::new();
@@ -448,7 +452,12 @@ async fn expired_records_leave_tombstones_that_refuse_late_arrivals(h: Harness) 
     // The tombstone lives 5 000 ms from completion; then the key is new again.
     h.clock.advance(4_000);
     assert!(h.store.sweep(100).await.unwrap().tombstones >= 1);
-    assert_eq!(h.store.acquire(input(&h, "INQ-007", "P2")).await.unwrap().decision, Decision::Acquire);
+    let again = h.store.acquire(input(&h, "INQ-007", "P2")).await.unwrap();
+    assert_eq!(again.decision, Decision::Acquire);
+    // A new operation under the old key: the old operation's token is stale for it.
+    assert!(again.record.fencing_token > t, "tokens never repeat across operations of one key");
+    let stale = h.store.complete(complete(&h, "INQ-007", t, success("from-the-old-worker"))).await.unwrap_err();
+    assert!(matches!(stale, StoreError::Complete(CompleteError::StaleToken { .. })), "{stale}");
 }
 
 async fn sweeping_never_removes_records_that_are_not_final(h: Harness) {
@@ -459,13 +468,13 @@ async fn sweeping_never_removes_records_that_are_not_final(h: Harness) {
         message: None,
         retry_after_ms: Some(86_400_000),
     };
-    h.store.complete(complete(&h, "pending", 1, retry)).await.unwrap();
+    h.store.complete(complete(&h, "pending", T1, retry)).await.unwrap();
     h.store.acquire(input(&h, "unknown", "P1")).await.unwrap();
-    h.store.complete(complete(&h, "unknown", 1, Outcome::Unknown { message: None })).await.unwrap();
+    h.store.complete(complete(&h, "unknown", T1, Outcome::Unknown { message: None })).await.unwrap();
     let mut forever = input(&h, "forever", "P1");
     forever.action = "forever_action".into();
     h.store.acquire(forever).await.unwrap();
-    let mut forever_done = complete(&h, "forever", 1, success("f"));
+    let mut forever_done = complete(&h, "forever", T1, success("f"));
     forever_done.key = "forever".into();
     let rec = h.store.complete(forever_done).await.unwrap().record;
     assert_eq!(rec.expires_at, None, "a permanent key never expires");

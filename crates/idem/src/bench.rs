@@ -259,10 +259,11 @@ async fn http_pairs(base: &str, key: &str, c: usize, secs: f64) -> anyhow::Resul
                     .send()
                     .await?;
                 anyhow::ensure!(r.status() == 201, "acquire answered {}", r.status());
+                let token = r.json::<serde_json::Value>().await?["fencing_token"].as_i64().unwrap_or(0);
                 let r = http
                     .post(format!("{base}/v1/operations/{k}/complete"))
                     .bearer_auth(&key)
-                    .json(&json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "r"}))
+                    .json(&json!({"fencing_token": token, "outcome": "succeeded", "provider_ref": "r"}))
                     .send()
                     .await?;
                 anyhow::ensure!(r.status() == 200, "complete answered {}", r.status());
@@ -288,9 +289,10 @@ async fn http_replays(base: &str, key: &str, c: usize, secs: f64) -> anyhow::Res
     let body = json!({"key": "bench-replay", "action": "bench", "payload": {"n": 0}});
     let r = http.post(format!("{base}/v1/operations")).bearer_auth(key).json(&body).send().await?;
     if r.status() == 201 {
+        let token = r.json::<serde_json::Value>().await?["fencing_token"].as_i64().unwrap_or(0);
         http.post(format!("{base}/v1/operations/bench-replay/complete"))
             .bearer_auth(key)
-            .json(&json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "r"}))
+            .json(&json!({"fencing_token": token, "outcome": "succeeded", "provider_ref": "r"}))
             .send()
             .await?;
     }

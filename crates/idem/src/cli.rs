@@ -21,7 +21,7 @@ pub const DEFAULT_DATABASE_URL: &str = "sqlite://idem.db";
         "  idem serve\n",
         "Then, with IDEM_API_KEY set to the key `serve` printed on first start:\n",
         "  idem acquire INQ-001:confirmation:v1 --action send_confirmation --payload '{\"to\":\"c-42\"}'\n",
-        "  idem complete INQ-001:confirmation:v1 --token 1 --outcome succeeded --provider-ref msg-001\n",
+        "  idem complete INQ-001:confirmation:v1 --token TOKEN --outcome succeeded --provider-ref msg-001\n",
         "  idem ops get INQ-001:confirmation:v1\n\n",
         "The HTTP API is described at /openapi.json on the running server."
     )

@@ -10,8 +10,10 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     let db = Db::new(Backend::Sqlite).await;
     let s = Server::start(&db.url);
     let key = "INQ-200:confirmation:v1";
-    assert_eq!(s.acquire(key, json!({"to": "c"})).await.status, 201);
-    let ok = s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "m-200"})).await;
+    let granted = s.acquire(key, json!({"to": "c"})).await;
+    assert_eq!(granted.status, 201);
+    let tok = granted.token();
+    let ok = s.complete(key, json!({"fencing_token": tok, "outcome": "succeeded", "provider_ref": "m-200"})).await;
     assert_eq!(ok.status, 200);
     let before = s.record(key).await.body;
     let raw = |body: String| {
@@ -80,14 +82,15 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     assert_eq!(r.headers()["content-type"], "application/problem+json");
 
     // Stale fencing token: 409 stale-fencing-token.
-    let r = s.complete(key, json!({"fencing_token": 2, "outcome": "succeeded", "provider_ref": "other"})).await;
+    let r = s.complete(key, json!({"fencing_token": tok + 1, "outcome": "succeeded", "provider_ref": "other"})).await;
     assert_eq!((r.status.as_u16(), r.problem()), (409, "stale-fencing-token"));
-    assert_eq!(r.body["current_fencing_token"], 1);
+    assert_eq!(r.body["current_fencing_token"], tok);
     // Completion of a SUCCEEDED record with another outcome: 409 operation-final.
-    let r = s.complete(key, json!({"fencing_token": 1, "outcome": "final_failure", "error_class": "validation"})).await;
+    let r =
+        s.complete(key, json!({"fencing_token": tok, "outcome": "final_failure", "error_class": "validation"})).await;
     assert_eq!((r.status.as_u16(), r.problem()), (409, "operation-final"));
     // Succeeded without evidence: 400.
-    let r = s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded"})).await;
+    let r = s.complete(key, json!({"fencing_token": tok, "outcome": "succeeded"})).await;
     assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
     // No or wrong API key: 401 with WWW-Authenticate.
     let r = s.acquire_as("idem_not-a-key", key, json!({})).await;

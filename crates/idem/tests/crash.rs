@@ -26,7 +26,7 @@ async fn crash_between_acquire_and_complete(b: Backend) {
     let rec = s.record(key).await;
     assert_eq!(rec.status, 200, "record survived the crash: {rec:?}");
     assert_eq!(rec.body["payload"], json!({"sku": "A-1", "qty": 2}));
-    assert_eq!(rec.body["fencing_token"], 1);
+    assert_eq!(rec.body["fencing_token"], granted.token());
     for i in 0..50 {
         assert_eq!(s.record(&format!("ack-{i}")).await.status, 200, "acknowledged acquire {i} lost");
     }
@@ -35,7 +35,7 @@ async fn crash_between_acquire_and_complete(b: Backend) {
     let retry = s.post(ADMIN_KEY, "/v1/operations", &body).await;
     assert_eq!(retry.status, 202, "UNKNOWN, not a second grant: {retry:?}");
     assert_eq!(retry.body["state"], "UNKNOWN");
-    assert_eq!(retry.body["fencing_token"], 1);
+    assert_eq!(retry.body["fencing_token"], granted.token(), "no new grant");
     let rec = s.record(key).await.body;
     assert_eq!(rec["state"], "UNKNOWN");
     assert_eq!(rec["attempt"], 1);
@@ -56,7 +56,9 @@ async fn crash_between_acquire_and_complete(b: Backend) {
     let expired = &rec["events"][1];
     assert_eq!((expired["from_state"].as_str(), expired["to_state"].as_str()), (Some("EXECUTING"), Some("UNKNOWN")));
     // The crashed worker's late report (same token, no newer grant) settles it with evidence.
-    let late = s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "ord-102"})).await;
+    let late = s
+        .complete(key, json!({"fencing_token": granted.token(), "outcome": "succeeded", "provider_ref": "ord-102"}))
+        .await;
     assert_eq!(late.status, 200);
     assert_eq!(late.body["state"], "SUCCEEDED");
     let unknowns = s.get(ADMIN_KEY, "/v1/operations?state=UNKNOWN").await.body;

@@ -13,13 +13,21 @@ async fn s7_late_request_after_the_retention_window(b: Backend) {
     let db = Db::new(b).await;
     let s = Server::start_with_config(&db.url, CONFIG);
     let key = "INQ-007:confirmation:v1";
-    assert_eq!(s.acquire(key, json!({"to": "c-7"})).await.status, 201);
-    let done = s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-007"})).await;
+    let granted = s.acquire(key, json!({"to": "c-7"})).await;
+    assert_eq!(granted.status, 201);
+    let done = s
+        .complete(key, json!({"fencing_token": granted.token(), "outcome": "succeeded", "provider_ref": "msg-007"}))
+        .await;
     assert!(done.body["expires_at"].is_string(), "{done:?}");
     // A permanent business key never expires.
     let export = json!({"key": "export:batch-1", "action": "export", "payload": {}});
-    assert_eq!(s.post(ADMIN_KEY, "/v1/operations", &export).await.status, 201);
-    s.complete("export:batch-1", json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "exp-1"})).await;
+    let exported = s.post(ADMIN_KEY, "/v1/operations", &export).await;
+    assert_eq!(exported.status, 201);
+    s.complete(
+        "export:batch-1",
+        json!({"fencing_token": exported.token(), "outcome": "succeeded", "provider_ref": "exp-1"}),
+    )
+    .await;
 
     tokio::time::sleep(Duration::from_millis(1_600)).await;
     assert_eq!(s.record(key).await.status, 404, "the record was swept");
@@ -33,7 +41,13 @@ async fn s7_late_request_after_the_retention_window(b: Backend) {
 
     // After the tombstone window (3 s from completion) the key is new again.
     tokio::time::sleep(Duration::from_millis(1_800)).await;
-    assert_eq!(s.acquire(key, json!({"to": "c-7"})).await.status, 201);
+    let again = s.acquire(key, json!({"to": "c-7"})).await;
+    assert_eq!(again.status, 201);
+    // A worker of the old operation cannot complete the new one.
+    assert!(again.token() > granted.token());
+    let stale =
+        s.complete(key, json!({"fencing_token": granted.token(), "outcome": "succeeded", "provider_ref": "old"})).await;
+    assert_eq!((stale.status.as_u16(), stale.problem()), (409, "stale-fencing-token"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -42,9 +42,9 @@ async fn s1_same_message_sent_twice(b: Backend) {
     let t0 = s.acquire(key, p1()).await;
     assert_eq!(t0.status, 201, "{t0:?}");
     assert_eq!(t0.body["state"], "EXECUTING");
-    assert_eq!(t0.token(), 1);
+    assert!(t0.token() > 1_700_000_000_000, "tokens start at the creation instant (epoch ms)");
     let done = s
-        .complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-001", "result": {"message_id": "msg-001"}}))
+        .complete(key, json!({"fencing_token": t0.token(), "outcome": "succeeded", "provider_ref": "msg-001", "result": {"message_id": "msg-001"}}))
         .await;
     assert_eq!(done.status, 200, "{done:?}");
     // Same request again, with the payload's fields in another order.
@@ -67,7 +67,7 @@ async fn s2_same_key_reused_with_different_content(b: Backend) {
     let t0 = s.acquire(key, p1()).await;
     assert_eq!(t0.status, 201);
     let fp1 = t0.body["fingerprint"].as_str().unwrap().to_string();
-    s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-002"})).await;
+    s.complete(key, json!({"fencing_token": t0.token(), "outcome": "succeeded", "provider_ref": "msg-002"})).await;
     let mut p2 = p1();
     p2["to"] = json!("someone-else");
     let t1 = s.acquire(key, p2).await;
@@ -137,7 +137,7 @@ async fn s3_concurrent_claims_one_acquire(b: Backend) {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    s.complete(key, json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-003b"})).await;
+    s.complete(key, json!({"fencing_token": first.token(), "outcome": "succeeded", "provider_ref": "msg-003b"})).await;
     for w in waiters {
         let r = w.await.unwrap();
         assert_eq!(r.status, 200, "{r:?}");
@@ -162,7 +162,7 @@ async fn s5_validation_failure_is_replayed(b: Backend) {
     let f = s
         .complete(
             key,
-            json!({"fencing_token": 1, "outcome": "final_failure", "error_class": "validation",
+            json!({"fencing_token": t0.token(), "outcome": "final_failure", "error_class": "validation",
                    "message": "550 5.1.3 bad recipient address syntax", "result": {"provider_status": 550}}),
         )
         .await;
@@ -187,7 +187,7 @@ async fn s8_approved_new_version_is_a_new_intent(b: Backend) {
     assert_eq!(v1.status, 201);
     s.complete(
         "INQ-008:confirmation:v1",
-        json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-008-v1"}),
+        json!({"fencing_token": v1.token(), "outcome": "succeeded", "provider_ref": "msg-008-v1"}),
     )
     .await;
     let mut p2 = p1();
@@ -196,7 +196,7 @@ async fn s8_approved_new_version_is_a_new_intent(b: Backend) {
     assert_eq!(v2.status, 201, "a new version is a new intent, not blocked: {v2:?}");
     s.complete(
         "INQ-008:confirmation:v2",
-        json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "msg-008-v2"}),
+        json!({"fencing_token": v2.token(), "outcome": "succeeded", "provider_ref": "msg-008-v2"}),
     )
     .await;
     for (k, r) in [("INQ-008:confirmation:v1", "msg-008-v1"), ("INQ-008:confirmation:v2", "msg-008-v2")] {

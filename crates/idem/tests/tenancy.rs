@@ -18,7 +18,7 @@ async fn tenant_b_cannot_read_acquire_or_learn_of_tenant_a_key() {
         .post(
             &a,
             &format!("/v1/operations/{}/complete", common::enc(key)),
-            &json!({"fencing_token": 1, "outcome": "succeeded", "provider_ref": "a-msg"}),
+            &json!({"fencing_token": granted.token(), "outcome": "succeeded", "provider_ref": "a-msg"}),
         )
         .await;
     assert_eq!(done.status, 200);
