@@ -167,7 +167,9 @@ impl<'de> Visitor<'de> for StrictValue {
         Ok(Value::from(v))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        if v.abs() > MAX_EXACT_INTEGER as f64 {
+        // A literal with a fraction or exponent is parsed to the nearest double first:
+        // 9007199254740993.0 arrives as 2^53 already, so 2^53 itself is refused here.
+        if v.abs() >= MAX_EXACT_INTEGER as f64 {
             return Err(too_big(v));
         }
         serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| E::custom("a number that is not finite"))
@@ -261,7 +263,11 @@ mod tests {
             let e = serde_json::from_str::<Payload>(&format!(r#"{{"id":{text}}}"#)).unwrap_err();
             assert!(e.to_string().contains("2^53"), "{text}: {e}");
         }
-        for ok in ["9007199254740992", "-9007199254740992", "1.5", "0"] {
+        for text in ["9007199254740993.0", "9007199254740992.5", "9007199254740992.0", "1e16"] {
+            let e = serde_json::from_str::<Payload>(&format!(r#"{{"id":{text}}}"#)).unwrap_err();
+            assert!(e.to_string().contains("2^53"), "{text}: {e}");
+        }
+        for ok in ["9007199254740992", "-9007199254740992", "1.5", "0", "9007199254740991.0"] {
             assert!(serde_json::from_str::<Payload>(&format!(r#"{{"id":{ok}}}"#)).is_ok(), "{ok}");
         }
     }

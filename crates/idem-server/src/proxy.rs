@@ -74,6 +74,16 @@ pub struct ProxyConfig {
     pub auth: ClientAuth,
 }
 
+/// The tenant the proxy keeps the requests of an API-key client of tenant `t` in:
+/// `t.proxy`. Its own namespace, so the client's tenant-mates cannot create, read or
+/// block them through idem's API; operators resolve them with a key of `t.proxy`.
+pub fn proxy_tenant(t: &str) -> String {
+    format!("{t}.proxy")
+}
+
+/// The tenant of clients named by `--principal-header`.
+pub const PROXY_TRUSTED_TENANT: &str = "proxy";
+
 /// The registry name of the proxy's lookup (lookup-only: never executed).
 pub const PROXY_LOOKUP: &str = "lookup:proxy";
 
@@ -210,7 +220,9 @@ fn needs_key(config: &ProxyConfig, method: &Method, path: &str) -> bool {
 async fn client_of(state: &ProxyState, headers: &HeaderMap) -> Result<(String, String), Response> {
     match &state.config.auth {
         ClientAuth::TrustedHeader(h) => match headers.get(h).and_then(|v| v.to_str().ok()) {
-            Some(p) if idem_store::keys::validate_name("principal", p).is_ok() => Ok(("proxy".into(), p.to_owned())),
+            Some(p) if idem_store::keys::validate_name("principal", p).is_ok() => {
+                Ok((PROXY_TRUSTED_TENANT.into(), p.to_owned()))
+            }
             _ => Err(problem(StatusCode::UNAUTHORIZED, "unauthorized", format!("missing or invalid {h} header"))),
         },
         ClientAuth::ApiKey => {
@@ -218,7 +230,7 @@ async fn client_of(state: &ProxyState, headers: &HeaderMap) -> Result<(String, S
                 return Err(problem(StatusCode::UNAUTHORIZED, "unauthorized", "missing Idem-Api-Key header"));
             };
             match state.app.store.authenticate(secret.trim()).await {
-                Ok(Some(k)) => Ok((k.tenant, k.principal)),
+                Ok(Some(k)) => Ok((proxy_tenant(&k.tenant), k.principal)),
                 Ok(None) => Err(problem(StatusCode::UNAUTHORIZED, "unauthorized", "unknown or revoked API key")),
                 Err(e) => Err(store_problem(e).into_response()),
             }
@@ -530,7 +542,12 @@ async fn forward(
             if e.is_connect() {
                 ForwardError::NotSent(e.to_string())
             } else {
-                ForwardError::Unknown { timeout: e.is_timeout(), message: e.to_string() }
+                let message = if e.is_timeout() {
+                    "no answer within the timeout".to_string()
+                } else {
+                    format!("the connection failed: {e}")
+                };
+                ForwardError::Unknown { timeout: e.is_timeout(), message }
             }
         })?;
     let status = resp.status();

@@ -233,9 +233,17 @@ async fn the_proxy_replays_refuses_and_never_resends_the_unknown() {
     assert_eq!(send(&p, "/hang", Some("hang-1"), ADMIN_KEY, "{}").await.0, 409);
 
     // An operator settles the unknown one through idem's API under /_idem/.
+    // The client's tenant-mates cannot reach its proxied requests through idem's API.
+    let mate = p.create_key("default", "operator");
+    assert_eq!(p.get(&mate, "/_idem/v1/operations/bootstrap%2Fhang-1").await.status, 404);
+    let squat = json!({"key": "bootstrap/squat-1", "action": "proxy:POST", "payload": {}});
+    assert_eq!(p.post(&mate, "/_idem/v1/operations", &squat).await.status, 201, "its own tenant's record");
+    assert_eq!(send(&p, "/charges", Some("squat-1"), ADMIN_KEY, r#"{"amount": 1}"#).await.0, 201, "not blocked by it");
+    // An operator of the proxy's tenant (default.proxy) settles the unknown one.
+    let operator = p.create_key("default.proxy", "operator");
     let r = p
         .post(
-            ADMIN_KEY,
+            &operator,
             "/_idem/v1/operations/bootstrap%2Fhang-1/resolve",
             &json!({"to": "SUCCEEDED", "reason": "the upstream's log shows it", "evidence": "hang-log-1"}),
         )
