@@ -121,7 +121,7 @@ impl OperationView {
     /// The view of `r`, without events.
     pub fn of(r: OperationRecord) -> Self {
         let error = (r.error_class.is_some() || r.error_message.is_some())
-            .then(|| ErrorView { class: r.error_class, message: r.error_message });
+            .then_some(ErrorView { class: r.error_class, message: r.error_message });
         OperationView {
             key: r.key,
             action: r.action,

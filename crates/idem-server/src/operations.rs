@@ -541,7 +541,7 @@ fn encode_cursor(at: i64, key: &str) -> String {
 
 fn decode_cursor(c: &str) -> Result<(i64, String), Problem> {
     let bad = || Problem::invalid("cursor is not one this server issued");
-    if c.len() % 2 != 0 || c.len() > 1024 {
+    if !c.len().is_multiple_of(2) || c.len() > 1024 {
         return Err(bad());
     }
     let bytes: Vec<u8> = (0..c.len())

@@ -43,7 +43,7 @@ struct Row {
 }
 
 fn print_rows(rows: &[Row]) {
-    println!("{:<44} {:>12} {:>12} {:>8}  {}", "measurement", "idem", "baseline", "ratio", "notes");
+    println!("{:<44} {:>12} {:>12} {:>8}  notes", "measurement", "idem", "baseline", "ratio");
     for r in rows {
         let (b, ratio) = match r.baseline {
             Some(b) if b > 0.0 => (format!("{b:.0}"), format!("{:.1}×", r.idem / b)),
