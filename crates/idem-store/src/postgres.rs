@@ -198,17 +198,6 @@ impl Store for PgStore {
                         return Ok(outcome);
                     }
                 }
-                // Replay fast path: a final record never changes, so the answer needs
-                // only the read; the replay's event is appended without being waited for.
-                Some(_) if plan.decision == idem_core::Decision::Replay => {
-                    let (pool, events) = (self.pool.clone(), plan.events);
-                    tokio::spawn(async move {
-                        if let Err(e) = fast::events(&pool, &events).await {
-                            tracing::warn!(error = %e, "replay events could not be written");
-                        }
-                    });
-                    return Ok(outcome);
-                }
                 Some(_) => {
                     fast::events(&self.pool, &plan.events).await?;
                     return Ok(outcome);

@@ -42,8 +42,6 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 /// A write request for the writer task.
 enum Command {
     Acquire(AcquireInput, Reply<AcquireOutcome>),
-    /// Events to append, unanswered: replays answered from a read.
-    LogEvents(Vec<OperationEvent>),
     Complete(CompleteRequest, Reply<CompleteOutcome>),
     ExpireLeases(i64, Reply<u64>),
     Sweep(i64, Reply<crate::SweepOutcome>),
@@ -136,24 +134,6 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
     }
     let now = clock.now_ms();
     match cmd {
-        Command::LogEvents(events) => {
-            let mut result = Ok(());
-            for e in &events {
-                if let Err(err) = ops::append_event(conn, e).await {
-                    result = Err(err);
-                    break;
-                }
-            }
-            let finish = if result.is_ok() {
-                exec(conn, "RELEASE req").await
-            } else {
-                exec(conn, "ROLLBACK TO req").await.and(exec(conn, "RELEASE req").await)
-            };
-            if let Err(e) = result.and(finish.map_err(StoreError::from)) {
-                tracing::warn!(error = %e, "replay events could not be written");
-            }
-            Box::new(|_: Option<&str>| {})
-        }
         Command::Acquire(input, reply) => {
             guarded!(reply, ops::acquire_once(conn, &input, now).await.and_then(|o| o.ok_or(StoreError::Contention)))
         }
@@ -187,7 +167,7 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
 }
 
 fn is_hot(cmd: &Command) -> bool {
-    matches!(cmd, Command::Acquire(..) | Command::Complete(..) | Command::LogEvents(..))
+    matches!(cmd, Command::Acquire(..) | Command::Complete(..))
 }
 
 /// Runs a run of acquires and completions as one segment (see `sqlite_batch`): a few
@@ -213,7 +193,6 @@ async fn run_hot(
             .filter_map(|c| match c {
                 Command::Acquire(i, _) => Some(Hot::Acquire(i)),
                 Command::Complete(r, _) => Some(Hot::Complete(r)),
-                Command::LogEvents(e) => Some(Hot::Log(e)),
                 _ => None,
             })
             .collect();
@@ -226,7 +205,6 @@ async fn run_hot(
             .map(|(cmd, res)| match (cmd, res) {
                 (Command::Acquire(_, reply), HotResult::Acquire(r)) => pending(reply, r),
                 (Command::Complete(_, reply), HotResult::Complete(r)) => pending(reply, r),
-                (Command::LogEvents(_), HotResult::Logged) => Box::new(|_: Option<&str>| {}) as Pending,
                 (cmd, _) => fail(cmd, StoreError::Corrupt("segment answers out of order".into())),
             })
             .collect(),
@@ -248,10 +226,6 @@ async fn run_hot(
 fn fail(cmd: Command, e: StoreError) -> Pending {
     match cmd {
         Command::Acquire(_, r) => pending(r, Err(e)),
-        Command::LogEvents(_) => {
-            tracing::warn!(error = %e, "replay events could not be written");
-            Box::new(|_: Option<&str>| {})
-        }
         Command::Complete(_, r) => pending(r, Err(e)),
         Command::ExpireLeases(_, r) => pending(r, Err(e)),
         Command::Sweep(_, r) => pending(r, Err(e)),
@@ -311,24 +285,7 @@ async fn writer_loop(
 
 #[async_trait]
 impl Store for SqliteStore {
-    /// Replay fast path (performance issue): a trigger of a SUCCEEDED or FAILED key is
-    /// answered from one read on a WAL reader — final records never change — and its
-    /// event is appended by the writer's next group commit without being waited for.
-    /// (A crash right after such an answer can lose that replay's event row; nothing else.)
-    /// Every other trigger goes through the writer.
     async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
-        let existing = {
-            let mut conn = self.readers.acquire().await?;
-            ops::load(&mut conn, &input.tenant, &input.key).await?
-        };
-        if let Some(rec) = existing.filter(|r| r.state.is_final()) {
-            let plan = idem_core::plan_acquire(Some(&rec), &input, self.clock.now_ms());
-            if plan.decision == idem_core::Decision::Replay {
-                // Waits for room in the queue (backpressure), not for the commit.
-                self.writer.send(Command::LogEvents(plan.events)).await.map_err(|_| StoreError::Closed)?;
-                return Ok(AcquireOutcome { decision: plan.decision, record: plan.record });
-            }
-        }
         self.send(|r| Command::Acquire(input, r)).await
     }
 

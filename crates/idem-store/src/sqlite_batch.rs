@@ -28,15 +28,12 @@ use std::collections::HashMap;
 pub(crate) enum Hot<'a> {
     Acquire(&'a AcquireInput),
     Complete(&'a CompleteRequest),
-    /// Events of replays answered from a read (see `SqliteStore::acquire`).
-    Log(&'a [OperationEvent]),
 }
 
 /// Its answer.
 pub(crate) enum HotResult {
     Acquire(Result<AcquireOutcome, StoreError>),
     Complete(Result<CompleteOutcome, StoreError>),
-    Logged,
 }
 
 /// Rows per multi-row statement (SQLite allows 32 766 bound values; 26 columns × 500).
@@ -44,11 +41,10 @@ const CHUNK: usize = 500;
 
 type Key = (String, String);
 
-fn key_of(h: &Hot<'_>) -> Option<Key> {
+fn key_of(h: &Hot<'_>) -> Key {
     match h {
-        Hot::Acquire(i) => Some((i.tenant.clone(), i.key.clone())),
-        Hot::Complete(c) => Some((c.tenant.clone(), c.key.clone())),
-        Hot::Log(_) => None,
+        Hot::Acquire(i) => (i.tenant.clone(), i.key.clone()),
+        Hot::Complete(c) => (c.tenant.clone(), c.key.clone()),
     }
 }
 
@@ -158,7 +154,7 @@ pub(crate) async fn run_segment(
     config: &StoreConfig,
     now_ms: i64,
 ) -> Result<Vec<HotResult>, StoreError> {
-    let mut keys: Vec<Key> = reqs.iter().filter_map(key_of).collect();
+    let mut keys: Vec<Key> = reqs.iter().map(key_of).collect();
     keys.sort();
     keys.dedup();
     let mut records = load_all(conn, &keys).await?;
@@ -168,13 +164,7 @@ pub(crate) async fn run_segment(
     let mut events = Vec::new();
     let mut results = Vec::with_capacity(reqs.len());
     for req in reqs {
-        let Some(key) = key_of(req) else {
-            if let Hot::Log(evs) = req {
-                events.extend(evs.iter().cloned());
-            }
-            results.push(HotResult::Logged);
-            continue;
-        };
+        let key = key_of(req);
         match req {
             Hot::Acquire(input) => {
                 let existing = records.get(&key);
@@ -216,7 +206,6 @@ pub(crate) async fn run_segment(
                     }
                 }
             }
-            Hot::Log(_) => unreachable!("log entries have no key"),
         }
     }
     dirty.sort();
