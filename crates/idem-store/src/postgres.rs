@@ -42,21 +42,7 @@ mod fast {
     }
 
     fn push_events(q: &mut QueryBuilder<Postgres>, events: &[OperationEvent]) {
-        q.push_values(events, |mut b, e| {
-            b.push_bind(e.tenant.clone())
-                .push_bind(e.key.clone())
-                .push_bind(e.at)
-                .push_bind(e.kind.clone())
-                .push_bind(e.principal.clone())
-                .push_bind(e.request_id.clone())
-                .push_bind(e.from_state.map(|s| s.as_str()))
-                .push_bind(e.to_state.map(|s| s.as_str()))
-                .push_bind(e.fencing_token)
-                .push_bind(e.fingerprint.clone())
-                .push_bind(e.reason.clone())
-                .push_bind(e.error_class.clone())
-                .push_bind(e.wait_ms);
-        });
+        q.push_values(events, |b, e| crate::row::bind_event(b, e));
     }
 
     /// Inserts a new record with its events in one statement, unless the key exists or a

@@ -196,3 +196,31 @@ pub(crate) fn bind_record<DB: sqlx::Database>(
         .push_bind(r.connector.clone())
         .push_bind(r.lookup_attempts);
 }
+
+/// Binds every column of `e` in the order the multi-row writers list them (`tenant, op_key,
+/// at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint,
+/// reason, error_class, wait_ms`), on either backend.
+pub(crate) fn bind_event<DB: sqlx::Database>(
+    mut b: sqlx::query_builder::Separated<'_, DB, &'static str>,
+    e: &OperationEvent,
+) where
+    for<'t> String: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<String>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<&'static str>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> Option<i64>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    b.push_bind(e.tenant.clone())
+        .push_bind(e.key.clone())
+        .push_bind(e.at)
+        .push_bind(e.kind.clone())
+        .push_bind(e.principal.clone())
+        .push_bind(e.request_id.clone())
+        .push_bind(e.from_state.map(|s| s.as_str()))
+        .push_bind(e.to_state.map(|s| s.as_str()))
+        .push_bind(e.fencing_token)
+        .push_bind(e.fingerprint.clone())
+        .push_bind(e.reason.clone())
+        .push_bind(e.error_class.clone())
+        .push_bind(e.wait_ms);
+}

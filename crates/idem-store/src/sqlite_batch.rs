@@ -126,21 +126,7 @@ async fn insert_events(conn: &mut SqliteConnection, events: &[OperationEvent]) -
             "INSERT INTO operation_events (tenant, op_key, at, kind, principal, request_id, from_state, to_state, \
              fencing_token, fingerprint, reason, error_class, wait_ms) ",
         );
-        q.push_values(chunk, |mut b, e| {
-            b.push_bind(e.tenant.clone())
-                .push_bind(e.key.clone())
-                .push_bind(e.at)
-                .push_bind(e.kind.clone())
-                .push_bind(e.principal.clone())
-                .push_bind(e.request_id.clone())
-                .push_bind(e.from_state.map(|s| s.as_str()))
-                .push_bind(e.to_state.map(|s| s.as_str()))
-                .push_bind(e.fencing_token)
-                .push_bind(e.fingerprint.clone())
-                .push_bind(e.reason.clone())
-                .push_bind(e.error_class.clone())
-                .push_bind(e.wait_ms);
-        });
+        q.push_values(chunk, |b, e| crate::row::bind_event(b, e));
         q.build().execute(&mut *conn).await?;
     }
     Ok(())

@@ -67,29 +67,22 @@ fn input(key: String) -> AcquireInput {
     }
 }
 
-/// Pairs per second through `store` with `c` concurrent workers for `secs`.
-async fn store_pairs(store: Arc<dyn Store>, c: usize, secs: f64) -> anyhow::Result<f64> {
+/// Runs `pair(key)` back to back on `c` workers for `secs` with fresh keys; pairs/s.
+async fn drive<F, Fut>(c: usize, secs: f64, pair: F) -> anyhow::Result<f64>
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let run = uuid_like();
     let mut tasks = Vec::new();
     for w in 0..c {
-        let (store, done, run) = (store.clone(), done.clone(), run.clone());
+        let (pair, done, run) = (pair.clone(), done.clone(), run.clone());
         tasks.push(tokio::spawn(async move {
             let mut i = 0u64;
             while Instant::now() < deadline {
-                let key = format!("{run}-{w}-{i}");
-                let granted = store.acquire(input(key.clone())).await?;
-                store
-                    .complete(CompleteRequest {
-                        tenant: "bench".into(),
-                        key,
-                        fencing_token: granted.record.fencing_token,
-                        outcome: Outcome::Succeeded { provider_ref: "r".into(), result: None },
-                        actor: Actor::default(),
-                        policy: None,
-                    })
-                    .await?;
+                pair(format!("{run}-{w}-{i}")).await?;
                 done.fetch_add(1, Ordering::Relaxed);
                 i += 1;
             }
@@ -101,6 +94,28 @@ async fn store_pairs(store: Arc<dyn Store>, c: usize, secs: f64) -> anyhow::Resu
         t.await??;
     }
     Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(secs))
+}
+
+/// Pairs per second through `store` with `c` concurrent workers for `secs`.
+async fn store_pairs(store: Arc<dyn Store>, c: usize, secs: f64) -> anyhow::Result<f64> {
+    drive(c, secs, move |key: String| {
+        let store = store.clone();
+        async move {
+            let granted = store.acquire(input(key.clone())).await?;
+            store
+                .complete(CompleteRequest {
+                    tenant: "bench".into(),
+                    key,
+                    fencing_token: granted.record.fencing_token,
+                    outcome: Outcome::Succeeded { provider_ref: "r".into(), result: None },
+                    actor: Actor::default(),
+                    policy: None,
+                })
+                .await?;
+            Ok(())
+        }
+    })
+    .await
 }
 
 fn uuid_like() -> String {
@@ -129,50 +144,26 @@ enum RawDb {
 
 /// The same two statements idem needs at minimum (insert, then mark done), autocommit.
 async fn raw_pairs(db: RawDb, c: usize, secs: f64) -> anyhow::Result<f64> {
+    const INSERT: &str = "INSERT INTO naive (k, state) VALUES ($1, 'EXECUTING')";
+    const UPDATE: &str = "UPDATE naive SET state = 'SUCCEEDED', ref = 'r' WHERE k = $1";
     let db = Arc::new(db);
-    let done = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let run = uuid_like();
-    let mut tasks = Vec::new();
-    for w in 0..c {
-        let (db, done, run) = (db.clone(), done.clone(), run.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut i = 0u64;
-            while Instant::now() < deadline {
-                let k = format!("{run}-{w}-{i}");
-                match db.as_ref() {
-                    RawDb::Sqlite(p) => {
-                        sqlx::query("INSERT INTO naive (k, state) VALUES ($1, 'EXECUTING')")
-                            .bind(&k)
-                            .execute(p)
-                            .await?;
-                        sqlx::query("UPDATE naive SET state = 'SUCCEEDED', ref = 'r' WHERE k = $1")
-                            .bind(&k)
-                            .execute(p)
-                            .await?;
-                    }
-                    RawDb::Postgres(p) => {
-                        sqlx::query("INSERT INTO naive (k, state) VALUES ($1, 'EXECUTING')")
-                            .bind(&k)
-                            .execute(p)
-                            .await?;
-                        sqlx::query("UPDATE naive SET state = 'SUCCEEDED', ref = 'r' WHERE k = $1")
-                            .bind(&k)
-                            .execute(p)
-                            .await?;
-                    }
+    drive(c, secs, move |k: String| {
+        let db = db.clone();
+        async move {
+            match db.as_ref() {
+                RawDb::Sqlite(p) => {
+                    sqlx::query(INSERT).bind(&k).execute(p).await?;
+                    sqlx::query(UPDATE).bind(&k).execute(p).await?;
                 }
-                done.fetch_add(1, Ordering::Relaxed);
-                i += 1;
+                RawDb::Postgres(p) => {
+                    sqlx::query(INSERT).bind(&k).execute(p).await?;
+                    sqlx::query(UPDATE).bind(&k).execute(p).await?;
+                }
             }
-            anyhow::Ok(())
-        }));
-    }
-    let start = Instant::now();
-    for t in tasks {
-        t.await??;
-    }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(secs))
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// Mean fsync latency of a small write on the disk under `dir` (ms).
