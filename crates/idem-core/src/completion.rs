@@ -4,6 +4,8 @@
 //! - The presented fencing token must equal the record's current token; otherwise the
 //!   completion is stale ([`CompleteError::StaleToken`]) and changes nothing
 //!   (DESIGN.md §2 invariant 1).
+//! - A connector's operation (other than a lookup-only `lookup:…` one) is completed only by
+//!   idem's executor ([`CompleteError::ConnectorOwned`]).
 //! - The record must be EXECUTING, or UNKNOWN because that same lease expired (a *late*
 //!   completion: nobody was granted since, and the worker's report is the best evidence
 //!   there is — it settles the UNKNOWN as reconciliation would).
@@ -111,6 +113,11 @@ pub enum CompleteError {
     /// The record is PENDING: the lease behind this token was already completed.
     #[error("the operation is {state}, not EXECUTING: acquire it before completing")]
     NotExecuting { state: State },
+    /// A connector performs this operation; only idem's executor reports its outcome.
+    #[error(
+        "connector {connector:?} performs this operation and reports its outcome; use resolve for an operator's decision"
+    )]
+    ConnectorOwned { connector: String },
     /// The outcome's fields are malformed.
     #[error("{0}")]
     Invalid(String),
@@ -144,6 +151,14 @@ pub fn plan_completion(
     now_ms: i64,
 ) -> Result<CompletionPlan, CompleteError> {
     outcome.validate()?;
+    // An executing connector's operations are completed by idem's executor only; a
+    // lookup-only one (`lookup:…`, the proxy's) is performed, and completed, by its caller.
+    if let Some(c) = &rec.connector
+        && !c.starts_with("lookup:")
+        && actor.principal != crate::record::EXECUTOR_PRINCIPAL
+    {
+        return Err(CompleteError::ConnectorOwned { connector: c.clone() });
+    }
     if fencing_token != rec.fencing_token {
         return Err(CompleteError::StaleToken { presented: fencing_token, current: rec.fencing_token });
     }
@@ -317,6 +332,20 @@ mod tests {
         let mut last = rec.clone();
         last.attempt_count = RetryPolicy::default().max_attempts;
         assert_eq!(done(&last, 1, o, 100).unwrap().record.state, State::Failed);
+    }
+
+    #[test]
+    fn only_the_executor_completes_a_connectors_operation() {
+        let mut rec = acquired();
+        rec.connector = Some("mail".into());
+        let o = ok("m");
+        let policy = RetryPolicy::default();
+        let by_caller = plan_completion(&rec, rec.fencing_token, &o, &Actor::default(), &policy, 0.5, 10);
+        assert_eq!(by_caller.unwrap_err(), CompleteError::ConnectorOwned { connector: "mail".into() });
+        let by_executor = plan_completion(&rec, rec.fencing_token, &o, &Actor::executor(), &policy, 0.5, 10).unwrap();
+        assert_eq!(by_executor.record.evidence_source.as_deref(), Some("connector"));
+        rec.connector = Some("lookup:proxy".into());
+        assert!(plan_completion(&rec, rec.fencing_token, &o, &Actor::default(), &policy, 0.5, 10).is_ok());
     }
 
     #[test]

@@ -58,6 +58,7 @@ fn complete_problem(e: CompleteError) -> Problem {
             p.state = Some(state.as_str().into());
             p
         }
+        CompleteError::ConnectorOwned { .. } => Problem::new(StatusCode::CONFLICT, "connector-owned", detail),
         CompleteError::Invalid(_) => Problem::invalid(detail),
     }
 }
@@ -449,21 +450,6 @@ pub async fn complete(
     ApiJson(body): ApiJson<CompleteBody>,
 ) -> Result<Response, Problem> {
     let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
-    // idem's own executor completes the operations it performs; nobody else may.
-    if let Ok(Some(rec)) = state.store.get(&caller.tenant, key.as_str()).await
-        && let Some(c) = rec.connector
-    {
-        return Err(with_rid(
-            Problem::new(
-                StatusCode::CONFLICT,
-                "connector-owned",
-                format!(
-                    "connector {c:?} performs this operation and reports its outcome; use resolve for an operator's decision"
-                ),
-            ),
-            &caller,
-        ));
-    }
     let fencing_token = body.fencing_token;
     let outcome = outcome_of(body).map_err(|p| with_rid(p, &caller))?;
     let out = state
