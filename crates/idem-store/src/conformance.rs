@@ -8,7 +8,7 @@
 
 use crate::keys::Role;
 use crate::{CompleteRequest, ListFilter, Store, StoreError};
-use idem_core::{AcquireInput, Actor, CompleteError, Decision, ManualClock, Outcome, State};
+use idem_core::{AcquireInput, Actor, Clock, CompleteError, Decision, ManualClock, Outcome, State};
 use serde_json::json;
 use std::future::Future;
 use std::pin::Pin;
@@ -49,6 +49,7 @@ cases!(
     sweeper_expires_leases_in_bounded_batches,
     tenants_are_isolated,
     list_filters_and_paginates,
+    overview_counts_states_review_and_mismatches,
     api_keys_authenticate_until_revoked,
     concurrent_acquires_grant_exactly_once,
     every_trigger_is_logged,
@@ -369,6 +370,47 @@ async fn list_filters_and_paginates(h: Harness) {
     assert!(h.store.list(&h.tenant, &f).await.unwrap().items.is_empty());
     let f = ListFilter { needs_review: Some(false), limit: 50, ..Default::default() };
     assert_eq!(h.store.list(&h.tenant, &f).await.unwrap().items.len(), 7);
+    // Key prefix: exact and case-sensitive; SQL wildcards are plain characters.
+    h.clock.advance(1_000);
+    h.store.acquire(input(&h, "k%_x", "P1")).await.unwrap();
+    let keys = |f: ListFilter| {
+        let store = h.store.clone();
+        let tenant = h.tenant.clone();
+        async move { store.list(&tenant, &f).await.unwrap().items.into_iter().map(|r| r.key).collect::<Vec<_>>() }
+    };
+    assert_eq!(keys(ListFilter { key_prefix: Some("k%".into()), limit: 50, ..Default::default() }).await, ["k%_x"]);
+    assert_eq!(keys(ListFilter { key_prefix: Some("k1".into()), limit: 50, ..Default::default() }).await, ["k1"]);
+    assert!(keys(ListFilter { key_prefix: Some("K".into()), limit: 50, ..Default::default() }).await.is_empty());
+    // Time range: [created_from, created_before).
+    let late = h.clock.now_ms();
+    let f = ListFilter { created_from: Some(late), limit: 50, ..Default::default() };
+    assert_eq!(keys(f).await, ["k%_x"]);
+    let f = ListFilter { created_before: Some(late), limit: 50, ..Default::default() };
+    assert_eq!(keys(f).await.len(), 7);
+}
+
+async fn overview_counts_states_review_and_mismatches(h: Harness) {
+    for k in ["a", "b", "c"] {
+        h.store.acquire(input(&h, k, "P1")).await.unwrap();
+    }
+    h.store.complete(complete(&h, "a", T1, success("m"))).await.unwrap();
+    h.store.complete(complete(&h, "b", T1, Outcome::Unknown { message: Some("timeout".into()) })).await.unwrap();
+    let mismatch = h.store.acquire(input(&h, "a", "P2")).await.unwrap();
+    assert_eq!(mismatch.decision, Decision::Mismatch);
+    let now = h.clock.now_ms();
+    let o = h.store.overview(Some(&h.tenant), now + 1, 10).await.unwrap();
+    assert_eq!(o.count_state(State::Succeeded), 1);
+    assert_eq!(o.count_state(State::Unknown), 1);
+    assert_eq!(o.count_state(State::Executing), 1);
+    assert_eq!(o.unknown_stale, 1, "b has been UNKNOWN since before now + 1");
+    assert_eq!(h.store.overview(Some(&h.tenant), now, 10).await.unwrap().unknown_stale, 0);
+    assert_eq!(o.recent_mismatches.len(), 1);
+    assert_eq!(o.recent_mismatches[0].key, "a");
+    // Another tenant sees none of it; all tenants together see at least it.
+    let other = h.store.overview(Some(&format!("{}-other", h.tenant)), now + 1, 10).await.unwrap();
+    assert!(other.groups.is_empty() && other.recent_mismatches.is_empty() && other.unknown_stale == 0);
+    let all = h.store.overview(None, now + 1, 10).await.unwrap();
+    assert!(all.count_state(State::Unknown) >= 1);
 }
 
 async fn api_keys_authenticate_until_revoked(h: Harness) {

@@ -124,6 +124,12 @@ pub struct ListFilter {
     pub action: Option<String>,
     /// Only records with this `needs_review` flag.
     pub needs_review: Option<bool>,
+    /// Only records whose key starts with this (exact, case-sensitive; empty = any).
+    pub key_prefix: Option<String>,
+    /// Only records created at or after this instant (epoch ms).
+    pub created_from: Option<i64>,
+    /// Only records created before this instant (epoch ms).
+    pub created_before: Option<i64>,
     /// Page size, clamped to 1..=[`MAX_PAGE`].
     pub limit: i64,
     /// Continue after this position (from [`Page::next_cursor`]): `(created_at, key)` of
@@ -139,6 +145,42 @@ pub struct Page {
     /// Position after which the next page starts; `None` on the last page. Made only of the
     /// tenant's own data, so it reveals nothing about other tenants.
     pub next_cursor: Option<(i64, String)>,
+}
+
+/// How many records share one (action, state, needs_review) in [`Overview::groups`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupCount {
+    /// The action.
+    pub action: String,
+    /// The state.
+    pub state: State,
+    /// The review flag.
+    pub needs_review: bool,
+    /// Number of records.
+    pub count: i64,
+}
+
+/// The operator's summary of a tenant (or of all tenants), from [`Store::overview`].
+#[derive(Debug, Clone, Default)]
+pub struct Overview {
+    /// Record counts per (action, state, needs_review), ordered by action then state.
+    pub groups: Vec<GroupCount>,
+    /// UNKNOWN records not updated since the `stale_before_ms` instant.
+    pub unknown_stale: i64,
+    /// The latest mismatch (422) events, newest first.
+    pub recent_mismatches: Vec<OperationEvent>,
+}
+
+impl Overview {
+    /// Records in `state`, over all actions.
+    pub fn count_state(&self, state: State) -> i64 {
+        self.groups.iter().filter(|g| g.state == state).map(|g| g.count).sum()
+    }
+
+    /// Records flagged `needs_review` (the review queue's depth).
+    pub fn needs_review(&self) -> i64 {
+        self.groups.iter().filter(|g| g.needs_review).map(|g| g.count).sum()
+    }
 }
 
 /// Store-wide settings.
@@ -187,6 +229,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records of `tenant` matching `filter`, newest first.
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Page, StoreError>;
+
+    /// Counts for the operator's overview of `tenant` (all tenants when `None`, for
+    /// metrics): per (action, state, needs_review), UNKNOWN records not updated since
+    /// `stale_before_ms` (epoch ms), and the `recent` latest mismatch events (at most
+    /// [`MAX_PAGE`]). A full scan of the tenant's records: meant for pages and scrapes,
+    /// not the hot path.
+    async fn overview(&self, tenant: Option<&str>, stale_before_ms: i64, recent: i64) -> Result<Overview, StoreError>;
 
     /// Up to `limit` operations of `connector` due for an attempt (PENDING whose next
     /// attempt is due; EXECUTING redo_safe ones whose lease expired), across tenants,

@@ -243,6 +243,15 @@ impl Store for PgStore {
         ops::list(&mut *self.pool.acquire().await?, tenant, filter).await
     }
 
+    async fn overview(
+        &self,
+        tenant: Option<&str>,
+        stale_before_ms: i64,
+        recent: i64,
+    ) -> Result<crate::Overview, StoreError> {
+        ops::overview(&mut *self.pool.acquire().await?, tenant, stale_before_ms, recent).await
+    }
+
     async fn sweep(&self, limit: i64) -> Result<crate::SweepOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
         let out = ops::sweep(&mut tx, &self.config.retention, self.clock.now_ms(), limit).await?;

@@ -361,6 +361,9 @@ macro_rules! sql_ops {
                  AND (CAST($3 AS TEXT) IS NULL OR action = $3) \
                  AND (CAST($4 AS BOOLEAN) IS NULL OR needs_review = $4) \
                  AND (CAST($5 AS BIGINT) IS NULL OR created_at < $5 OR (created_at = $5 AND op_key < $6)) \
+                 AND (CAST($8 AS TEXT) IS NULL OR substr(op_key, 1, length(CAST($8 AS TEXT))) = $8) \
+                 AND (CAST($9 AS BIGINT) IS NULL OR created_at >= $9) \
+                 AND (CAST($10 AS BIGINT) IS NULL OR created_at < $10) \
                  ORDER BY created_at DESC, op_key DESC LIMIT $7"
             );
             let limit = f.limit.clamp(1, $crate::MAX_PAGE);
@@ -376,6 +379,9 @@ macro_rules! sql_ops {
                 .bind(after_at)
                 .bind(after_key)
                 .bind(limit + 1)
+                .bind(f.key_prefix.as_deref().filter(|p| !p.is_empty()))
+                .bind(f.created_from)
+                .bind(f.created_before)
                 .fetch_all(&mut *conn)
                 .await?;
             let more = rows.len() as i64 > limit;
@@ -385,6 +391,51 @@ macro_rules! sql_ops {
             }
             let next_cursor = if more { items.last().map(|r| (r.created_at, r.key.clone())) } else { None };
             Ok(Page { items, next_cursor })
+        }
+
+        /// Counts for the operator's overview: per (action, state, needs_review) of `tenant`
+        /// (all tenants when `None`), UNKNOWN records unchanged since before `stale_before_ms`,
+        /// and the `recent` latest mismatch (422) events of the tenant.
+        pub(crate) async fn overview(
+            conn: &mut $Conn,
+            tenant: Option<&str>,
+            stale_before_ms: i64,
+            recent: i64,
+        ) -> Result<$crate::Overview, StoreError> {
+            let groups: Vec<(String, String, bool, i64)> = sqlx::query_as(
+                "SELECT action, state, needs_review, COUNT(*) FROM operations \
+                 WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1) GROUP BY action, state, needs_review \
+                 ORDER BY action, state, needs_review",
+            )
+            .bind(tenant)
+            .fetch_all(&mut *conn)
+            .await?;
+            let groups = groups
+                .into_iter()
+                .map(|(action, state, needs_review, count)| {
+                    let state = state.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?;
+                    Ok($crate::GroupCount { action, state, needs_review, count })
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            let (unknown_stale,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM operations WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1) \
+                 AND state = 'UNKNOWN' AND updated_at < $2",
+            )
+            .bind(tenant)
+            .bind(stale_before_ms)
+            .fetch_one(&mut *conn)
+            .await?;
+            let rows: Vec<EventRow> = sqlx::query_as(
+                "SELECT seq, tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, \
+                 fingerprint, reason, error_class, wait_ms FROM operation_events \
+                 WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1) AND kind = 'mismatch' ORDER BY seq DESC LIMIT $2",
+            )
+            .bind(tenant)
+            .bind(recent.clamp(0, $crate::MAX_PAGE))
+            .fetch_all(&mut *conn)
+            .await?;
+            let recent_mismatches = rows.into_iter().map(EventRow::into_event).collect::<Result<Vec<_>, _>>()?;
+            Ok($crate::Overview { groups, unknown_stale, recent_mismatches })
         }
 
         pub(crate) async fn insert_api_key(

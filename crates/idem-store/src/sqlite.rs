@@ -308,6 +308,16 @@ impl Store for SqliteStore {
         ops::list(&mut conn, tenant, filter).await
     }
 
+    async fn overview(
+        &self,
+        tenant: Option<&str>,
+        stale_before_ms: i64,
+        recent: i64,
+    ) -> Result<crate::Overview, StoreError> {
+        let mut conn = self.readers.acquire().await?;
+        ops::overview(&mut conn, tenant, stale_before_ms, recent).await
+    }
+
     async fn expire_leases(&self, limit: i64) -> Result<u64, StoreError> {
         self.send(|r| Command::ExpireLeases(limit, r)).await
     }
