@@ -6,6 +6,8 @@
 #   - PostgreSQL (Debian packages) on 127.0.0.1:5432, started if it is down;
 #   - aiosmtpd and Dovecot (Debian python3-aiosmtpd, dovecot-imapd), which the SMTP
 #     connector's tests start on free loopback ports;
+#   - Chromium and chromedriver (Debian chromium, chromium-driver) for the admin page's
+#     browser test (screenshots land in $CARGO_TARGET_DIR/tmp/ui-screenshots);
 #   - the Rust test runner is plain `cargo test`.
 # Environment:
 #   IDEM_TEST_PG_URL  admin URL of the PostgreSQL server the tests create databases on
@@ -69,8 +71,21 @@ ensure_mail_servers() {
   fi
 }
 
+ensure_browser() {
+  # The admin page is tested end to end in Debian's headless Chromium through chromedriver.
+  local missing=()
+  [ -x /usr/bin/chromium ] || missing+=(chromium)
+  [ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]} (Debian packages)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
 ensure_postgres
 ensure_mail_servers
+ensure_browser
 drop_old_test_databases
 log "cargo test --workspace"
 out=$(mktemp)

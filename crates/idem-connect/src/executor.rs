@@ -69,7 +69,16 @@ impl Executor {
                 crate::connector::retryable("not_started", "the lease ran short before the call could start", Some(0)),
                 Some(entry.policy.clone()),
             ),
-            Some(entry) => (entry.connector.execute(&ctx).await, Some(entry.policy.clone())),
+            Some(entry) => {
+                let outcome = entry.connector.execute(&ctx).await;
+                // Calls that reached the connector (not the ones refused before starting).
+                let labels = [("connector", name.clone())];
+                metrics::counter!("idem_connector_attempts_total", &labels).increment(1);
+                if ctx.attempt > 1 {
+                    metrics::counter!("idem_connector_retries_total", &labels).increment(1);
+                }
+                (outcome, Some(entry.policy.clone()))
+            }
             // Nothing was sent: the connector is gone from the config.
             None => (
                 crate::connector::retryable(
@@ -80,7 +89,14 @@ impl Executor {
                 None,
             ),
         };
-        tracing::info!(tenant = %ctx.tenant, connector = %name, attempt = ctx.attempt, outcome = outcome.name(), "attempt finished");
+        tracing::info!(
+            tenant = %ctx.tenant,
+            key_hash = %idem_core::key::log_hash(&granted.key),
+            connector = %name,
+            attempt = ctx.attempt,
+            outcome = outcome.name(),
+            "attempt finished"
+        );
         let req = CompleteRequest {
             tenant: granted.tenant.clone(),
             key: granted.key.clone(),

@@ -60,7 +60,13 @@ impl Reconciler {
                 ),
             },
         };
-        tracing::info!(tenant = %rec.tenant, connector = ?rec.connector, lookup = ?lookup, "reconciliation lookup");
+        tracing::info!(
+            tenant = %rec.tenant,
+            key_hash = %idem_core::key::log_hash(&rec.key),
+            connector = ?rec.connector,
+            lookup = ?lookup,
+            "reconciliation lookup"
+        );
         self.store
             .reconcile(ReconcileRequest {
                 tenant: rec.tenant.clone(),

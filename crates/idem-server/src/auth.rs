@@ -80,6 +80,7 @@ impl FromRequestParts<AppState> for Caller {
         };
         match state.store.authenticate(secret).await {
             Ok(Some(info)) => {
+                tracing::Span::current().record("tenant", info.tenant.as_str());
                 Ok(Caller { tenant: info.tenant, principal: info.principal, role: info.role, request_id: rid })
             }
             Ok(None) => Err(unauthorized("unknown or revoked API key", rid.as_deref())),

@@ -234,6 +234,12 @@ pub struct ListQuery {
     pub action: Option<String>,
     /// Only operations with (or without) the review flag.
     pub needs_review: Option<bool>,
+    /// Only keys that start with this (exact, case-sensitive).
+    pub key_prefix: Option<String>,
+    /// Only operations created at or after this instant (RFC 3339).
+    pub created_after: Option<String>,
+    /// Only operations created before this instant (RFC 3339).
+    pub created_before: Option<String>,
     /// Page size, 1-500 (default 50).
     pub limit: Option<i64>,
     /// `next_cursor` of the previous page.

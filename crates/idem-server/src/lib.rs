@@ -1,6 +1,7 @@
 //! idem-server: the HTTP API over a [`Store`].
 //!
-//! - [`router`]: `/v1/operations…`, `/healthz`, `/readyz`, `/openapi.json`, `/problems/{slug}`.
+//! - [`router`]: `/v1/operations…`, `/healthz`, `/readyz`, `/openapi.json`, `/problems/{slug}`,
+//!   `/metrics` ([`metrics`]) and the admin page under `/ui` ([`ui`]).
 //! - [`run`]: binds, bootstraps the first admin key, starts the lease sweeper, serves until
 //!   SIGINT/SIGTERM.
 //!
@@ -11,11 +12,14 @@ pub mod auth;
 pub mod dto;
 pub mod json;
 pub mod keys;
+pub mod logging;
+pub mod metrics;
 pub mod openapi;
 pub mod operations;
 pub mod problem;
 pub mod proxy;
 pub mod review;
+pub mod ui;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
@@ -44,16 +48,23 @@ pub struct AppState {
     pub executor: Arc<Executor>,
     /// Settles UNKNOWN operations by lookup.
     pub reconciler: Arc<Reconciler>,
+    /// The admin page's sessions and recent late arrivals.
+    pub ui: Arc<ui::UiState>,
+    /// When `/metrics` last read its gauges from the store.
+    pub gauges: Arc<metrics::GaugeCache>,
 }
 
 impl AppState {
-    /// State with the connectors of `registry`, the loops set up by `config`.
+    /// State with the connectors of `registry`, the loops set up by `config`. The store is
+    /// wrapped in a [`metrics::MeteredStore`], so every user of `AppState::store` (handlers,
+    /// executor, reconciler, sweepers) is counted.
     pub fn new(
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         registry: Arc<Registry>,
         config: &idem_connect::Config,
     ) -> Self {
+        let store: Arc<dyn Store> = Arc::new(metrics::MeteredStore(store));
         let executor = Arc::new(Executor::new(
             store.clone(),
             registry.clone(),
@@ -62,7 +73,7 @@ impl AppState {
         ));
         let reconciler =
             Arc::new(Reconciler::new(store.clone(), registry, Duration::from_millis(config.reconciler.interval_ms)));
-        AppState { store, clock, executor, reconciler }
+        AppState { store, clock, executor, reconciler, ui: Default::default(), gauges: Default::default() }
     }
 }
 
@@ -100,12 +111,15 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/readyz", get(readyz))
         .route("/openapi.json", get(openapi::serve))
         .route("/problems/{slug}", get(problem::describe))
+        .route("/metrics", get(metrics::serve))
+        .merge(ui::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(metrics::track_http))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(logging::trace_layer())
         .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
 }
 
@@ -268,7 +282,9 @@ async fn serve_with(
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
-    let state = AppState::new(store.clone(), clock, config.registry.clone(), &config.connect);
+    metrics::handle();
+    let state = AppState::new(store, clock, config.registry.clone(), &config.connect);
+    let store = state.store.clone();
     let app = app(state.clone(), config.max_body_bytes)?;
     println!("idem: listening on http://{}", listener.local_addr()?);
     let sweep_every = Duration::from_millis(config.connect.retention.sweep_interval_ms);
@@ -277,6 +293,7 @@ async fn serve_with(
         spawn_lease_sweeper(store, config.sweep_interval),
         state.executor.clone().spawn_loop(),
         state.reconciler.clone().spawn_loop(),
+        metrics::spawn_upkeep(),
     ];
     let result = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
     for l in loops {

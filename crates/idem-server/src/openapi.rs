@@ -23,7 +23,8 @@ FAILED record is kept for its action's retention window, counted from completion
 permanent business keys); then a tombstone (key hash, fingerprint, final state) is kept until the tombstone \
 window ends, counted from completion too (default 30 days), and a retry of the key is answered 410 \
 (`/problems/late-arrival`) without executing anything. After that the key is new again. Operations that are \
-not final (PENDING, EXECUTING, UNKNOWN, flagged for review) never expire.",
+not final (PENDING, EXECUTING, UNKNOWN, flagged for review) never expire.\n\nOperators: `/metrics` serves \
+Prometheus counters (no API key; no tenant data), and `/ui` is the admin page (HTML; sign in with an API key).",
     ),
     paths(
         crate::operations::acquire,
@@ -37,6 +38,7 @@ not final (PENDING, EXECUTING, UNKNOWN, flagged for review) never expire.",
         crate::keys::revoke,
         crate::healthz,
         crate::readyz,
+        crate::metrics::serve,
     ),
     components(schemas(AcquireBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView)),
     modifiers(&BearerAuth),

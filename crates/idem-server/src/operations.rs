@@ -76,8 +76,10 @@ fn resolve_problem(e: idem_core::ResolveError) -> Problem {
 }
 
 pub fn parse_key(raw: &str) -> Result<IdempotencyKey, Problem> {
-    IdempotencyKey::parse(raw)
-        .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", e.to_string()))
+    let key = IdempotencyKey::parse(raw)
+        .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", e.to_string()))?;
+    crate::logging::record_key(key.as_str());
+    Ok(key)
 }
 
 fn check_action(action: &str) -> Result<(), Problem> {
@@ -196,6 +198,18 @@ pub async fn acquire(
     }
     loop {
         let out = state.store.acquire(input.clone()).await.map_err(|e| with_rid(store_problem(e), &caller))?;
+        let waits_again = matches!(out.decision, Decision::InProgress { .. }) && tokio::time::Instant::now() < deadline;
+        if !waits_again {
+            crate::metrics::record_trigger(&out.decision);
+        }
+        if out.decision == Decision::Late {
+            state.ui.record_late(crate::ui::LateArrival {
+                tenant: caller.tenant.clone(),
+                key: input.key.clone(),
+                at_ms: state.clock.now_ms(),
+                request_id: caller.request_id.clone(),
+            });
+        }
         let view = || OperationView::of(out.record.clone());
         return Ok(match out.decision {
             Decision::Acquire if out.record.connector.is_some() => {
@@ -547,11 +561,27 @@ fn list_filter(q: ListQuery) -> Result<ListFilter, Problem> {
         .transpose()
         .map_err(|e| Problem::invalid(e.to_string()))?;
     let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    if q.key_prefix.as_ref().is_some_and(|p| p.len() > idem_core::key::MAX_KEY_LEN) {
+        return Err(Problem::invalid("key_prefix is longer than a key can be"));
+    }
     Ok(ListFilter {
         state,
         action: q.action,
         needs_review: q.needs_review,
+        key_prefix: q.key_prefix,
+        created_from: q.created_after.as_deref().map(|t| parse_instant("created_after", t)).transpose()?,
+        created_before: q.created_before.as_deref().map(|t| parse_instant("created_before", t)).transpose()?,
         limit: in_range("limit", q.limit, 1, idem_store::MAX_PAGE, 50)?,
         cursor,
     })
+}
+
+/// Epoch ms of an RFC 3339 instant (`2026-11-30T12:00:00Z`).
+///
+/// # Errors
+/// A 400 problem naming `field`.
+pub fn parse_instant(field: &str, text: &str) -> Result<i64, Problem> {
+    text.parse::<jiff::Timestamp>()
+        .map(|t| t.as_millisecond())
+        .map_err(|_| Problem::invalid(format!("{field} must be an RFC 3339 instant like 2026-11-30T12:00:00Z")))
 }

@@ -140,6 +140,10 @@ pub struct ServeArgs {
     /// Log format on stderr (level via RUST_LOG, default info).
     #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Keep raw idempotency keys out of the logs: log lines then carry only `key_hash`
+    /// (the first 16 hex digits of the key's SHA-256).
+    #[arg(long, env = "IDEM_REDACT_KEYS")]
+    pub redact_keys: bool,
 }
 
 #[derive(Debug, Args)]

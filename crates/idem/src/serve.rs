@@ -51,6 +51,7 @@ struct Prepared {
 
 async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector>>) -> anyhow::Result<Prepared> {
     init_logging(args.log_format);
+    idem_server::logging::set_redact_keys(args.redact_keys);
     let lock = match idem_store::parse_database_url(&args.db.database_url)? {
         idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
         idem_store::DatabaseUrl::Postgres(_) => None,

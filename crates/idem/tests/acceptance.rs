@@ -1,6 +1,7 @@
 //! `idem scenarios run` passes the shipped matrix against idem and the provider double,
 //! and fails, with a clear row and a non-zero exit, when a scenario's provider behaviour is
-//! changed so that its expectation no longer holds.
+//! changed so that its expectation no longer holds; afterwards idem's `/metrics` counts
+//! exactly what the suite did.
 
 mod common;
 
@@ -34,6 +35,7 @@ async fn the_shipped_matrix_passes_and_a_broken_scenario_fails() {
         assert!(text.lines().any(|l| l.starts_with(id) && l.contains("PASS")), "{id} did not pass:\n{text}");
     }
     assert!(text.contains("10 passed, 0 failed, 0 skipped"), "{text}");
+    metrics_match_what_the_suite_did(&s, &text).await;
 
     // Break S6: the provider never recovers, so the operation ends FAILED, not SUCCEEDED.
     let broken = std::fs::read_to_string(format!("{SCENARIOS}/acceptance.toml"))
@@ -48,4 +50,56 @@ async fn the_shipped_matrix_passes_and_a_broken_scenario_fails() {
     assert!(row.contains("FAIL"), "{text}");
     assert!(text.contains("actual:   FAILED"), "the row says what happened:\n{text}");
     assert!(text.contains("9 passed, 1 failed, 0 skipped"), "{text}");
+}
+
+/// The sum of the samples of `name` whose labels include all of `labels`.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| v.parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Compares `/metrics` with the runner's `totals:` line: every trigger's status, the
+/// provider's calls and effects.
+async fn metrics_match_what_the_suite_did(s: &Server, report: &str) {
+    let totals = report.lines().find_map(|l| l.strip_prefix("totals: triggers ")).expect("a totals line");
+    let (count, rest) = totals.split_once(" (").unwrap();
+    let triggers: f64 = count.parse().unwrap();
+    let (by_status, provider) = rest.split_once("); provider calls ").unwrap();
+    let (calls, effects) = provider.split_once(", effects ").unwrap();
+    let (calls, effects): (f64, f64) = (calls.parse().unwrap(), effects.trim().parse().unwrap());
+    let statuses: Vec<(String, f64)> = by_status
+        .split(' ')
+        .map(|p| p.split_once('=').unwrap())
+        .map(|(s, n)| (s.to_string(), n.parse().unwrap()))
+        .collect();
+    assert!(triggers >= 20.0 && calls >= 10.0 && effects >= 5.0, "the suite did something: {totals}");
+
+    let text = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let post = [("method", "POST"), ("route", "/v1/operations")];
+    for (status, n) in &statuses {
+        let labels = [post[0], post[1], ("status", status.as_str())];
+        assert_eq!(metric(&text, "idem_http_requests_total", &labels), *n, "status {status}: {totals}\n{text}");
+    }
+    assert_eq!(metric(&text, "idem_http_requests_total", &post), triggers, "no other trigger was counted");
+    let n = |status: &str| statuses.iter().find(|(s, _)| s == status).map_or(0.0, |(_, n)| *n);
+    assert_eq!(metric(&text, "idem_acquires_total", &[]), triggers, "one decision per trigger\n{text}");
+    assert_eq!(metric(&text, "idem_acquires_total", &[("decision", "mismatch")]), n("422"));
+    assert_eq!(metric(&text, "idem_acquires_total", &[("decision", "late")]), n("410"));
+    assert_eq!(
+        metric(&text, "idem_connector_attempts_total", &[("connector", "orders")]),
+        calls,
+        "every provider call is a counted attempt\n{text}"
+    );
+    let succeeded = metric(&text, "idem_completions_total", &[("outcome", "succeeded")]);
+    let found = metric(&text, "idem_reconciliations_total", &[("result", "found")]);
+    assert_eq!(succeeded + found, effects, "each effect was recorded once, by a completion or a lookup\n{text}");
+    assert!(metric(&text, "idem_http_request_duration_seconds_count", &post) >= triggers);
+    assert!(metric(&text, "idem_store_batch_size_count", &[]) > 0.0, "the store reports its batches\n{text}");
 }

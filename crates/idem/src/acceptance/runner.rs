@@ -149,6 +149,12 @@ pub struct Row {
     pub evidence: String,
     /// PASS, FAIL or SKIP.
     pub result: &'static str,
+    /// HTTP statuses of every trigger it sent, in order.
+    pub statuses: Vec<u16>,
+    /// Calls the provider got for its keys.
+    pub calls: u64,
+    /// Side effects the provider made for its keys.
+    pub effects: usize,
 }
 
 struct Run {
@@ -222,7 +228,7 @@ impl Run {
             .await?)
     }
 
-    async fn scenario(&self, s: &Scenario) -> anyhow::Result<(String, String, bool)> {
+    async fn scenario(&self, s: &Scenario) -> anyhow::Result<Outcome> {
         let mut keys = vec![s.key.clone()];
         self.script(&s.key, &s.provider).await?;
         for (k, steps) in &s.providers {
@@ -231,6 +237,7 @@ impl Run {
         }
         let mut ok = true;
         let mut statuses = Vec::new();
+        let mut all_statuses = Vec::new();
         for t in &s.triggers {
             let key = t.key.clone().unwrap_or_else(|| s.key.clone());
             if !keys.contains(&key) {
@@ -241,6 +248,7 @@ impl Run {
             tokio::time::sleep(Duration::from_millis(t.delay_ms)).await;
             let answers = futures_join(self, &key, &s.action, &payload, wait, t.copies).await?;
             let got: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+            all_statuses.extend(&got);
             ok &= got.iter().all(|s| t.expect_status.contains(s));
             if let Some(n) = t.created {
                 ok &= got.iter().filter(|s| **s == 201).count() == n;
@@ -276,8 +284,18 @@ impl Run {
                 None => "-".into(),
             },
         };
-        Ok((actual, evidence, ok))
+        Ok(Outcome { actual, evidence, ok, statuses: all_statuses, calls, effects })
     }
+}
+
+/// What one scenario's run showed.
+struct Outcome {
+    actual: String,
+    evidence: String,
+    ok: bool,
+    statuses: Vec<u16>,
+    calls: u64,
+    effects: usize,
 }
 
 /// Runs `copies` identical triggers at once.
@@ -358,16 +376,22 @@ pub async fn run(file: &File, target: Target) -> anyhow::Result<Vec<Row>> {
                 actual: format!("skipped: {why}"),
                 evidence: "-".into(),
                 result: "SKIP",
+                statuses: vec![],
+                calls: 0,
+                effects: 0,
             },
             None => {
-                let (actual, evidence, ok) = run.scenario(s).await?;
+                let o = run.scenario(s).await?;
                 Row {
                     id: s.id.clone(),
                     title: s.title.clone(),
                     expected,
-                    actual,
-                    evidence,
-                    result: if ok { "PASS" } else { "FAIL" },
+                    actual: o.actual,
+                    evidence: o.evidence,
+                    result: if o.ok { "PASS" } else { "FAIL" },
+                    statuses: o.statuses,
+                    calls: o.calls,
+                    effects: o.effects,
                 }
             }
         };
@@ -387,5 +411,20 @@ pub fn render(rows: &[Row]) -> String {
     }
     let count = |w: &str| rows.iter().filter(|r| r.result == w).count();
     out.push_str(&format!("{} passed, {} failed, {} skipped\n", count("PASS"), count("FAIL"), count("SKIP")));
+    out.push_str(&totals(rows));
     out
+}
+
+/// One line with what the run did, to compare with idem's `/metrics`:
+/// `totals: triggers 13 (200=3 201=5 202=2 410=1 422=2); provider calls 17, effects 9`.
+pub fn totals(rows: &[Row]) -> String {
+    let statuses: Vec<u16> = rows.iter().flat_map(|r| r.statuses.iter().copied()).collect();
+    let mut by: BTreeMap<u16, usize> = BTreeMap::new();
+    for s in &statuses {
+        *by.entry(*s).or_default() += 1;
+    }
+    let by: Vec<String> = by.iter().map(|(s, n)| format!("{s}={n}")).collect();
+    let calls: u64 = rows.iter().map(|r| r.calls).sum();
+    let effects: usize = rows.iter().map(|r| r.effects).sum();
+    format!("totals: triggers {} ({}); provider calls {calls}, effects {effects}\n", statuses.len(), by.join(" "))
 }

@@ -3,6 +3,7 @@
 
 pub mod mail;
 pub mod proxy;
+pub mod webdriver;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -1,0 +1,79 @@
+//! Request logging: one span per HTTP request, one access-log line per response.
+//!
+//! The span `request` carries `request_id` (the `x-request-id` header, generated when
+//! absent), `method`, `route` (the route template, e.g. `/v1/operations/{key}`, never the
+//! raw path, which would hold the key), `tenant` (once authenticated), `key_hash` (first 16
+//! hex digits of the key's SHA-256, [`idem_core::key::log_hash`]) and `key` (the raw key,
+//! left empty when [`set_redact_keys`] asked for redaction). Every event logged while the
+//! request runs carries these fields (with `--log-format json`, as the `span` object).
+//!
+//! The access log (`target: idem::access`, INFO) logs `status` and `latency_ms` when the
+//! response is ready; silence it with `RUST_LOG=info,idem::access=off`.
+
+use axum::body::Body;
+use axum::http::{Request, Response};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
+use tower_http::trace::{DefaultOnRequest, TraceLayer};
+use tracing::Span;
+use tracing::field::Empty;
+
+static REDACT_KEYS: AtomicBool = AtomicBool::new(false);
+
+/// With `true`, logs carry only the key's hash, never the raw key (`--redact-keys`).
+pub fn set_redact_keys(on: bool) {
+    REDACT_KEYS.store(on, Ordering::Relaxed);
+}
+
+/// Whether raw keys are kept out of logs.
+pub fn redact_keys() -> bool {
+    REDACT_KEYS.load(Ordering::Relaxed)
+}
+
+/// Records the operation's key on the current request span: its hash always, the raw key
+/// unless redaction is on.
+pub fn record_key(key: &str) {
+    let span = Span::current();
+    span.record("key_hash", idem_core::key::log_hash(key).as_str());
+    if !redact_keys() {
+        span.record("key", key);
+    }
+}
+
+fn make_span(req: &Request<Body>) -> Span {
+    let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+    tracing::info_span!(
+        "request",
+        request_id,
+        method = %req.method(),
+        route = Empty,
+        tenant = Empty,
+        key_hash = Empty,
+        key = Empty,
+    )
+}
+
+fn on_response(resp: &Response<Body>, latency: Duration, _span: &Span) {
+    tracing::info!(
+        target: "idem::access",
+        status = resp.status().as_u16(),
+        latency_ms = latency.as_secs_f64() * 1000.0,
+        "request finished"
+    );
+}
+
+/// The tower-http trace layer with idem's span and access log.
+pub type IdemTraceLayer = TraceLayer<
+    SharedClassifier<ServerErrorsAsFailures>,
+    fn(&Request<Body>) -> Span,
+    DefaultOnRequest,
+    fn(&Response<Body>, Duration, &Span),
+>;
+
+/// The trace layer [`crate::router`] installs.
+pub fn trace_layer() -> IdemTraceLayer {
+    TraceLayer::new_for_http()
+        .make_span_with(make_span as fn(&Request<Body>) -> Span)
+        .on_response(on_response as fn(&Response<Body>, Duration, &Span))
+}

@@ -1,0 +1,299 @@
+//! Prometheus metrics at `GET /metrics` (text exposition format 0.0.4).
+//!
+//! The other crates emit through the `metrics` facade (`counter!`, `histogram!`) and never
+//! depend on an exporter; this module installs the process-wide Prometheus recorder
+//! ([`handle`]) and renders it. What is exported (no label ever carries a tenant, a key or
+//! a payload; `action` and `error_class` keep their first 100 values, later ones are
+//! `other`):
+//!
+//! | metric | type | labels | source |
+//! |---|---|---|---|
+//! | `idem_acquires_total` | counter | `decision` = acquired, replay, in_progress, retry_not_due, unknown, mismatch, late | every answered trigger (API and proxy) |
+//! | `idem_completions_total` | counter | `action`, `outcome`, `error_class` | every applied completion (workers and connectors) |
+//! | `idem_connector_attempts_total`, `idem_connector_retries_total` | counter | `connector` | calls a connector made (idem-connect) |
+//! | `idem_reconciliations_total` | counter | `result` = found, absent, inconclusive, too_early | recorded lookups |
+//! | `idem_resolutions_total` | counter | `to` | operators' resolutions |
+//! | `idem_lease_expiries_total` | counter | | leases that expired into UNKNOWN (sweeper or trigger) |
+//! | `idem_http_requests_total` | counter | `method`, `route`, `status` | every HTTP request (route template, not the raw path) |
+//! | `idem_http_request_duration_seconds` | histogram | `method`, `route` | the same, seconds |
+//! | `idem_store_batch_size`, `idem_store_commit_seconds` | histogram | `backend` | idem-store's commits |
+//! | `idem_operations` | gauge | `state` | records per state, all tenants (refreshed at most every 5 s) |
+//! | `idem_review_queue_depth` | gauge | | records flagged `needs_review` |
+//! | `idem_unknown_stale` | gauge | | UNKNOWN records unchanged for 15 minutes or more |
+//!
+//! `/metrics` needs no API key (Prometheus scrapers rarely carry one) and reveals no tenant
+//! data; its database counts are cached for 5 s so scraping cannot load the database.
+
+use crate::AppState;
+use async_trait::async_trait;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use idem_core::{AcquireInput, Decision, Lookup, OperationEvent, OperationRecord, Outcome};
+use idem_store::keys::{ApiKeyInfo, Role};
+use idem_store::{
+    AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Overview, Page, ReconcileOutcome, ReconcileRequest,
+    ResolveRequest, Store, StoreError, SweepOutcome,
+};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long an UNKNOWN record waits before `idem_unknown_stale` counts it (15 min, in ms).
+pub const UNKNOWN_STALE_MS: i64 = 15 * 60 * 1000;
+
+/// How long the database gauges are reused between scrapes.
+const GAUGE_TTL: Duration = Duration::from_secs(5);
+
+/// Latency buckets (seconds): 0.5 ms to 10 s.
+const SECONDS_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// Batch-size buckets (requests per commit).
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0];
+
+/// The process-wide Prometheus recorder's handle, installing the recorder on first use.
+/// When the embedding program installed another recorder first, idem's metrics go there
+/// and this handle renders nothing.
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full("idem_store_batch_size".into()), BATCH_BUCKETS))
+                .expect("the bucket lists are not empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("another metrics recorder is installed; /metrics will be empty");
+            }
+            handle
+        })
+        .clone()
+}
+
+/// Drains histogram samples into their buckets every 5 s (the exporter's upkeep; without
+/// it, samples accumulate between scrapes).
+pub fn spawn_upkeep() -> tokio::task::JoinHandle<()> {
+    let h = handle();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            h.run_upkeep();
+        }
+    })
+}
+
+/// The gauge values last read from the database, and when.
+#[derive(Default)]
+pub struct GaugeCache {
+    last: Mutex<Option<Instant>>,
+}
+
+/// `GET /metrics`: the Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tag = "health", responses(
+    (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain"),
+))]
+pub async fn serve(State(state): State<AppState>) -> Response {
+    let due = {
+        let mut last = state.gauges.last.lock().expect("gauge cache lock");
+        let due = last.is_none_or(|t| t.elapsed() >= GAUGE_TTL);
+        if due {
+            *last = Some(Instant::now());
+        }
+        due
+    };
+    if due {
+        let stale_before = state.clock.now_ms() - UNKNOWN_STALE_MS;
+        match state.store.overview(None, stale_before, 0).await {
+            Ok(o) => {
+                for s in idem_core::State::ALL {
+                    metrics::gauge!("idem_operations", "state" => s.as_str()).set(o.count_state(s) as f64);
+                }
+                metrics::gauge!("idem_review_queue_depth").set(o.needs_review() as f64);
+                metrics::gauge!("idem_unknown_stale").set(o.unknown_stale as f64);
+            }
+            Err(e) => tracing::warn!(error = %e, "metrics: reading the counts failed"),
+        }
+    }
+    let mut r = handle().render().into_response();
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
+    r
+}
+
+/// The `decision` label of an answered trigger.
+pub fn decision_label(d: &Decision) -> &'static str {
+    match d {
+        Decision::Acquire => "acquired",
+        Decision::Replay => "replay",
+        Decision::InProgress { .. } => "in_progress",
+        Decision::RetryNotDue { .. } => "retry_not_due",
+        Decision::Unknown | Decision::ExpireToUnknown => "unknown",
+        Decision::Mismatch => "mismatch",
+        Decision::Late => "late",
+    }
+}
+
+/// Counts one answered trigger.
+pub fn record_trigger(d: &Decision) {
+    metrics::counter!("idem_acquires_total", "decision" => decision_label(d)).increment(1);
+}
+
+/// Middleware: counts and times every request by method, route template and status.
+pub async fn track_http(req: Request, next: Next) -> Response {
+    let method = req.method().as_str().to_owned();
+    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
+    tracing::Span::current().record("route", route.as_str());
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    let secs = start.elapsed().as_secs_f64();
+    let status = resp.status().as_u16().to_string();
+    metrics::counter!("idem_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("idem_http_request_duration_seconds", "method" => method, "route" => route).record(secs);
+    resp
+}
+
+/// A [`Store`] that counts what passes through it: completions, reconciliations,
+/// resolutions and lease expiries. Everything else is delegated unchanged.
+pub struct MeteredStore(pub Arc<dyn Store>);
+
+fn lookup_label(l: &Lookup) -> &'static str {
+    match l {
+        Lookup::Found { .. } => "found",
+        Lookup::Absent => "absent",
+        Lookup::Inconclusive { .. } => "inconclusive",
+        Lookup::TooEarly { .. } => "too_early",
+    }
+}
+
+fn error_class(o: &Outcome) -> String {
+    match o {
+        Outcome::RetryableFailure { error_class, .. } | Outcome::FinalFailure { error_class, .. } => {
+            bounded_label("error_class", error_class)
+        }
+        _ => String::new(),
+    }
+}
+
+/// Most distinct values a client-chosen label (action, error class) gets; later ones are
+/// reported as `other`, so a client cannot grow the exporter's memory without bound.
+pub const MAX_LABEL_VALUES: usize = 100;
+
+/// `value` if it is one of the first [`MAX_LABEL_VALUES`] values seen for `family`, else
+/// `other`.
+pub fn bounded_label(family: &'static str, value: &str) -> String {
+    static SEEN: OnceLock<Mutex<std::collections::HashMap<&'static str, std::collections::HashSet<String>>>> =
+        OnceLock::new();
+    let mut seen = SEEN.get_or_init(Default::default).lock().expect("label set lock");
+    let set = seen.entry(family).or_default();
+    if set.contains(value) || (set.len() < MAX_LABEL_VALUES && set.insert(value.to_owned())) {
+        value.to_owned()
+    } else {
+        "other".to_owned()
+    }
+}
+
+#[async_trait]
+impl Store for MeteredStore {
+    async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
+        let out = self.0.acquire(input).await?;
+        if out.decision == Decision::ExpireToUnknown {
+            metrics::counter!("idem_lease_expiries_total").increment(1);
+        }
+        Ok(out)
+    }
+
+    async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
+        let outcome = req.outcome.name();
+        let class = error_class(&req.outcome);
+        let out = self.0.complete(req).await?;
+        if out.changed {
+            metrics::counter!("idem_completions_total", "action" => bounded_label("action", &out.record.action), "outcome" => outcome, "error_class" => class)
+                .increment(1);
+        }
+        Ok(out)
+    }
+
+    async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {
+        self.0.get(tenant, key).await
+    }
+
+    async fn events(&self, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {
+        self.0.events(tenant, key).await
+    }
+
+    async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Page, StoreError> {
+        self.0.list(tenant, filter).await
+    }
+
+    async fn overview(&self, tenant: Option<&str>, stale_before_ms: i64, recent: i64) -> Result<Overview, StoreError> {
+        self.0.overview(tenant, stale_before_ms, recent).await
+    }
+
+    async fn due_executions(&self, connector: &str, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+        self.0.due_executions(connector, limit).await
+    }
+
+    async fn due_reconciliations(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
+        self.0.due_reconciliations(limit).await
+    }
+
+    async fn reconcile(&self, req: ReconcileRequest) -> Result<ReconcileOutcome, StoreError> {
+        let result = lookup_label(&req.lookup);
+        let out = self.0.reconcile(req).await?;
+        if out.changed {
+            metrics::counter!("idem_reconciliations_total", "result" => result).increment(1);
+        }
+        Ok(out)
+    }
+
+    async fn resolve(&self, req: ResolveRequest) -> Result<OperationRecord, StoreError> {
+        let to = req.to.as_str();
+        let out = self.0.resolve(req).await?;
+        metrics::counter!("idem_resolutions_total", "to" => to).increment(1);
+        Ok(out)
+    }
+
+    async fn sweep(&self, limit: i64) -> Result<SweepOutcome, StoreError> {
+        self.0.sweep(limit).await
+    }
+
+    async fn expire_leases(&self, limit: i64) -> Result<u64, StoreError> {
+        let n = self.0.expire_leases(limit).await?;
+        metrics::counter!("idem_lease_expiries_total").increment(n);
+        Ok(n)
+    }
+
+    async fn create_api_key(
+        &self,
+        tenant: &str,
+        principal: &str,
+        role: Role,
+        secret: Option<String>,
+    ) -> Result<(ApiKeyInfo, String), StoreError> {
+        self.0.create_api_key(tenant, principal, role, secret).await
+    }
+
+    async fn authenticate(&self, secret: &str) -> Result<Option<ApiKeyInfo>, StoreError> {
+        self.0.authenticate(secret).await
+    }
+
+    async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyInfo>, StoreError> {
+        self.0.list_api_keys(tenant).await
+    }
+
+    async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
+        self.0.revoke_api_key(id).await
+    }
+
+    async fn count_api_keys(&self) -> Result<i64, StoreError> {
+        self.0.count_api_keys().await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.0.ping().await
+    }
+}

@@ -1,0 +1,102 @@
+//! The operator's admin page at `/ui`: server-rendered HTML (askama templates in
+//! `templates/ui/`, auto-escaped), readable without JavaScript.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /ui/login`, `POST /ui/login`, `POST /ui/logout` | sign in with an API key, sign out ([`session`]) |
+//! | `GET /ui` | overview: counts by state and action, review queue depth, stale UNKNOWN, recent 422s and 410s |
+//! | `GET /ui/operations` | list with filters (state, action, key prefix, review flag, created from/to) and pages |
+//! | `GET /ui/operations/{key}` | one operation: fields, fingerprint, evidence, payload, result, event timeline |
+//! | `GET /ui/review` | the review queue: flagged operations and UNKNOWN ones, with the resolve form |
+//! | `POST /ui/operations/{key}/resolve`, `…/reconcile` | operator actions (role checked on the server, CSRF-protected) |
+//!
+//! Every page is scoped to the signed-in key's tenant through the same store calls as the
+//! API: another tenant's operation is "not found" here too. This module renders and
+//! validates forms; it decides nothing the API would not (resolution rules live in
+//! idem-core, reached through the store).
+
+mod pages;
+pub mod session;
+
+use crate::AppState;
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+pub use session::{Sessions, UiUser};
+
+/// Late arrivals (410) remembered per process for the overview.
+pub const MAX_LATE_ARRIVALS: usize = 500;
+
+/// What the admin page keeps in memory: sessions and recent late arrivals.
+#[derive(Default)]
+pub struct UiState {
+    /// Signed-in sessions.
+    pub sessions: Sessions,
+    late: Mutex<VecDeque<LateArrival>>,
+}
+
+/// A trigger answered 410 `late-arrival`. Kept in memory only (a tombstone has no event
+/// log): the overview shows this node's most recent ones since it started.
+#[derive(Debug, Clone)]
+pub struct LateArrival {
+    /// Tenant of the trigger.
+    pub tenant: String,
+    /// The key it used.
+    pub key: String,
+    /// When (epoch ms).
+    pub at_ms: i64,
+    /// Its request id.
+    pub request_id: Option<String>,
+}
+
+impl UiState {
+    /// Remembers a late arrival, forgetting the oldest beyond [`MAX_LATE_ARRIVALS`].
+    pub fn record_late(&self, late: LateArrival) {
+        let mut q = self.late.lock().expect("late arrivals lock");
+        if q.len() >= MAX_LATE_ARRIVALS {
+            q.pop_front();
+        }
+        q.push_back(late);
+    }
+
+    /// The `n` latest late arrivals of `tenant`, newest first.
+    pub fn recent_late(&self, tenant: &str, n: usize) -> Vec<LateArrival> {
+        let q = self.late.lock().expect("late arrivals lock");
+        q.iter().rev().filter(|l| l.tenant == tenant).take(n).cloned().collect()
+    }
+}
+
+/// The admin page's routes (mounted at `/ui`).
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/ui", get(pages::overview))
+        .route("/ui/", get(pages::overview))
+        .route("/ui/login", get(pages::login_form).post(pages::login))
+        .route("/ui/logout", post(pages::logout))
+        .route("/ui/operations", get(pages::operations))
+        .route("/ui/operations/{key}", get(pages::operation))
+        .route("/ui/operations/{key}/resolve", post(pages::resolve))
+        .route("/ui/operations/{key}/reconcile", post(pages::reconcile))
+        .route("/ui/review", get(pages::review))
+        .route("/ui/style.css", get(pages::style))
+}
+
+/// An HTML error page with `status` and `message`.
+pub fn error_page(user: Option<&UiUser>, status: StatusCode, message: &str) -> Response {
+    html(status, &pages::ErrorPage { nav: pages::Nav::of(user), status: status.as_u16(), message: message.into() })
+}
+
+/// Renders an askama template as an HTML response with `status`.
+fn html<T: askama::Template>(status: StatusCode, t: &T) -> Response {
+    match t.render() {
+        Ok(body) => (status, Html(body)).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "admin page: template failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "template error").into_response()
+        }
+    }
+}
