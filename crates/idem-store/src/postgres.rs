@@ -42,7 +42,7 @@ mod fast {
     }
 
     fn push_events(q: &mut QueryBuilder<Postgres>, events: &[OperationEvent]) {
-        q.push_values(events, |b, e| crate::row::bind_event(b, e));
+        q.push_values(events, crate::row::bind_event);
     }
 
     /// Inserts a new record with its events in one statement, unless the key exists or a

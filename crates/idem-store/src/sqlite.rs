@@ -67,6 +67,11 @@ fn options(path: &Path) -> SqliteConnectOptions {
         .synchronous(SqliteSynchronous::Full)
         .busy_timeout(BUSY_TIMEOUT)
         .foreign_keys(true)
+        // Statement journals (the undo log of a SAVEPOINT or of one statement inside the
+        // transaction) in memory instead of a temporary file created, written and deleted
+        // per batch. They only serve rollbacks inside an open transaction; crash recovery
+        // uses the WAL, so durability is unchanged.
+        .pragma("temp_store", "memory")
 }
 
 impl SqliteStore {
@@ -166,6 +171,30 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
     }
 }
 
+/// The acquires and completions of `cmds`, as the batch writer sees them.
+fn hot_views(cmds: &[Command]) -> Vec<crate::sqlite_batch::Hot<'_>> {
+    use crate::sqlite_batch::Hot;
+    cmds.iter()
+        .filter_map(|c| match c {
+            Command::Acquire(i, _) => Some(Hot::Acquire(i)),
+            Command::Complete(r, _) => Some(Hot::Complete(r)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Pairs hot commands with their answers, in order.
+fn answers(cmds: impl Iterator<Item = Command>, results: Vec<crate::sqlite_batch::HotResult>) -> Vec<Pending> {
+    use crate::sqlite_batch::HotResult;
+    cmds.zip(results)
+        .map(|(cmd, res)| match (cmd, res) {
+            (Command::Acquire(_, reply), HotResult::Acquire(r)) => pending(reply, r),
+            (Command::Complete(_, reply), HotResult::Complete(r)) => pending(reply, r),
+            (cmd, _) => fail(cmd, StoreError::Corrupt("batch answers out of order".into())),
+        })
+        .collect()
+}
+
 fn is_hot(cmd: &Command) -> bool {
     matches!(cmd, Command::Acquire(..) | Command::Complete(..))
 }
@@ -179,7 +208,7 @@ async fn run_hot(
     clock: &dyn Clock,
     config: &StoreConfig,
 ) -> Vec<Pending> {
-    use crate::sqlite_batch::{Hot, HotResult, run_segment};
+    use crate::sqlite_batch::run_segment;
     if let Err(e) = exec(conn, "SAVEPOINT seg").await {
         let msg = e.to_string();
         return segment
@@ -187,27 +216,9 @@ async fn run_hot(
             .map(|c| fail(c, StoreError::Database(sqlx::Error::Protocol(msg.clone()))))
             .collect();
     }
-    let outcome = {
-        let reqs: Vec<Hot<'_>> = segment
-            .iter()
-            .filter_map(|c| match c {
-                Command::Acquire(i, _) => Some(Hot::Acquire(i)),
-                Command::Complete(r, _) => Some(Hot::Complete(r)),
-                _ => None,
-            })
-            .collect();
-        run_segment(conn, &reqs, config, clock.now_ms()).await
-    };
+    let outcome = { run_segment(conn, &hot_views(&segment), config, clock.now_ms()).await };
     match outcome {
-        Ok(results) if exec(conn, "RELEASE seg").await.is_ok() => segment
-            .into_iter()
-            .zip(results)
-            .map(|(cmd, res)| match (cmd, res) {
-                (Command::Acquire(_, reply), HotResult::Acquire(r)) => pending(reply, r),
-                (Command::Complete(_, reply), HotResult::Complete(r)) => pending(reply, r),
-                (cmd, _) => fail(cmd, StoreError::Corrupt("segment answers out of order".into())),
-            })
-            .collect(),
+        Ok(results) if exec(conn, "RELEASE seg").await.is_ok() => answers(segment.into_iter(), results),
         other => {
             if let Err(e) = &other {
                 tracing::warn!(error = %e, "group-commit segment failed; retrying its requests one by one");
@@ -244,43 +255,110 @@ async fn writer_loop(
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
-        let commit_error = match exec(&mut conn, "BEGIN IMMEDIATE").await {
-            Err(e) => {
-                let msg = e.to_string();
-                for cmd in batch.drain(..) {
-                    done.push(fail(cmd, StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))));
-                }
-                None
-            }
-            Ok(()) => {
-                let mut cmds = batch.drain(..).peekable();
-                while let Some(cmd) = cmds.next() {
-                    if is_hot(&cmd) {
-                        let mut segment = vec![cmd];
-                        while let Some(next) = cmds.next_if(is_hot) {
-                            segment.push(next);
-                        }
-                        done.extend(run_hot(&mut conn, segment, clock.as_ref(), &config).await);
-                    } else {
-                        done.push(run_one(&mut conn, cmd, clock.as_ref(), &config).await);
-                    }
-                }
-                match exec(&mut conn, "COMMIT").await {
-                    Ok(()) => None,
-                    Err(e) => {
-                        let _ = exec(&mut conn, "ROLLBACK").await;
-                        Some(e.to_string())
-                    }
-                }
-            }
+        let n = batch.len();
+        let (done, commit_error) = if batch.iter().all(is_hot) {
+            run_fast(&mut conn, &mut batch, clock.as_ref(), &config).await
+        } else {
+            run_general(&mut conn, &mut batch, clock.as_ref(), &config).await
         };
+        if commit_error.is_none() {
+            metrics::histogram!("idem_store_batch_size", "backend" => "sqlite").record(n as f64);
+        }
         tracing::trace!(batch = done.len(), "sqlite group commit");
         for p in done {
             p(commit_error.as_deref());
         }
     }
     let _ = conn.close().await;
+}
+
+fn record_commit(seconds: f64) {
+    metrics::histogram!("idem_store_commit_seconds", "backend" => "sqlite").record(seconds);
+}
+
+/// A batch of acquires and completions only (the usual case): two round trips to
+/// SQLite's thread (see [`crate::sqlite_batch::run_batch`]). On a database error before
+/// the commit, the transaction is rolled back and the batch runs the general way.
+async fn run_fast(
+    conn: &mut SqliteConnection,
+    batch: &mut Vec<Command>,
+    clock: &dyn Clock,
+    config: &StoreConfig,
+) -> (Vec<Pending>, Option<String>) {
+    use crate::sqlite_batch::{Fast, run_batch};
+    let outcome = { run_batch(conn, &hot_views(batch), config, clock.now_ms(), record_commit).await };
+    match outcome {
+        Fast::BeginFailed(e) => {
+            let msg = e.to_string();
+            let done = batch
+                .drain(..)
+                .map(|cmd| fail(cmd, StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))))
+                .collect();
+            (done, None)
+        }
+        Fast::Retry(e) => {
+            tracing::warn!(error = %e, "group-commit batch failed; running it again request by request");
+            let _ = exec(conn, "ROLLBACK").await;
+            run_general(conn, batch, clock, config).await
+        }
+        Fast::Done(results, commit_error) => {
+            let commit_error = commit_error.map(|e| {
+                let msg = e.to_string();
+                tracing::warn!(error = %msg, "group commit failed");
+                msg
+            });
+            if commit_error.is_some() {
+                let _ = exec(conn, "ROLLBACK").await;
+            }
+            (answers(batch.drain(..), results), commit_error)
+        }
+    }
+}
+
+/// Any batch: `BEGIN IMMEDIATE`, runs of hot requests as segments and other commands one
+/// by one, each under its own savepoint, then `COMMIT`.
+async fn run_general(
+    conn: &mut SqliteConnection,
+    batch: &mut Vec<Command>,
+    clock: &dyn Clock,
+    config: &StoreConfig,
+) -> (Vec<Pending>, Option<String>) {
+    let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
+    let commit_error = match exec(conn, "BEGIN IMMEDIATE").await {
+        Err(e) => {
+            let msg = e.to_string();
+            for cmd in batch.drain(..) {
+                done.push(fail(cmd, StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))));
+            }
+            None
+        }
+        Ok(()) => {
+            let mut cmds = batch.drain(..).peekable();
+            while let Some(cmd) = cmds.next() {
+                if is_hot(&cmd) {
+                    let mut segment = vec![cmd];
+                    while let Some(next) = cmds.next_if(is_hot) {
+                        segment.push(next);
+                    }
+                    done.extend(run_hot(conn, segment, clock, config).await);
+                } else {
+                    done.push(run_one(conn, cmd, clock, config).await);
+                }
+            }
+            let start = std::time::Instant::now();
+            match exec(conn, "COMMIT").await {
+                Ok(()) => {
+                    record_commit(start.elapsed().as_secs_f64());
+                    None
+                }
+                Err(e) => {
+                    let _ = exec(conn, "ROLLBACK").await;
+                    Some(e.to_string())
+                }
+            }
+        }
+    };
+    (done, commit_error)
 }
 
 #[async_trait]

@@ -41,6 +41,21 @@ const CHUNK: usize = 500;
 
 type Key = (String, String);
 
+const UPSERT_HEAD: &str = "INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
+     lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, \
+     verified_at, evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, \
+     connector, lookup_attempts) ";
+const UPSERT_TAIL: &str = " ON CONFLICT (tenant, op_key) DO UPDATE SET state = excluded.state, \
+     attempt_count = excluded.attempt_count, lease_owner = excluded.lease_owner, \
+     lease_expires_at = excluded.lease_expires_at, fencing_token = excluded.fencing_token, \
+     next_attempt_at = excluded.next_attempt_at, provider_ref = excluded.provider_ref, result = excluded.result, \
+     error_class = excluded.error_class, error_message = excluded.error_message, verified_at = excluded.verified_at, \
+     evidence_source = excluded.evidence_source, needs_review = excluded.needs_review, \
+     updated_at = excluded.updated_at, completed_at = excluded.completed_at, expires_at = excluded.expires_at, \
+     version = excluded.version, lookup_attempts = excluded.lookup_attempts";
+const EVENTS_HEAD: &str = "INSERT INTO operation_events (tenant, op_key, at, kind, principal, request_id, from_state, \
+     to_state, fencing_token, fingerprint, reason, error_class, wait_ms) ";
+
 fn key_of(h: &Hot<'_>) -> Key {
     match h {
         Hot::Acquire(i) => (i.tenant.clone(), i.key.clone()),
@@ -98,23 +113,9 @@ async fn load_tombstones(conn: &mut SqliteConnection, keys: &[Key]) -> Result<Ha
 
 async fn upsert(conn: &mut SqliteConnection, records: &[&OperationRecord]) -> Result<(), StoreError> {
     for chunk in records.chunks(CHUNK) {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, \
-             lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
-             evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, connector, \
-             lookup_attempts) ",
-        );
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(UPSERT_HEAD);
         q.push_values(chunk, |b, r| crate::row::bind_record(b, r));
-        q.push(
-            " ON CONFLICT (tenant, op_key) DO UPDATE SET state = excluded.state, attempt_count = excluded.attempt_count, \
-             lease_owner = excluded.lease_owner, lease_expires_at = excluded.lease_expires_at, \
-             fencing_token = excluded.fencing_token, next_attempt_at = excluded.next_attempt_at, \
-             provider_ref = excluded.provider_ref, result = excluded.result, error_class = excluded.error_class, \
-             error_message = excluded.error_message, verified_at = excluded.verified_at, \
-             evidence_source = excluded.evidence_source, needs_review = excluded.needs_review, \
-             updated_at = excluded.updated_at, completed_at = excluded.completed_at, expires_at = excluded.expires_at, \
-             version = excluded.version, lookup_attempts = excluded.lookup_attempts",
-        );
+        q.push(UPSERT_TAIL);
         q.build().execute(&mut *conn).await?;
     }
     Ok(())
@@ -122,30 +123,29 @@ async fn upsert(conn: &mut SqliteConnection, records: &[&OperationRecord]) -> Re
 
 async fn insert_events(conn: &mut SqliteConnection, events: &[OperationEvent]) -> Result<(), StoreError> {
     for chunk in events.chunks(CHUNK) {
-        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(
-            "INSERT INTO operation_events (tenant, op_key, at, kind, principal, request_id, from_state, to_state, \
-             fencing_token, fingerprint, reason, error_class, wait_ms) ",
-        );
-        q.push_values(chunk, |b, e| crate::row::bind_event(b, e));
+        let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(EVENTS_HEAD);
+        q.push_values(chunk, crate::row::bind_event);
         q.build().execute(&mut *conn).await?;
     }
     Ok(())
 }
 
-/// Runs `reqs` in order against one read of their records and writes the result with a
-/// few statements. `Err` only for database failures (the caller then retries one by one).
-pub(crate) async fn run_segment(
-    conn: &mut SqliteConnection,
+/// What a segment writes and answers: the pure plans applied in order to one read.
+struct Planned {
+    results: Vec<HotResult>,
+    changed: Vec<OperationRecord>,
+    events: Vec<OperationEvent>,
+}
+
+/// Applies `reqs` in order to `records` (and, for keys without a record, their
+/// tombstones) with idem-core's plans. No I/O.
+fn plan(
     reqs: &[Hot<'_>],
+    mut records: HashMap<Key, OperationRecord>,
+    tombstones: &HashMap<Key, Tombstone>,
     config: &StoreConfig,
     now_ms: i64,
-) -> Result<Vec<HotResult>, StoreError> {
-    let mut keys: Vec<Key> = reqs.iter().map(key_of).collect();
-    keys.sort();
-    keys.dedup();
-    let mut records = load_all(conn, &keys).await?;
-    let missing: Vec<Key> = keys.iter().filter(|k| !records.contains_key(*k)).cloned().collect();
-    let tombstones = load_tombstones(conn, &missing).await?;
+) -> Planned {
     let mut dirty: Vec<Key> = Vec::new();
     let mut events = Vec::new();
     let mut results = Vec::with_capacity(reqs.len());
@@ -196,8 +196,171 @@ pub(crate) async fn run_segment(
     }
     dirty.sort();
     dirty.dedup();
-    let changed: Vec<&OperationRecord> = dirty.iter().filter_map(|k| records.get(k)).collect();
+    let changed = dirty.iter().filter_map(|k| records.remove(k)).collect();
+    Planned { results, changed, events }
+}
+
+/// Runs `reqs` in order against one read of their records and writes the result with a
+/// few statements. `Err` only for database failures (the caller then retries one by one).
+pub(crate) async fn run_segment(
+    conn: &mut SqliteConnection,
+    reqs: &[Hot<'_>],
+    config: &StoreConfig,
+    now_ms: i64,
+) -> Result<Vec<HotResult>, StoreError> {
+    let mut keys: Vec<Key> = reqs.iter().map(key_of).collect();
+    keys.sort();
+    keys.dedup();
+    let records = load_all(conn, &keys).await?;
+    let missing: Vec<Key> = keys.iter().filter(|k| !records.contains_key(*k)).cloned().collect();
+    let tombstones = load_tombstones(conn, &missing).await?;
+    let planned = plan(reqs, records, &tombstones, config, now_ms);
+    let changed: Vec<&OperationRecord> = planned.changed.iter().collect();
     upsert(conn, &changed).await?;
-    insert_events(conn, &events).await?;
-    Ok(results)
+    insert_events(conn, &planned.events).await?;
+    Ok(planned.results)
+}
+
+/// The next item of a sqlx stream.
+async fn next<T>(stream: &mut (impl futures_core::Stream<Item = T> + Unpin)) -> Option<T> {
+    std::future::poll_fn(|cx| std::pin::Pin::new(&mut *stream).poll_next(cx)).await
+}
+
+/// How a batch went on the fast path.
+pub(crate) enum Fast {
+    /// `BEGIN IMMEDIATE` failed: nothing ran.
+    BeginFailed(sqlx::Error),
+    /// A statement failed inside the open transaction: the caller rolls back and runs
+    /// the batch on the general path (savepoints, one by one on error).
+    Retry(StoreError),
+    /// The transaction ended: committed (`None`) or its `COMMIT` failed (`Some`).
+    Done(Vec<HotResult>, Option<sqlx::Error>),
+}
+
+/// A whole batch of acquires and completions in two round trips to SQLite's thread:
+/// `BEGIN IMMEDIATE` + the read of every record and tombstone, then the multi-row
+/// upsert + the events + `COMMIT`. Same reads, plans and writes as [`run_segment`]; a
+/// batch that only holds hot requests needs no savepoint, since on any error the whole
+/// transaction is rolled back and the caller runs the batch again the general way.
+///
+/// sqlx runs the statements of one query string in order, binding positional `?`
+/// parameters across them, and reports each statement's end (`Either::Left`), so an
+/// error is attributed to the statement that raised it.
+pub(crate) async fn run_batch(
+    conn: &mut SqliteConnection,
+    reqs: &[Hot<'_>],
+    config: &StoreConfig,
+    now_ms: i64,
+    commit_seconds: impl FnOnce(f64),
+) -> Fast {
+    use sqlx::{Either, Executor, FromRow, Row};
+    let mut keys: Vec<Key> = reqs.iter().map(key_of).collect();
+    keys.sort();
+    keys.dedup();
+    if keys.len() > CHUNK {
+        // Never with MAX_BATCH requests; keeps every statement within SQLite's limits.
+        return Fast::Retry(StoreError::Invalid("batch too large for the fast path".into()));
+    }
+    // 1. BEGIN IMMEDIATE; the records; the tombstones of the same keys.
+    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(concat!(
+        "BEGIN IMMEDIATE; SELECT ",
+        operation_columns!(),
+        " FROM operations WHERE (tenant, op_key) IN ("
+    ));
+    q.push_values(&keys, |mut b, (t, k)| {
+        b.push_bind(t.clone()).push_bind(k.clone());
+    });
+    q.push(
+        "); SELECT tenant, key_hash, fingerprint, final_state, completed_at, expires_at FROM tombstones \
+         WHERE (tenant, key_hash) IN (",
+    );
+    let hashes: Vec<String> = keys.iter().map(|(_, k)| key_hash(k)).collect();
+    q.push_values(keys.iter().zip(&hashes), |mut b, ((t, _), h)| {
+        b.push_bind(t.clone()).push_bind(h.clone());
+    });
+    q.push(")");
+    let mut records = HashMap::with_capacity(keys.len());
+    let mut tombstones = HashMap::new();
+    let mut ended = 0;
+    {
+        let mut stream = conn.fetch_many(q.build());
+        loop {
+            let item = match next(&mut stream).await {
+                Some(Ok(item)) => item,
+                None => break,
+                Some(Err(e)) if ended == 0 => return Fast::BeginFailed(e),
+                Some(Err(e)) => return Fast::Retry(e.into()),
+            };
+            let decoded = match item {
+                Either::Left(_) => {
+                    ended += 1;
+                    Ok(())
+                }
+                Either::Right(row) if row.len() == 6 => <(String, String, String, String, i64, i64)>::from_row(&row)
+                    .map_err(StoreError::from)
+                    .and_then(|(tenant, hash, fingerprint, state, completed_at, expires_at)| {
+                        let final_state = state
+                            .parse()
+                            .map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?;
+                        if let Some(i) = hashes.iter().position(|h| *h == hash)
+                            && keys[i].0 == tenant
+                        {
+                            let t = Tombstone {
+                                tenant,
+                                key_hash: hash,
+                                fingerprint,
+                                final_state,
+                                completed_at,
+                                expires_at,
+                            };
+                            tombstones.insert(keys[i].clone(), t);
+                        }
+                        Ok(())
+                    }),
+                Either::Right(row) => OperationRow::from_row(&row).map_err(StoreError::from).and_then(|r| {
+                    let rec = r.into_record()?;
+                    records.insert((rec.tenant.clone(), rec.key.clone()), rec);
+                    Ok(())
+                }),
+            };
+            if let Err(e) = decoded {
+                return Fast::Retry(e);
+            }
+        }
+    }
+    // A tombstone counts only for a key without a record.
+    tombstones.retain(|k, _| !records.contains_key(k));
+    // 2. The plans, in memory.
+    let planned = plan(reqs, records, &tombstones, config, now_ms);
+    // 3. The upsert, the events, COMMIT.
+    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new("");
+    let mut before_commit = 0;
+    if !planned.changed.is_empty() {
+        q.push(UPSERT_HEAD);
+        q.push_values(&planned.changed, crate::row::bind_record);
+        q.push(UPSERT_TAIL);
+        q.push("; ");
+        before_commit += 1;
+    }
+    for chunk in planned.events.chunks(CHUNK) {
+        q.push(EVENTS_HEAD);
+        q.push_values(chunk, crate::row::bind_event);
+        q.push("; ");
+        before_commit += 1;
+    }
+    q.push("COMMIT");
+    let start = std::time::Instant::now();
+    let mut ended = 0;
+    let mut stream = conn.fetch_many(q.build());
+    loop {
+        match next(&mut stream).await {
+            Some(Ok(Either::Left(_))) => ended += 1,
+            Some(Ok(Either::Right(_))) => {}
+            None => break,
+            Some(Err(e)) if ended == before_commit => return Fast::Done(planned.results, Some(e)),
+            Some(Err(e)) => return Fast::Retry(e.into()),
+        }
+    }
+    commit_seconds(start.elapsed().as_secs_f64());
+    Fast::Done(planned.results, None)
 }
