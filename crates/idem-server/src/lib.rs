@@ -96,10 +96,21 @@ pub struct ServerConfig {
     pub registry: Arc<Registry>,
 }
 
-/// The application's routes with their middleware.
+/// The application's routes with their middleware: the API, `/metrics` and the admin page.
 pub fn router(state: AppState, max_body_bytes: usize) -> Router {
+    app(state, max_body_bytes, true)
+}
+
+/// [`router`] without the admin page, for `idem proxy`, which nests it under `/_idem/`
+/// (the page's links and cookie assume `/ui`; run `idem serve` on the same database for it).
+pub fn api_router(state: AppState, max_body_bytes: usize) -> Router {
+    app(state, max_body_bytes, false)
+}
+
+fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
     let x_request_id = axum::http::HeaderName::from_static("x-request-id");
-    Router::new()
+    let routes = if with_ui { ui::router() } else { Router::new() };
+    routes
         .route("/v1/operations", post(operations::acquire).get(operations::list))
         .route("/v1/operations/{key}", get(operations::get_one))
         .route("/v1/operations/{key}/complete", post(operations::complete))
@@ -112,7 +123,6 @@ pub fn router(state: AppState, max_body_bytes: usize) -> Router {
         .route("/openapi.json", get(openapi::serve))
         .route("/problems/{slug}", get(problem::describe))
         .route("/metrics", get(metrics::serve))
-        .merge(ui::router())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -261,7 +271,7 @@ pub async fn run_proxy(
     proxy_config: proxy::ProxyConfig,
 ) -> std::io::Result<()> {
     serve_with(store, clock, config, move |state, body_limit| {
-        let api = router(state.clone(), body_limit);
+        let api = api_router(state.clone(), body_limit);
         let proxy_state = proxy::ProxyState::new(state, proxy_config).map_err(std::io::Error::other)?;
         Ok(proxy::router(proxy_state, api))
     })
