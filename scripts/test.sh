@@ -8,7 +8,8 @@
 #     connector's tests start on free loopback ports;
 #   - Chromium and chromedriver (Debian chromium, chromium-driver) for the admin page's
 #     browser test (screenshots land in $CARGO_TARGET_DIR/tmp/ui-screenshots);
-#   - the Rust test runner is plain `cargo test`.
+#   - the Rust test runner is plain `cargo test`, then the `otel` feature's test
+#     (`cargo test --features idem/otel --test otel`).
 # Environment:
 #   IDEM_TEST_PG_URL  admin URL of the PostgreSQL server the tests create databases on
 #                     (default postgres://postgres@127.0.0.1:5432/postgres, or with a
@@ -93,6 +94,12 @@ trap 'rm -f "$out"' EXIT
 set +e
 cargo test --workspace --locked "$@" 2>&1 | tee "$out"
 status=${PIPESTATUS[0]}
+# The optional OpenTelemetry export (cargo feature idem/otel, off by default) has its own
+# test binary; built with --workspace so features unify as above and little is rebuilt.
+log "cargo test --features idem/otel --test otel"
+cargo test --workspace --features idem/otel --test otel --locked 2>&1 | tee -a "$out"
+otel_status=${PIPESTATUS[0]}
+[ "$status" -ne 0 ] || status=$otel_status
 set -e
 # One closing line over all test binaries (cargo prints one "test result" per binary).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

@@ -144,6 +144,12 @@ pub struct ServeArgs {
     /// (the first 16 hex digits of the key's SHA-256).
     #[arg(long, env = "IDEM_REDACT_KEYS")]
     pub redact_keys: bool,
+    /// Export traces (one span per HTTP request) to this OpenTelemetry collector, over
+    /// OTLP/HTTP with protobuf: a base URL such as http://127.0.0.1:4318 (spans go to
+    /// {URL}/v1/traces). Service name `idem`, or OTEL_SERVICE_NAME. Needs an idem built
+    /// with `--features otel`; without it, giving this fails at start.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,8 @@ mod bench;
 mod cli;
 mod client;
 mod keys;
+#[cfg(feature = "otel")]
+mod otel;
 mod output;
 mod serve;
 

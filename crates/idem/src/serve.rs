@@ -7,18 +7,35 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing_subscriber::EnvFilter;
 
-fn init_logging(format: LogFormat) {
+/// Sets up the global tracing subscriber: the `RUST_LOG` filter (default
+/// `info,sqlx=warn,tower_http=warn`), log lines on stderr (text or JSON), and, with
+/// `otlp_endpoint` in a build with the `otel` feature, span export to OpenTelemetry
+/// ([`crate::otel`]; the same filter decides which spans go out).
+///
+/// # Errors
+/// An OTLP endpoint in a build without the `otel` feature (one line naming the feature),
+/// or an endpoint the exporter refuses.
+fn init_logging(format: LogFormat, otlp_endpoint: Option<&str>) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
     // Colours only for a terminal: redirected logs stay plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        LogFormat::Json => fmt.json().boxed(),
+    };
+    #[cfg(feature = "otel")]
+    let otel = otlp_endpoint.map(crate::otel::layer).transpose()?;
+    #[cfg(not(feature = "otel"))]
+    let otel: Option<tracing_subscriber::layer::Identity> = match otlp_endpoint {
+        Some(_) => anyhow::bail!(
+            "--otlp-endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) needs an idem built with `--features otel`; this build has no OpenTelemetry export"
+        ),
+        None => None,
+    };
+    tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init()?;
+    Ok(())
 }
 
 /// Takes an exclusive lock beside an SQLite file for this process's lifetime: one
@@ -50,7 +67,8 @@ struct Prepared {
 }
 
 async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector>>) -> anyhow::Result<Prepared> {
-    init_logging(args.log_format);
+    // First, before anything is opened: an OTLP endpoint this build cannot honour fails here.
+    init_logging(args.log_format, args.otlp_endpoint.as_deref().filter(|e| !e.trim().is_empty()))?;
     idem_server::logging::set_redact_keys(args.redact_keys);
     let lock = match idem_store::parse_database_url(&args.db.database_url)? {
         idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
@@ -84,7 +102,10 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let p = prepare(args, None).await?;
-    Ok(idem_server::run(p.store, p.clock, p.config).await?)
+    let served = idem_server::run(p.store, p.clock, p.config).await;
+    #[cfg(feature = "otel")]
+    crate::otel::shutdown().await;
+    Ok(served?)
 }
 
 pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
@@ -129,7 +150,10 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
         None => None,
     };
     let p = prepare(args.serve, lookup).await?;
-    Ok(idem_server::run_proxy(p.store, p.clock, p.config, proxy).await?)
+    let served = idem_server::run_proxy(p.store, p.clock, p.config, proxy).await;
+    #[cfg(feature = "otel")]
+    crate::otel::shutdown().await;
+    Ok(served?)
 }
 
 /// The URL without its password, for messages.

@@ -166,3 +166,44 @@ fn logs_piped_to_a_file_have_no_colour_codes() {
     assert!(err.contains("bootstrap admin key"), "{err}");
     assert!(!err.contains('\u{1b}'), "ANSI escape codes in piped logs: {err:?}");
 }
+
+/// A build without the `otel` feature cannot export traces: asking for it (flag or the
+/// standard variable, on `serve` and `proxy`) fails at start with one line naming the
+/// feature, before any database is created.
+#[cfg(not(feature = "otel"))]
+#[test]
+fn otlp_endpoint_without_the_otel_feature_fails_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("otel.db");
+    let runs: [(&[&str], bool); 2] = [(&["serve"], false), (&["proxy", "--upstream", "http://127.0.0.1:9"], true)];
+    for (sub, via_env) in runs {
+        let mut cmd = Command::new(idem_bin());
+        cmd.args(sub)
+            .args(["--listen", "127.0.0.1:0", "--database-url"])
+            .arg(&db)
+            .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if via_env {
+            cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+        } else {
+            cmd.args(["--otlp-endpoint", "http://127.0.0.1:4318"]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let start = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(30) {
+                child.kill().unwrap();
+                panic!("{sub:?} with an OTLP endpoint started anyway");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{sub:?}: {err}");
+        assert!(err.starts_with("idem: ") && err.trim_end().lines().count() == 1, "{sub:?}: {err}");
+        assert!(err.contains("--otlp-endpoint") && err.contains("--features otel"), "{sub:?}: {err}");
+        assert!(!db.exists(), "{sub:?} opened the database before refusing");
+    }
+}
