@@ -201,6 +201,15 @@ fn contains_phone(s: &str) -> bool {
     })
 }
 
+/// What logs carry instead of a raw key: the first 16 hex digits (64 bits) of the key's
+/// SHA-256. Enough to find one operation's lines (and to match `idem` output computed the
+/// same way), without writing the key, which may hold customer data, into logs.
+pub fn log_hash(key: &str) -> String {
+    let mut h = crate::fingerprint::sha256_hex(key.as_bytes());
+    h.truncate(16);
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,13 +259,4 @@ mod tests {
             assert_eq!(IdempotencyKey::parse(k), Err(KeyError::ContainsPhone), "{k}");
         }
     }
-}
-
-/// What logs carry instead of a raw key: the first 16 hex digits (64 bits) of the key's
-/// SHA-256. Enough to find one operation's lines (and to match `idem` output computed the
-/// same way), without writing the key, which may hold customer data, into logs.
-pub fn log_hash(key: &str) -> String {
-    let mut h = crate::fingerprint::sha256_hex(key.as_bytes());
-    h.truncate(16);
-    h
 }

@@ -207,6 +207,8 @@ async fn sessions_are_http_only_csrf_checked_and_end_with_their_key() {
 
     let page = http.get(s.url("/ui/operations/K-1")).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(page.status(), 200);
+    assert_eq!(page.headers()["cache-control"], "no-store", "tenant data is not cached");
+    assert_eq!(page.headers()["x-frame-options"], "DENY", "the resolve form cannot be framed");
     let html = page.text().await.unwrap();
     let csrf = html.split("name=\"csrf-token\" content=\"").nth(1).unwrap().split('"').next().unwrap().to_string();
 
