@@ -32,7 +32,7 @@ async fn sign_in(b: &Browser, s: &Server, key: &str) {
     b.goto(&s.url("/ui")).await;
     assert!(b.url().await.ends_with("/ui/login"), "signed-out visitors are sent to the sign-in page");
     b.type_into("#api_key", key).await;
-    b.click("#login button[type=submit]").await;
+    b.click_and_wait("#login button[type=submit]").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,12 +66,12 @@ async fn operator_resolves_an_unknown_operation_in_chromium() {
     b.screenshot("02-overview").await;
 
     // The review queue lists the UNKNOWN operation; open it.
-    b.click("nav a[href='/ui/review']").await;
+    b.click_and_wait("nav a[href='/ui/review']").await;
     let queue = b.text("#flagged").await;
     assert!(queue.contains(key) && queue.contains("UNKNOWN"), "{queue}");
     assert!(!queue.contains("OTHER-1"), "another tenant's operation is not in the queue");
     b.screenshot("03-review-queue").await;
-    b.click(&format!("#flagged a[href='/ui/operations/{}']", enc_all(key))).await;
+    b.click_and_wait(&format!("#flagged a[href='/ui/operations/{}']", enc_all(key))).await;
     assert_eq!(b.text("#op-state").await, "UNKNOWN");
     let before = b.text("#timeline").await;
     assert!(before.contains("completed") && !before.contains("resolved"), "{before}");
@@ -81,7 +81,7 @@ async fn operator_resolves_an_unknown_operation_in_chromium() {
     b.click("#resolve select[name=to] option[value=SUCCEEDED]").await;
     b.type_into("#resolve input[name=reason]", "charge ch_123 found in the provider's dashboard").await;
     b.type_into("#resolve input[name=evidence]", "ch_123").await;
-    b.click("#resolve button[type=submit]").await;
+    b.click_and_wait("#resolve button[type=submit]").await;
     assert_eq!(b.text("#op-state").await, "SUCCEEDED", "{}", b.source().await);
     let timeline = b.text("#timeline").await;
     let last = timeline.lines().last().unwrap_or_default().to_string();
@@ -107,14 +107,15 @@ async fn operator_resolves_an_unknown_operation_in_chromium() {
 
     // Sign out; a client-role key signs in. It sees no resolve form, and a forged form
     // post (with its own valid CSRF token) is refused by the server with 403.
-    b.click("#sign-out").await;
+    b.click_and_wait("#sign-out").await;
     assert!(b.url().await.ends_with("/ui/login"));
     sign_in(&b, &s, &client_key).await;
     let second = "INQ-8:charge:v1";
     b.goto(&s.url(&format!("/ui/operations/{}", enc_all(second)))).await;
     assert!(b.try_find("#resolve").await.is_none(), "no resolve form for a client key");
     b.execute(&format!(
-        r#"const f = document.createElement('form');
+        r#"window.__idemOldPage = true;
+           const f = document.createElement('form');
            f.method = 'post'; f.action = '/ui/operations/{}/resolve';
            for (const [k, v] of [['csrf', document.querySelector('meta[name=csrf-token]').content],
                                  ['to', 'FAILED'], ['reason', 'trying without the role']]) {{
@@ -124,11 +125,8 @@ async fn operator_resolves_an_unknown_operation_in_chromium() {
         enc_all(second)
     ))
     .await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !b.source().await.contains("Error 403") {
-        assert!(std::time::Instant::now() < deadline, "no 403 page: {}", b.source().await);
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    b.wait_for_new_page().await;
+    assert!(b.source().await.contains("Error 403"), "{}", b.source().await);
     assert!(b.text("#error").await.contains("operator"), "{}", b.source().await);
     b.screenshot("07-client-forbidden").await;
     assert_eq!(s.record(second).await.body["state"], "UNKNOWN", "nothing changed");

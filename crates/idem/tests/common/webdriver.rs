@@ -145,6 +145,29 @@ impl Browser {
         self.call(reqwest::Method::POST, &format!("/element/{e}/click"), Some(json!({}))).await;
     }
 
+    /// Clicks the element matching `css` and waits (at most 10 s) until the page it leads
+    /// to has loaded: a click returns before a form submission or link navigates.
+    pub async fn click_and_wait(&self, css: &str) {
+        self.execute("window.__idemOldPage = true; return null;").await;
+        self.click(css).await;
+        self.wait_for_new_page().await;
+    }
+
+    /// Waits (at most 10 s) until the page marked by `click_and_wait` (or a script that sets
+    /// `window.__idemOldPage`) was replaced by a fully loaded one.
+    pub async fn wait_for_new_page(&self) {
+        let start = Instant::now();
+        loop {
+            let v =
+                self.execute("return window.__idemOldPage === undefined && document.readyState === 'complete';").await;
+            if v == true {
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "no new page after 10 s at {}", self.url().await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Types `text` into the element matching `css`.
     pub async fn type_into(&self, css: &str, text: &str) {
         let e = self.find(css).await;
