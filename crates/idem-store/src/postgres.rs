@@ -109,6 +109,8 @@ mod fast {
 pub const CAS_RETRIES: usize = 16;
 /// Connections per process.
 const POOL_SIZE: u32 = 16;
+/// A pooled connection idle for longer than this is pinged before it is used.
+const IDLE_CHECK: Duration = Duration::from_secs(5);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -130,6 +132,19 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(Duration::from_secs(10))
+            // sqlx pings every idle connection before handing it out: one more network round
+            // trip per statement on the hot path. Only a connection left idle for a while is
+            // checked (a server restart or a dropped TCP connection shows up there); a busy
+            // one has just answered.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > IDLE_CHECK {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect(url)
             .await?;
         MIGRATOR.run(&pool).await?;

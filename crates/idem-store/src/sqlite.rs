@@ -84,7 +84,13 @@ impl SqliteStore {
         let opts = options(path.as_ref());
         let mut conn = opts.clone().connect().await?;
         MIGRATOR.run(&mut conn).await?;
-        let readers = SqlitePoolOptions::new().max_connections(8).connect_with(opts.read_only(true)).await?;
+        // No ping before handing out a reader: a connection to a local file does not go
+        // stale, and the ping is one more round trip to the connection's thread per read.
+        let readers = SqlitePoolOptions::new()
+            .max_connections(8)
+            .test_before_acquire(false)
+            .connect_with(opts.read_only(true))
+            .await?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(writer_loop(conn, rx, clock.clone(), config));
         Ok(SqliteStore { writer: tx, readers, clock })
