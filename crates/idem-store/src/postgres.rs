@@ -65,7 +65,7 @@ mod fast {
             .push(format!(") ON CONFLICT (tenant, op_key) DO NOTHING RETURNING 1) INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("));
         push_events(&mut q, events);
         q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM ins)"));
-        let done = q.build().execute(pool).await?;
+        let done = super::committed(q.build().execute(pool)).await?;
         Ok(done.rows_affected() == events.len() as u64)
     }
 
@@ -89,7 +89,7 @@ mod fast {
             .push(format!(" RETURNING 1) INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("));
         push_events(&mut q, events);
         q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM upd)"));
-        let done = q.build().execute(pool).await?;
+        let done = super::committed(q.build().execute(pool)).await?;
         Ok(done.rows_affected() == events.len() as u64)
     }
 
@@ -100,9 +100,21 @@ mod fast {
         }
         let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("INSERT INTO operation_events ({EV_COLS}) "));
         push_events(&mut q, events);
-        q.build().execute(pool).await?;
+        super::committed(q.build().execute(pool)).await?;
         Ok(())
     }
+}
+
+/// Awaits a statement or transaction that commits on its own (an autocommit statement
+/// of the hot path, or `COMMIT`), recording its latency and a batch of one request.
+async fn committed<T, E>(commit: impl std::future::Future<Output = Result<T, E>>) -> Result<T, E> {
+    let start = std::time::Instant::now();
+    let out = commit.await;
+    if out.is_ok() {
+        metrics::histogram!("idem_store_commit_seconds", "backend" => "postgres").record(start.elapsed().as_secs_f64());
+        metrics::histogram!("idem_store_batch_size", "backend" => "postgres").record(1.0);
+    }
+    out
 }
 
 /// Bounded retries of a transaction whose conditional write lost a race.
@@ -167,7 +179,7 @@ macro_rules! retrying {
             let $conn: &mut sqlx::PgConnection = &mut tx;
             match $once {
                 Ok(Some(o)) => {
-                    tx.commit().await?;
+                    committed(tx.commit()).await?;
                     outcome = Ok(o);
                     break;
                 }
