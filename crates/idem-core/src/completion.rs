@@ -27,6 +27,21 @@ use serde_json::Value;
 pub const MAX_ERROR_CLASS_LEN: usize = 64;
 /// Longest provider reference, in bytes.
 pub const MAX_PROVIDER_REF_LEN: usize = 512;
+/// Longest error message kept on a record, in bytes. The HTTP API refuses longer ones;
+/// connectors' messages (provider error bodies) are cut to it ([`clip_message`]).
+pub const MAX_MESSAGE_LEN: usize = 4096;
+
+/// `m` cut to at most [`MAX_MESSAGE_LEN`] bytes at a character boundary, with `…` when cut.
+pub fn clip_message(m: &str) -> String {
+    if m.len() <= MAX_MESSAGE_LEN {
+        return m.to_owned();
+    }
+    let mut end = MAX_MESSAGE_LEN - '…'.len_utf8();
+    while !m.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &m[..end])
+}
 
 /// What the worker reports after an attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -222,14 +237,14 @@ pub fn plan_completion(
         Outcome::FinalFailure { error_class, message, result } => {
             next.state = State::Failed;
             next.error_class = Some(error_class.clone());
-            next.error_message = message.clone();
+            next.error_message = message.as_deref().map(clip_message);
             next.result = result.clone();
             next.completed_at = Some(now_ms);
             ev.error_class = Some(error_class.clone());
         }
         Outcome::RetryableFailure { error_class, message, retry_after_ms } => {
             next.error_class = Some(error_class.clone());
-            next.error_message = message.clone();
+            next.error_message = message.as_deref().map(clip_message);
             ev.error_class = Some(error_class.clone());
             let wait = policy.delay_ms(rec.attempt_count, jitter, *retry_after_ms);
             let elapsed_out = policy.max_elapsed_ms.is_some_and(|max| now_ms + wait - rec.created_at > max);
@@ -251,7 +266,7 @@ pub fn plan_completion(
         Outcome::Unknown { message } => {
             next.state = State::Unknown;
             next.error_class = Some("unknown".into());
-            next.error_message = message.clone();
+            next.error_message = message.as_deref().map(clip_message);
         }
     }
     if late {
@@ -265,6 +280,14 @@ pub fn plan_completion(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn long_messages_are_clipped_at_a_character_boundary() {
+        assert_eq!(clip_message("short"), "short");
+        let long = "é".repeat(MAX_MESSAGE_LEN);
+        let c = clip_message(&long);
+        assert!(c.len() <= MAX_MESSAGE_LEN && c.ends_with('…') && c.starts_with("éé"));
+    }
+
     use super::*;
     use crate::decision::{AcquireInput, plan_acquire};
     use serde_json::json;

@@ -126,20 +126,46 @@ pub enum ResolveError {
     /// SUCCEEDED without an evidence reference.
     #[error("resolving to SUCCEEDED needs an evidence reference (--evidence / \"evidence\")")]
     MissingEvidence,
+    /// The reason or the evidence is longer than allowed.
+    #[error(
+        "the reason may have at most {MAX_REASON_LEN} bytes and the evidence at most {} bytes",
+        crate::completion::MAX_PROVIDER_REF_LEN
+    )]
+    TooLong,
+    /// The operator saw another state than the record has now (another resolution, a late
+    /// completion or a lookup came first): nothing is written, so no decision overwrites one
+    /// its author never saw.
+    #[error("the operation is {actual} now, not {expected} as when you looked; look again before resolving")]
+    StateChanged { expected: State, actual: State },
 }
 
+/// Longest resolution reason, in bytes.
+pub const MAX_REASON_LEN: usize = 2000;
+
 /// Plans an operator's resolution of `rec` to `to` (SUCCEEDED, PENDING or FAILED).
+/// `expected` is the state the operator saw: when given and the record is in another
+/// state now, the resolution is refused ([`ResolveError::StateChanged`]), a
+/// compare-and-set on the state an operator decided from.
 ///
 /// # Errors
 /// A [`ResolveError`]; nothing may be written then.
 pub fn plan_resolution(
     rec: &OperationRecord,
     to: State,
+    expected: Option<State>,
     reason: &str,
     evidence: Option<&str>,
     actor: &Actor,
     now_ms: i64,
 ) -> Result<(OperationRecord, OperationEvent), ResolveError> {
+    if let Some(expected) = expected
+        && expected != rec.state
+    {
+        return Err(ResolveError::StateChanged { expected, actual: rec.state });
+    }
+    if reason.len() > MAX_REASON_LEN || evidence.is_some_and(|e| e.len() > crate::completion::MAX_PROVIDER_REF_LEN) {
+        return Err(ResolveError::TooLong);
+    }
     let resolvable = matches!(rec.state, State::Unknown | State::Pending)
         || (rec.state == State::Executing && !rec.lease_valid_at(now_ms));
     if !resolvable {
@@ -264,25 +290,45 @@ mod tests {
         let a = Actor::default();
         let r = unknown();
         assert_eq!(
-            plan_resolution(&r, State::Succeeded, " ", Some("e"), &a, 1).unwrap_err(),
+            plan_resolution(&r, State::Succeeded, None, " ", Some("e"), &a, 1).unwrap_err(),
             ResolveError::MissingReason
         );
         assert_eq!(
-            plan_resolution(&r, State::Succeeded, "checked", None, &a, 1).unwrap_err(),
+            plan_resolution(&r, State::Succeeded, None, "checked", None, &a, 1).unwrap_err(),
             ResolveError::MissingEvidence
         );
-        let (s, ev) = plan_resolution(&r, State::Succeeded, "checked the mailbox", Some("msg-9"), &a, 1).unwrap();
+        let (s, ev) = plan_resolution(&r, State::Succeeded, None, "checked the mailbox", Some("msg-9"), &a, 1).unwrap();
         assert_eq!((s.state, s.evidence_source.as_deref()), (State::Succeeded, Some("operator")));
         assert!(ev.reason.unwrap().contains("checked the mailbox"));
         assert!(matches!(
-            plan_resolution(&s, State::Pending, "again", None, &a, 2),
+            plan_resolution(&s, State::Pending, None, "again", None, &a, 2),
             Err(ResolveError::NotResolvable { .. })
         ));
         assert_eq!(
-            plan_resolution(&r, State::Unknown, "x", None, &a, 1).unwrap_err(),
+            plan_resolution(&r, State::Unknown, None, "x", None, &a, 1).unwrap_err(),
             ResolveError::BadTarget(State::Unknown)
         );
-        let (f, _) = plan_resolution(&r, State::Failed, "customer cancelled", None, &a, 1).unwrap();
+        let (f, _) = plan_resolution(&r, State::Failed, None, "customer cancelled", None, &a, 1).unwrap();
         assert_eq!(f.error_message.as_deref(), Some("customer cancelled"));
+    }
+
+    #[test]
+    fn resolution_is_refused_when_the_state_moved_or_the_text_is_too_long() {
+        let a = Actor::default();
+        let r = unknown();
+        // Another operator made it PENDING after this one looked at UNKNOWN.
+        let (pending, _) = plan_resolution(&r, State::Pending, Some(State::Unknown), "retry", None, &a, 1).unwrap();
+        assert_eq!(
+            plan_resolution(&pending, State::Failed, Some(State::Unknown), "give up", None, &a, 2).unwrap_err(),
+            ResolveError::StateChanged { expected: State::Unknown, actual: State::Pending }
+        );
+        assert!(plan_resolution(&pending, State::Failed, Some(State::Pending), "give up", None, &a, 2).is_ok());
+        let long = "x".repeat(MAX_REASON_LEN + 1);
+        assert_eq!(plan_resolution(&r, State::Failed, None, &long, None, &a, 1).unwrap_err(), ResolveError::TooLong);
+        let big_ref = "e".repeat(crate::completion::MAX_PROVIDER_REF_LEN + 1);
+        assert_eq!(
+            plan_resolution(&r, State::Succeeded, None, "ok", Some(&big_ref), &a, 1).unwrap_err(),
+            ResolveError::TooLong
+        );
     }
 }

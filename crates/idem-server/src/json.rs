@@ -76,3 +76,27 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 fn query_text(e: &QueryRejection) -> String {
     format!("invalid query string: {}", source_text(e))
 }
+
+/// A `{key}` (or `{id}`) path segment, percent-decoded; one that is not UTF-8 is 400
+/// `invalid-idempotency-key` instead of axum's plain text.
+#[derive(Debug)]
+pub struct ApiPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ApiPath {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
+            Err(e) => {
+                let rid = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok());
+                Err(Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-idempotency-key",
+                    format!("the path segment is not acceptable: {}", source_text(&e)),
+                )
+                .with_request_id(rid))
+            }
+        }
+    }
+}

@@ -9,7 +9,7 @@ use crate::dto::rfc3339;
 use crate::json::ApiJson;
 use crate::operations::store_problem;
 use crate::problem::Problem;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use idem_store::keys::{ApiKeyInfo, Role};
@@ -125,7 +125,7 @@ pub async fn list(State(state): State<AppState>, caller: Caller) -> Result<Respo
 pub async fn revoke(
     State(state): State<AppState>,
     caller: Caller,
-    Path(id): Path<String>,
+    crate::json::ApiPath(id): crate::json::ApiPath,
 ) -> Result<Response, Problem> {
     let rid = caller.request_id.clone();
     let fail = |p: Problem| p.with_request_id(rid.as_deref());

@@ -135,6 +135,7 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
         .layer(logging::trace_layer())
         .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
+        .layer(axum::middleware::from_fn(logging::sanitize_request_id))
 }
 
 async fn method_not_allowed() -> Response {

@@ -9,6 +9,11 @@
 //!
 //! The access log (`target: idem::access`, INFO) logs `status` and `latency_ms` when the
 //! response is ready; silence it with `RUST_LOG=info,idem::access=off`.
+//!
+//! A client may send its own `x-request-id` to correlate its logs with idem's event log;
+//! [`sanitize_request_id`] keeps it only when it is 1–128 characters of
+//! `[A-Za-z0-9._:-]` and otherwise lets idem generate one, so a request id never carries
+//! markup, quotes or kilobytes into logs and the event log.
 
 use axum::body::Body;
 use axum::http::{Request, Response};
@@ -76,4 +81,27 @@ pub fn trace_layer() -> IdemTraceLayer {
     TraceLayer::new_for_http()
         .make_span_with(make_span as fn(&Request<Body>) -> Span)
         .on_response(on_response as fn(&Response<Body>, Duration, &Span))
+}
+
+/// Longest client-supplied request id kept, in bytes.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Middleware (outermost): drops an `x-request-id` that is empty, longer than
+/// [`MAX_REQUEST_ID_LEN`] or has a character outside `[A-Za-z0-9._:-]`; the request-id
+/// layer then generates a UUID for it.
+pub async fn sanitize_request_id(
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let ok = |v: &axum::http::HeaderValue| {
+        let b = v.as_bytes();
+        !b.is_empty()
+            && b.len() <= MAX_REQUEST_ID_LEN
+            && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
+    };
+    let headers = req.headers_mut();
+    if headers.get_all("x-request-id").iter().count() > 1 || headers.get("x-request-id").is_some_and(|v| !ok(v)) {
+        headers.remove("x-request-id");
+    }
+    next.run(req).await
 }

@@ -68,9 +68,33 @@ pub fn handle() -> PrometheusHandle {
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("another metrics recorder is installed; /metrics will be empty");
             }
+            describe();
             handle
         })
         .clone()
+}
+
+/// The `# HELP` lines.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!("idem_acquires_total", "Answered triggers (POST /v1/operations and the proxy) by decision");
+    describe_counter!("idem_completions_total", "Applied completions by action, outcome and error class");
+    describe_counter!("idem_connector_attempts_total", "Calls a connector made to its provider");
+    describe_counter!("idem_connector_retries_total", "Connector calls that were retries (attempt > 1)");
+    describe_counter!("idem_reconciliations_total", "Recorded reconciliation lookups by result");
+    describe_counter!("idem_resolutions_total", "Operator resolutions by target state");
+    describe_counter!("idem_lease_expiries_total", "Leases that expired into UNKNOWN");
+    describe_counter!("idem_http_requests_total", "HTTP requests by method, route template and status");
+    describe_histogram!(
+        "idem_http_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "HTTP request latency by method and route template"
+    );
+    describe_histogram!("idem_store_batch_size", "Requests written per store commit (group commit)");
+    describe_histogram!("idem_store_commit_seconds", metrics::Unit::Seconds, "Store commit latency");
+    describe_gauge!("idem_operations", "Operation records per state, all tenants");
+    describe_gauge!("idem_review_queue_depth", "Operations flagged for review, all tenants");
+    describe_gauge!("idem_unknown_stale", "UNKNOWN operations unchanged for 15 minutes or more");
 }
 
 /// Drains histogram samples into their buckets every 5 s (the exporter's upkeep; without
@@ -143,7 +167,13 @@ pub fn record_trigger(d: &Decision) {
 
 /// Middleware: counts and times every request by method, route template and status.
 pub async fn track_http(req: Request, next: Next) -> Response {
-    let method = req.method().as_str().to_owned();
+    // Only the methods of RFC 9110 §9 as labels: any token is a valid method, and a client
+    // must not be able to add series at will.
+    let method = match req.method().as_str() {
+        m @ ("GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "CONNECT" | "OPTIONS" | "TRACE" | "PATCH") => m,
+        _ => "other",
+    }
+    .to_owned();
     let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
     tracing::Span::current().record("route", route.as_str());
     let start = Instant::now();

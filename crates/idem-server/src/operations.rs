@@ -8,7 +8,7 @@ use crate::auth::Caller;
 use crate::dto::{AcquireBody, CompleteBody, EventView, ListQuery, OperationPage, OperationView};
 use crate::json::{ApiJson, ApiQuery};
 use crate::problem::Problem;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_core::decision::{DEFAULT_LEASE_MS, MAX_LEASE_MS, MIN_LEASE_MS};
@@ -69,6 +69,11 @@ fn resolve_problem(e: idem_core::ResolveError) -> Problem {
         idem_core::ResolveError::NotResolvable { state } => {
             let mut p = Problem::new(StatusCode::CONFLICT, "not-resolvable", detail);
             p.state = Some(state.as_str().into());
+            p
+        }
+        idem_core::ResolveError::StateChanged { actual, .. } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "state-changed", detail);
+            p.state = Some(actual.as_str().into());
             p
         }
         _ => Problem::invalid(detail),
@@ -396,6 +401,12 @@ fn acquire_input(
 }
 
 fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
+    if b.message.as_ref().is_some_and(|m| m.len() > idem_core::completion::MAX_MESSAGE_LEN) {
+        return Err(Problem::invalid(format!(
+            "message is longer than {} bytes",
+            idem_core::completion::MAX_MESSAGE_LEN
+        )));
+    }
     let extra = |name: &str, present: bool| {
         if present { Err(Problem::invalid(format!("{name} does not apply to outcome {}", b.outcome))) } else { Ok(()) }
     };
@@ -460,7 +471,7 @@ fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
 pub async fn complete(
     State(state): State<AppState>,
     caller: Caller,
-    Path(raw_key): Path<String>,
+    crate::json::ApiPath(raw_key): crate::json::ApiPath,
     ApiJson(body): ApiJson<CompleteBody>,
 ) -> Result<Response, Problem> {
     let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
@@ -495,7 +506,7 @@ pub async fn complete(
 pub async fn get_one(
     State(state): State<AppState>,
     caller: Caller,
-    Path(raw_key): Path<String>,
+    crate::json::ApiPath(raw_key): crate::json::ApiPath,
 ) -> Result<Response, Problem> {
     let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
     let rec = state.store.get(&caller.tenant, key.as_str()).await.map_err(|e| with_rid(store_problem(e), &caller))?;

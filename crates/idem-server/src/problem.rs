@@ -103,6 +103,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The operation cannot be resolved now",
         "Only UNKNOWN or PENDING operations, or EXECUTING ones whose lease expired, can be resolved by an operator; final ones never change.",
     ),
+    (
+        "state-changed",
+        "The operation changed since you looked",
+        "The resolution named the state it was decided from (`expected_state`), and the operation is in another state now (another operator, a late completion or a lookup came first). Nothing was changed; look at it again.",
+    ),
     ("contention", "Too much contention on this key", "Concurrent writers kept changing the record; retry shortly."),
     (
         "unavailable",

@@ -8,7 +8,7 @@ use crate::dto::OperationView;
 use crate::json::ApiJson;
 use crate::operations::{parse_key, store_problem};
 use crate::problem::Problem;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use idem_store::ResolveRequest;
 use idem_store::keys::Role;
@@ -22,11 +22,17 @@ pub struct ResolveBody {
     /// `SUCCEEDED`, `PENDING` (try again) or `FAILED`.
     #[schema(example = "SUCCEEDED")]
     pub to: String,
-    /// Why (mandatory; recorded in the event log).
+    /// Why (mandatory, at most 2000 bytes; recorded in the event log).
     #[schema(example = "found the message in the customer's mailbox export")]
     pub reason: String,
-    /// Evidence reference (mandatory for SUCCEEDED): the provider's id of the effect.
+    /// Evidence reference (mandatory for SUCCEEDED): the provider's id of the effect, at
+    /// most 512 bytes.
     pub evidence: Option<String>,
+    /// The state you decided from (`UNKNOWN`, …). If the operation is in another state now,
+    /// nothing changes and the answer is 409 `state-changed`. Omit it to resolve whatever the
+    /// (resolvable) state.
+    #[schema(example = "UNKNOWN")]
+    pub expected_state: Option<String>,
 }
 
 /// Resolve an operation by hand (UNKNOWN, PENDING, or EXECUTING with an expired lease).
@@ -40,14 +46,14 @@ pub struct ResolveBody {
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not an operator key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in the caller's tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Final, or a worker holds a valid lease", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Final, a worker holds a valid lease, or the state is not `expected_state` any more", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
 pub async fn resolve(
     State(state): State<AppState>,
     caller: Caller,
-    Path(raw_key): Path<String>,
+    crate::json::ApiPath(raw_key): crate::json::ApiPath,
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Response, Problem> {
     let rid = caller.request_id.clone();
@@ -55,12 +61,19 @@ pub async fn resolve(
     caller.require(Role::Operator).map_err(fail)?;
     let key = parse_key(&raw_key).map_err(fail)?;
     let to = body.to.parse::<idem_core::State>().map_err(|e| fail(Problem::invalid(e.to_string())))?;
+    let expected_state = body
+        .expected_state
+        .as_deref()
+        .map(str::parse::<idem_core::State>)
+        .transpose()
+        .map_err(|e| fail(Problem::invalid(format!("expected_state: {e}"))))?;
     let rec = state
         .store
         .resolve(ResolveRequest {
             tenant: caller.tenant.clone(),
             key: key.to_string(),
             to,
+            expected_state,
             reason: body.reason,
             evidence: body.evidence,
             actor: caller.actor(),
@@ -86,7 +99,7 @@ pub async fn resolve(
 pub async fn reconcile(
     State(state): State<AppState>,
     caller: Caller,
-    Path(raw_key): Path<String>,
+    crate::json::ApiPath(raw_key): crate::json::ApiPath,
 ) -> Result<Response, Problem> {
     let rid = caller.request_id.clone();
     let fail = |p: Problem| p.with_request_id(rid.as_deref());

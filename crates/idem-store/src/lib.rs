@@ -98,6 +98,9 @@ pub struct ResolveRequest {
     pub key: String,
     /// SUCCEEDED, PENDING or FAILED.
     pub to: State,
+    /// The state the operator saw; the resolution is refused if the record is in another
+    /// one now. `None`: resolve whatever the (resolvable) state.
+    pub expected_state: Option<State>,
     /// Why (mandatory, audited).
     pub reason: String,
     /// Evidence reference (mandatory for SUCCEEDED).

@@ -254,7 +254,7 @@ macro_rules! sql_ops {
             let Some(rec) = load(conn, &req.tenant, &req.key).await? else {
                 return Err(StoreError::NotFound);
             };
-            let (mut next, ev) = idem_core::plan_resolution(&rec, req.to, &req.reason, req.evidence.as_deref(), &req.actor, now_ms)?;
+            let (mut next, ev) = idem_core::plan_resolution(&rec, req.to, req.expected_state, &req.reason, req.evidence.as_deref(), &req.actor, now_ms)?;
             retention.apply(&mut next);
             if !update_cas(conn, &next, rec.version).await? {
                 return Ok(None);

@@ -278,6 +278,15 @@ pub enum OpsCommand {
         /// Only operations flagged for review.
         #[arg(long)]
         needs_review: bool,
+        /// Only keys starting with this (exact, case-sensitive).
+        #[arg(long)]
+        key_prefix: Option<String>,
+        /// Only operations created at or after this instant (RFC 3339, e.g. 2026-11-30T12:00:00Z).
+        #[arg(long)]
+        created_after: Option<String>,
+        /// Only operations created before this instant (RFC 3339).
+        #[arg(long)]
+        created_before: Option<String>,
         /// Page size (1-500).
         #[arg(long, default_value_t = 50)]
         limit: i64,
@@ -307,6 +316,10 @@ pub enum OpsCommand {
         /// Evidence reference (the provider's id of the effect); required for succeeded.
         #[arg(long)]
         evidence: Option<String>,
+        /// The state you decided from (e.g. UNKNOWN): if the operation is in another state
+        /// now, nothing changes and the command fails (409 state-changed).
+        #[arg(long)]
+        expected_state: Option<String>,
     },
 }
 

@@ -88,7 +88,17 @@ pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
             check(&a)?;
             print(server.json, &a, output::operation_with_events);
         }
-        OpsCommand::List { server, state, action, needs_review, limit, cursor } => {
+        OpsCommand::List {
+            server,
+            state,
+            action,
+            needs_review,
+            key_prefix,
+            created_after,
+            created_before,
+            limit,
+            cursor,
+        } => {
             let api = Api::new(&server)?;
             let mut url = api.url(&["v1", "operations"])?;
             {
@@ -102,6 +112,15 @@ pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
                 }
                 if needs_review {
                     q.append_pair("needs_review", "true");
+                }
+                for (name, v) in [
+                    ("key_prefix", &key_prefix),
+                    ("created_after", &created_after),
+                    ("created_before", &created_before),
+                ] {
+                    if let Some(v) = v {
+                        q.append_pair(name, v);
+                    }
                 }
                 if let Some(c) = &cursor {
                     q.append_pair("cursor", c);
@@ -117,14 +136,14 @@ pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
             check(&a)?;
             print(server.json, &a, output::operation_summary);
         }
-        OpsCommand::Resolve { server, key, to, reason, evidence } => {
+        OpsCommand::Resolve { server, key, to, reason, evidence, expected_state } => {
             let api = Api::new(&server)?;
             let to = match to {
                 crate::cli::ResolveTo::Succeeded => "SUCCEEDED",
                 crate::cli::ResolveTo::Pending => "PENDING",
                 crate::cli::ResolveTo::Failed => "FAILED",
             };
-            let body = json!({"to": to, "reason": reason, "evidence": evidence});
+            let body = json!({"to": to, "reason": reason, "evidence": evidence, "expected_state": expected_state});
             let a = api.call(Method::POST, api.url(&["v1", "operations", &key, "resolve"])?, Some(body)).await?;
             check(&a)?;
             print(server.json, &a, output::operation_summary);

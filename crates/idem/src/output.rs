@@ -136,7 +136,7 @@ pub fn operation_table(v: &Value) -> String {
         ));
     }
     if let Some(c) = v.get("next_cursor").and_then(Value::as_str) {
-        out.push_str(&format!("more: --cursor {c}\n"));
+        out.push_str(&format!("more: repeat the command (same filters) with --cursor {c}\n"));
     }
     out.trim_end().to_owned()
 }

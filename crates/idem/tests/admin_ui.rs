@@ -249,6 +249,50 @@ async fn sessions_are_http_only_csrf_checked_and_end_with_their_key() {
     assert_eq!(r.status(), 303, "{:?}", r.text().await);
     assert_eq!(s.record("K-1").await.body["state"], "FAILED");
 
+    // A resolution decided from a state the operation is no longer in is refused (409),
+    // in the page and in the API: a second operator cannot overwrite a decision unseen.
+    unknown_op(&s, ADMIN_KEY, "K-2").await;
+    let pending = json!({"to": "PENDING", "reason": "try again", "expected_state": "UNKNOWN"});
+    let r = s.post(&operator, "/v1/operations/K-2/resolve", &pending).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = http
+        .post(s.url("/ui/operations/K-2/resolve"))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", &csrf), ("to", "FAILED"), ("reason", "give up"), ("expected_state", "UNKNOWN")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    assert!(r.text().await.unwrap().contains("PENDING now"));
+    let r = s.post(&operator, "/v1/operations/K-2/resolve", &pending).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (409, "state-changed"));
+    assert_eq!(s.record("K-2").await.body["state"], "PENDING");
+
+    // A form posted from another origin is refused, whatever its token.
+    let r = http
+        .post(s.url("/ui/operations/K-2/resolve"))
+        .header("cookie", &cookie)
+        .header("origin", "http://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", &csrf), ("to", "FAILED"), ("reason", "x")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // A form without its CSRF field is a 403 page too, not a framework error.
+    let r = http
+        .post(s.url("/ui/operations/K-2/resolve"))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("to", "FAILED"), ("reason", "x")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    assert_eq!(s.record("K-2").await.body["state"], "PENDING");
+
     // Revoking the key ends its session at once.
     let keys = s.get(ADMIN_KEY, "/v1/keys").await;
     let id = keys.body["items"]

@@ -76,6 +76,12 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
+    // A path key that is not UTF-8 once decoded: 400 problem+json, not plain text.
+    let r = s.get(ADMIN_KEY, "/v1/operations/%FF%FE").await;
+    assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-idempotency-key"));
+    // An over-long completion message: 400.
+    let long = json!({"fencing_token": tok, "outcome": "unknown", "message": "m".repeat(5000)});
+    assert_eq!(s.complete(key, long).await.problem(), "invalid-request");
     // Wrong method on a known route: 405 problem+json.
     let r = s.http.delete(s.url("/v1/operations")).bearer_auth(ADMIN_KEY).send().await.unwrap();
     assert_eq!(r.status(), 405);

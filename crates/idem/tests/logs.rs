@@ -1,9 +1,10 @@
 //! Structured logs: with `--log-format json`, every request's lines carry its request id,
-//! tenant and key hash; with `--redact-keys` the raw key appears nowhere in the log.
+//! tenant and key hash; with `--redact-keys` the raw key appears nowhere in the log. What
+//! clients control (request ids, methods) stays bounded in logs and metric labels.
 
 mod common;
 
-use common::{ADMIN_KEY, idem_bin};
+use common::{ADMIN_KEY, Backend, Db, Server, idem_bin};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -79,4 +80,41 @@ async fn redact_keys_keeps_the_raw_key_out_of_the_log() {
     assert_eq!(line["span"]["key_hash"], idem_core::key::log_hash(key));
     assert!(line["span"].get("key").is_none(), "{line}");
     assert!(!text.contains("INQ-43"), "the raw key appears nowhere in the log:\n{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_request_ids_and_methods_stay_bounded() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let post = |rid: String| {
+        s.http
+            .post(s.url("/v1/operations"))
+            .bearer_auth(ADMIN_KEY)
+            .header("x-request-id", rid)
+            .json(&json!({"key": "rid-1", "action": "send", "payload": {}}))
+            .send()
+    };
+    // A well-formed client id is kept (for correlation) and recorded on the event.
+    let r = post("job-42.run:7".into()).await.unwrap();
+    assert_eq!(r.headers()["x-request-id"], "job-42.run:7");
+    let rec = s.record("rid-1").await.body;
+    assert_eq!(rec["events"][0]["request_id"], "job-42.run:7");
+    // Oversized or with markup: replaced by a generated one, never stored.
+    for bad in ["r".repeat(200), "abc\" status=200".to_string(), "<b>x</b>".to_string()] {
+        let r = post(bad.clone()).await.unwrap();
+        let got = r.headers()["x-request-id"].to_str().unwrap().to_string();
+        assert!(got != bad && got.len() == 36, "{bad:?} became {got:?}");
+    }
+    let rec = s.record("rid-1").await.body;
+    assert!(rec["events"].as_array().unwrap().iter().all(|e| e["request_id"].as_str().unwrap().len() <= 128));
+
+    // Made-up methods are one `other` series, not one series each.
+    for i in 0..20 {
+        let m = reqwest::Method::from_bytes(format!("M{i}").as_bytes()).unwrap();
+        s.http.request(m, s.url("/metrics")).send().await.unwrap();
+    }
+    let text = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(!text.contains("method=\"M1"), "{text}");
+    assert!(text.contains("idem_http_requests_total{method=\"other\",route=\"/metrics\",status=\"405\"} 20"), "{text}");
+    assert!(text.contains("# HELP idem_acquires_total"), "metrics are described");
 }

@@ -85,6 +85,60 @@ pub fn router() -> Router<AppState> {
         .route("/ui/style.css", get(pages::style))
 }
 
+/// A form body (`application/x-www-form-urlencoded`). A malformed or oversized body is an
+/// HTML error page, not axum's plain text; a cross-origin post (an `Origin` header that
+/// is not this server's `Host`) is refused with 403, a check OWASP recommends besides the
+/// CSRF token (it also covers the sign-in form, which has no session yet).
+pub struct UiForm<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for UiForm<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        let headers = req.headers();
+        if let Some(origin) = headers.get(axum::http::header::ORIGIN) {
+            let host = headers.get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+            let origin_host = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, h)| h);
+            if origin_host != Some(host) {
+                let msg = "This form was posted from another site; it is refused.";
+                return Err(error_page(None, StatusCode::FORBIDDEN, msg));
+            }
+        }
+        match axum::Form::<T>::from_request(req, state).await {
+            Ok(axum::Form(v)) => Ok(UiForm(v)),
+            Err(e) => Err(error_page(None, e.status(), &e.body_text())),
+        }
+    }
+}
+
+/// Query parameters; a malformed query is an HTML error page.
+pub struct UiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S> for UiQuery<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(UiQuery(v)),
+            Err(e) => Err(error_page(None, StatusCode::BAD_REQUEST, &e.body_text())),
+        }
+    }
+}
+
+/// The `{key}` path segment, percent-decoded; one that is not UTF-8 is an HTML 400 page.
+pub struct UiPath(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for UiPath {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(UiPath(v)),
+            Err(_) => Err(error_page(None, StatusCode::BAD_REQUEST, "The key in the address is not valid.")),
+        }
+    }
+}
+
 /// An HTML error page with `status` and `message`.
 pub fn error_page(user: Option<&UiUser>, status: StatusCode, message: &str) -> Response {
     html(status, &pages::ErrorPage { nav: pages::Nav::of(user), status: status.as_u16(), message: message.into() })

@@ -6,8 +6,7 @@ use crate::AppState;
 use crate::dto::{EventView, OperationView, rfc3339};
 use crate::operations::{parse_key, store_problem};
 use askama::Template;
-use axum::Form;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use idem_store::keys::Role;
@@ -92,12 +91,18 @@ pub async fn login_form(headers: HeaderMap) -> Response {
 
 #[derive(Deserialize)]
 pub struct LoginForm {
+    #[serde(default)]
     api_key: String,
+    #[serde(default)]
     csrf: String,
 }
 
 /// `POST /ui/login`: exchanges an API key for a session.
-pub async fn login(State(state): State<AppState>, headers: HeaderMap, Form(form): Form<LoginForm>) -> Response {
+pub async fn login(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    super::UiForm(form): super::UiForm<LoginForm>,
+) -> Response {
     let expected = cookie(&headers, LOGIN_COOKIE).unwrap_or("");
     if expected.is_empty() || !same_token(expected, &form.csrf) {
         return login_page(&headers, StatusCode::FORBIDDEN, "The sign-in form expired; please try again.");
@@ -126,6 +131,7 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, Form(form)
 
 #[derive(Deserialize)]
 pub struct CsrfForm {
+    #[serde(default)]
     csrf: String,
 }
 
@@ -134,7 +140,7 @@ pub async fn logout(
     State(state): State<AppState>,
     user: UiUser,
     headers: HeaderMap,
-    Form(f): Form<CsrfForm>,
+    super::UiForm(f): super::UiForm<CsrfForm>,
 ) -> Response {
     if let Err(r) = user.check_csrf(&f.csrf) {
         return r;
@@ -191,12 +197,26 @@ struct OverviewPage {
 
 #[derive(Deserialize)]
 pub struct OverviewQuery {
-    stale_min: Option<i64>,
+    #[serde(default)]
+    stale_min: String,
 }
 
 /// `GET /ui`: the overview.
-pub async fn overview(State(state): State<AppState>, user: UiUser, Query(q): Query<OverviewQuery>) -> Response {
-    let stale_min = q.stale_min.unwrap_or(15).clamp(1, 7 * 24 * 60);
+pub async fn overview(
+    State(state): State<AppState>,
+    user: UiUser,
+    super::UiQuery(q): super::UiQuery<OverviewQuery>,
+) -> Response {
+    let stale_min = match q.stale_min.as_str() {
+        "" => 15,
+        s => match s.parse::<i64>() {
+            Ok(n) if (1..=7 * 24 * 60).contains(&n) => n,
+            _ => {
+                let msg = "stale_min must be a whole number of minutes from 1 to 10080 (a week)";
+                return error_page(Some(&user), StatusCode::BAD_REQUEST, msg);
+            }
+        },
+    };
     let stale_before = state.clock.now_ms() - stale_min * 60_000;
     let o = match state.store.overview(Some(&user.caller.tenant), stale_before, 20).await {
         Ok(o) => o,
@@ -340,8 +360,8 @@ fn list_filter(p: &ListParams) -> Result<ListFilter, String> {
     };
     let needs_review = match p.needs_review.as_str() {
         "" => None,
-        "yes" => Some(true),
-        "no" => Some(false),
+        "yes" | "true" => Some(true),
+        "no" | "false" => Some(false),
         other => return Err(format!("needs_review: expected yes or no, not {other:?}")),
     };
     let cursor = match p.cursor.split_once(':') {
@@ -362,7 +382,11 @@ fn list_filter(p: &ListParams) -> Result<ListFilter, String> {
 }
 
 /// `GET /ui/operations`: filtered, paginated list.
-pub async fn operations(State(state): State<AppState>, user: UiUser, Query(p): Query<ListParams>) -> Response {
+pub async fn operations(
+    State(state): State<AppState>,
+    user: UiUser,
+    super::UiQuery(p): super::UiQuery<ListParams>,
+) -> Response {
     let state_names = idem_core::State::ALL.iter().map(|s| s.as_str()).collect();
     let filter = match list_filter(&p) {
         Ok(f) => f,
@@ -519,8 +543,8 @@ pub struct DetailQuery {
 pub async fn operation(
     State(state): State<AppState>,
     user: UiUser,
-    Path(raw): Path<String>,
-    Query(q): Query<DetailQuery>,
+    super::UiPath(raw): super::UiPath,
+    super::UiQuery(q): super::UiQuery<DetailQuery>,
 ) -> Response {
     let message = match q.done.as_str() {
         "resolved" => "Resolved; the resolution is the last entry of the timeline.",
@@ -556,8 +580,13 @@ async fn show_operation(
 
 #[derive(Deserialize)]
 pub struct ResolveForm {
+    #[serde(default)]
     csrf: String,
+    #[serde(default)]
     to: String,
+    /// The state the page showed: a resolution decided from an older state is refused.
+    #[serde(default)]
+    expected_state: String,
     #[serde(default)]
     reason: String,
     #[serde(default)]
@@ -569,29 +598,33 @@ pub struct ResolveForm {
 pub async fn resolve(
     State(state): State<AppState>,
     user: UiUser,
-    Path(raw): Path<String>,
-    Form(f): Form<ResolveForm>,
+    super::UiPath(raw): super::UiPath,
+    super::UiForm(f): super::UiForm<ResolveForm>,
 ) -> Response {
+    // The key first, so even a refused attempt's log line names the operation.
+    let key = match parse_key(&raw) {
+        Ok(k) => k,
+        Err(p) => return error_page(Some(&user), StatusCode::BAD_REQUEST, &p.detail),
+    };
     if let Err(r) = user.check_csrf(&f.csrf) {
         return r;
     }
     if let Err(p) = user.caller.require(Role::Operator) {
         return error_page(Some(&user), StatusCode::FORBIDDEN, &p.detail);
     }
-    let key = match parse_key(&raw) {
-        Ok(k) => k,
-        Err(p) => return error_page(Some(&user), StatusCode::BAD_REQUEST, &p.detail),
-    };
-    let to = match f.to.parse::<idem_core::State>() {
-        Ok(s) => s,
-        Err(e) => {
-            return show_operation(&state, &user, &raw, StatusCode::BAD_REQUEST, String::new(), e.to_string()).await;
+    let parse = |s: &str| s.parse::<idem_core::State>().map_err(|e| e.to_string());
+    let expected = Some(f.expected_state.as_str()).filter(|s| !s.is_empty()).map(parse).transpose();
+    let (to, expected_state) = match (parse(&f.to), expected) {
+        (Ok(to), Ok(expected)) => (to, expected),
+        (Err(e), _) | (_, Err(e)) => {
+            return show_operation(&state, &user, &raw, StatusCode::BAD_REQUEST, String::new(), e).await;
         }
     };
     let req = ResolveRequest {
         tenant: user.caller.tenant.clone(),
         key: key.to_string(),
         to,
+        expected_state,
         reason: f.reason,
         evidence: Some(f.evidence.trim().to_owned()).filter(|e| !e.is_empty()),
         actor: user.caller.actor(),
@@ -613,19 +646,19 @@ pub async fn resolve(
 pub async fn reconcile(
     State(state): State<AppState>,
     user: UiUser,
-    Path(raw): Path<String>,
-    Form(f): Form<CsrfForm>,
+    super::UiPath(raw): super::UiPath,
+    super::UiForm(f): super::UiForm<CsrfForm>,
 ) -> Response {
+    let key = match parse_key(&raw) {
+        Ok(k) => k,
+        Err(p) => return error_page(Some(&user), StatusCode::BAD_REQUEST, &p.detail),
+    };
     if let Err(r) = user.check_csrf(&f.csrf) {
         return r;
     }
     if let Err(p) = user.caller.require(Role::Operator) {
         return error_page(Some(&user), StatusCode::FORBIDDEN, &p.detail);
     }
-    let key = match parse_key(&raw) {
-        Ok(k) => k,
-        Err(p) => return error_page(Some(&user), StatusCode::BAD_REQUEST, &p.detail),
-    };
     let rec = match state.store.get(&user.caller.tenant, key.as_str()).await {
         Ok(Some(r)) => r,
         Ok(None) => return error_page(Some(&user), StatusCode::NOT_FOUND, "No operation with this key."),
