@@ -593,6 +593,15 @@ pub struct ResolveForm {
     evidence: String,
 }
 
+/// The checks of an operator's form post, in this order: the key (first, so even a refused
+/// attempt's log line names the operation), the session's CSRF token, the operator role.
+fn operator_post(user: &UiUser, raw: &str, csrf: &str) -> Result<idem_core::IdempotencyKey, Response> {
+    let key = parse_key(raw).map_err(|p| error_page(Some(user), StatusCode::BAD_REQUEST, &p.detail))?;
+    user.check_csrf(csrf)?;
+    user.caller.require(Role::Operator).map_err(|p| error_page(Some(user), StatusCode::FORBIDDEN, &p.detail))?;
+    Ok(key)
+}
+
 /// `POST /ui/operations/{key}/resolve`: an operator's resolution (needs the operator role,
 /// a reason, and evidence for SUCCEEDED, as in the API).
 pub async fn resolve(
@@ -601,17 +610,10 @@ pub async fn resolve(
     super::UiPath(raw): super::UiPath,
     super::UiForm(f): super::UiForm<ResolveForm>,
 ) -> Response {
-    // The key first, so even a refused attempt's log line names the operation.
-    let key = match parse_key(&raw) {
+    let key = match operator_post(&user, &raw, &f.csrf) {
         Ok(k) => k,
-        Err(p) => return error_page(Some(&user), StatusCode::BAD_REQUEST, &p.detail),
+        Err(r) => return r,
     };
-    if let Err(r) = user.check_csrf(&f.csrf) {
-        return r;
-    }
-    if let Err(p) = user.caller.require(Role::Operator) {
-        return error_page(Some(&user), StatusCode::FORBIDDEN, &p.detail);
-    }
     let parse = |s: &str| s.parse::<idem_core::State>().map_err(|e| e.to_string());
     let expected = Some(f.expected_state.as_str()).filter(|s| !s.is_empty()).map(parse).transpose();
     let (to, expected_state) = match (parse(&f.to), expected) {
@@ -649,16 +651,10 @@ pub async fn reconcile(
     super::UiPath(raw): super::UiPath,
     super::UiForm(f): super::UiForm<CsrfForm>,
 ) -> Response {
-    let key = match parse_key(&raw) {
+    let key = match operator_post(&user, &raw, &f.csrf) {
         Ok(k) => k,
-        Err(p) => return error_page(Some(&user), StatusCode::BAD_REQUEST, &p.detail),
+        Err(r) => return r,
     };
-    if let Err(r) = user.check_csrf(&f.csrf) {
-        return r;
-    }
-    if let Err(p) = user.caller.require(Role::Operator) {
-        return error_page(Some(&user), StatusCode::FORBIDDEN, &p.detail);
-    }
     let rec = match state.store.get(&user.caller.tenant, key.as_str()).await {
         Ok(Some(r)) => r,
         Ok(None) => return error_page(Some(&user), StatusCode::NOT_FOUND, "No operation with this key."),
