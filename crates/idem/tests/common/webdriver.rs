@@ -8,7 +8,6 @@
 
 use base64::Engine;
 use serde_json::{Value, json};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,6 +26,7 @@ pub struct Browser {
     session: String,
     http: reqwest::Client,
     shots: PathBuf,
+    profile: tempfile::TempDir,
 }
 
 fn free_port() -> u16 {
@@ -52,7 +52,6 @@ impl Browser {
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .process_group(0)
             .spawn()
             .expect("start chromedriver");
         let base = format!("http://127.0.0.1:{port}");
@@ -68,17 +67,19 @@ impl Browser {
             assert!(start.elapsed() < Duration::from_secs(30), "chromedriver did not become ready");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let profile = tempfile::Builder::new().prefix("idem-chromium-profile-").tempdir().unwrap();
+        let profile_arg = format!("--user-data-dir={}", profile.path().display());
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": CHROMIUM,
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--window-size=1280,1000", "--no-first-run", "--disable-extensions"]
+                         "--window-size=1280,1000", "--no-first-run", "--disable-extensions", profile_arg]
             }
         }}});
         let r: Value = http.post(format!("{base}/session")).json(&caps).send().await.unwrap().json().await.unwrap();
         let session = r["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {r}")).to_string();
-        Browser { driver, base, session, http, shots: shots.to_path_buf() }
+        Browser { driver, base, session, http, shots: shots.to_path_buf(), profile }
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
@@ -206,10 +207,11 @@ impl Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // chromedriver runs in its own process group with the browsers it started: end them
-        // all, even when the test panicked before `quit`.
-        let _ = Command::new("kill").arg("-9").arg(format!("-{}", self.driver.id())).status();
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        // A browser left behind by a test that panicked before `quit`: matched by its own
+        // profile directory, which no other process names. (Never signal a process group
+        // by a negative pid through kill(1): procps reads `-PID` as an option.)
+        let _ = Command::new("pkill").arg("-KILL").arg("-f").arg(self.profile.path()).status();
     }
 }
