@@ -45,14 +45,27 @@ mod fast {
         q.push_values(events, crate::row::bind_event);
     }
 
-    /// Inserts a new record with its events in one statement, unless the key exists or a
-    /// live tombstone holds it. True if inserted.
-    pub(super) async fn insert_new(
+    /// What [`insert_or_read`] found.
+    pub(super) enum Claim {
+        /// The new record and its events were written.
+        Inserted,
+        /// The key has a record (as of the statement's snapshot); nothing was written.
+        Existing(Box<OperationRecord>),
+        /// Neither: a live tombstone holds the key, or a concurrent insert of it has not
+        /// committed yet. The transactional path decides.
+        Neither,
+    }
+
+    /// One statement that inserts `r` with its events unless the key exists or a live
+    /// tombstone holds it, and otherwise returns the stored record: a new key costs one
+    /// round trip instead of a read and a write, an existing one the same as a read.
+    pub(super) async fn insert_or_read(
         pool: &PgPool,
         r: &OperationRecord,
         events: &[OperationEvent],
         now_ms: i64,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Claim, StoreError> {
+        use sqlx::{FromRow, Row};
         let mut q: QueryBuilder<Postgres> =
             QueryBuilder::new(format!("WITH ins AS (INSERT INTO operations ({OP_COLS}) SELECT "));
         push_record(&mut q, r);
@@ -62,11 +75,24 @@ mod fast {
             .push_bind(idem_core::retention::key_hash(&r.key))
             .push(" AND expires_at > ")
             .push_bind(now_ms)
-            .push(format!(") ON CONFLICT (tenant, op_key) DO NOTHING RETURNING 1) INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("));
+            .push(format!(
+                ") ON CONFLICT (tenant, op_key) DO NOTHING RETURNING 1), ev AS (INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("
+            ));
         push_events(&mut q, events);
-        q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM ins)"));
-        let done = super::committed(q.build().execute(pool)).await?;
-        Ok(done.rows_affected() == events.len() as u64)
+        q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM ins) RETURNING 1) SELECT (SELECT count(*) FROM ins) AS inserted, "))
+            .push(crate::row::operation_columns!().replace("tenant, op_key,", "o.tenant, o.op_key,"))
+            .push(" FROM (SELECT 1) AS one LEFT JOIN operations o ON o.tenant = ")
+            .push_bind(r.tenant.clone())
+            .push(" AND o.op_key = ")
+            .push_bind(r.key.clone());
+        let row = super::committed(q.build().fetch_one(pool)).await?;
+        if row.try_get::<i64, _>("inserted")? == 1 {
+            return Ok(Claim::Inserted);
+        }
+        match row.try_get::<Option<String>, _>("op_key")? {
+            Some(_) => Ok(Claim::Existing(Box::new(crate::row::OperationRow::from_row(&row)?.into_record()?))),
+            None => Ok(Claim::Neither),
+        }
     }
 
     /// Writes `r` if the stored version is still `read_version`, with its events, in one
@@ -117,6 +143,51 @@ async fn committed<T, E>(commit: impl std::future::Future<Output = Result<T, E>>
     out
 }
 
+/// Records this node wrote last, to skip the read before the next write of the same key.
+///
+/// Correct under several nodes because a cached record is only ever used in two ways:
+/// - as the base of a conditional write (`WHERE version = <cached version>`): if another
+///   node changed the record since, the write does nothing and the store re-reads;
+/// - to answer a trigger without writing the record, only when the cached record is
+///   SUCCEEDED or FAILED (final records never change) and not past its retention
+///   (`expires_at`), so it cannot have been swept.
+///
+/// Bounded: at most [`CACHE_ENTRIES`] records, each with a payload and result of at most
+/// [`CACHE_MAX_JSON_BYTES`] bytes (larger ones are not cached); full, it starts over.
+#[derive(Debug, Default)]
+struct RecordCache {
+    map: std::sync::Mutex<std::collections::HashMap<(String, String), OperationRecord>>,
+}
+
+/// Records kept by [`RecordCache`].
+const CACHE_ENTRIES: usize = 2048;
+/// Largest payload (and result) of a cached record, serialised, in bytes.
+const CACHE_MAX_JSON_BYTES: usize = 8 * 1024;
+
+impl RecordCache {
+    fn get(&self, tenant: &str, key: &str) -> Option<OperationRecord> {
+        let map = self.map.lock().expect("record cache lock");
+        map.get(&(tenant.to_owned(), key.to_owned())).cloned()
+    }
+
+    fn put(&self, r: &OperationRecord) {
+        let small = |v: &serde_json::Value| serde_json::to_vec(v).is_ok_and(|b| b.len() <= CACHE_MAX_JSON_BYTES);
+        if !small(&r.payload) || r.result.as_ref().is_some_and(|v| !small(v)) {
+            self.forget(&r.tenant, &r.key);
+            return;
+        }
+        let mut map = self.map.lock().expect("record cache lock");
+        if map.len() >= CACHE_ENTRIES {
+            map.clear();
+        }
+        map.insert((r.tenant.clone(), r.key.clone()), r.clone());
+    }
+
+    fn forget(&self, tenant: &str, key: &str) {
+        self.map.lock().expect("record cache lock").remove(&(tenant.to_owned(), key.to_owned()));
+    }
+}
+
 /// Bounded retries of a transaction whose conditional write lost a race.
 pub const CAS_RETRIES: usize = 16;
 /// Connections per process.
@@ -132,6 +203,7 @@ pub struct PgStore {
     pool: PgPool,
     clock: Arc<dyn Clock>,
     config: StoreConfig,
+    cache: Arc<RecordCache>,
 }
 
 impl PgStore {
@@ -160,7 +232,7 @@ impl PgStore {
             .connect(url)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(PgStore { pool, clock, config })
+        Ok(PgStore { pool, clock, config, cache: Default::default() })
     }
 
     /// The connection pool (tests use it to inspect the database).
@@ -197,30 +269,78 @@ macro_rules! retrying {
 #[async_trait]
 impl Store for PgStore {
     async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
-        for _ in 0..CAS_RETRIES {
-            let now = self.clock.now_ms();
-            let existing = ops::load(&mut *self.pool.acquire().await?, &input.tenant, &input.key).await?;
-            let plan = idem_core::plan_acquire(existing.as_ref(), &input, now);
-            let outcome = AcquireOutcome { decision: plan.decision, record: plan.record.clone() };
-            match existing {
-                None if fast::insert_new(&self.pool, &plan.record, &plan.events, now).await? => return Ok(outcome),
-                // A concurrent insert or a tombstone: the transactional path decides.
-                None => break,
-                Some(read) if plan.changed => {
-                    if fast::update(&self.pool, &plan.record, read.version, &plan.events).await? {
-                        return Ok(outcome);
-                    }
-                }
-                Some(_) => {
-                    fast::events(&self.pool, &plan.events).await?;
-                    return Ok(outcome);
-                }
+        let now = self.clock.now_ms();
+        // A final record this node wrote: a replay (or a mismatch) needs only its event.
+        if let Some(cached) = self.cache.get(&input.tenant, &input.key)
+            && cached.state.is_final()
+            && cached.expires_at.is_none_or(|end| end > now)
+        {
+            let plan = idem_core::plan_acquire(Some(&cached), &input, now);
+            if !plan.changed {
+                fast::events(&self.pool, &plan.events).await?;
+                return Ok(AcquireOutcome { decision: plan.decision, record: plan.record });
             }
         }
+        // Most triggers carry a new key: insert it, or learn the stored record, in one go.
+        let fresh = idem_core::plan_acquire(None, &input, now);
+        let mut existing = match fast::insert_or_read(&self.pool, &fresh.record, &fresh.events, now).await? {
+            fast::Claim::Inserted => {
+                self.cache.put(&fresh.record);
+                return Ok(AcquireOutcome { decision: fresh.decision, record: fresh.record });
+            }
+            fast::Claim::Existing(r) => Some(*r),
+            // A concurrent insert or a tombstone: the transactional path decides.
+            fast::Claim::Neither => None,
+        };
+        for _ in 0..CAS_RETRIES {
+            let Some(read) = existing.take() else { break };
+            let now = self.clock.now_ms();
+            let plan = idem_core::plan_acquire(Some(&read), &input, now);
+            let outcome = AcquireOutcome { decision: plan.decision, record: plan.record.clone() };
+            if !plan.changed {
+                fast::events(&self.pool, &plan.events).await?;
+                self.cache.put(&plan.record);
+                return Ok(outcome);
+            }
+            if fast::update(&self.pool, &plan.record, read.version, &plan.events).await? {
+                self.cache.put(&plan.record);
+                return Ok(outcome);
+            }
+            // Another writer changed it since the read: read again.
+            existing = ops::load(&mut *self.pool.acquire().await?, &input.tenant, &input.key).await?;
+        }
+        self.cache.forget(&input.tenant, &input.key);
         retrying!(self, |conn| ops::acquire_once(conn, &input, self.clock.now_ms()).await)
     }
 
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
+        // The lease this node granted: complete it without reading it back. The write is
+        // conditional on the cached version, so a change elsewhere makes it a no-op.
+        if let Some(cached) = self.cache.get(&req.tenant, &req.key)
+            && cached.state == idem_core::State::Executing
+            && cached.fencing_token == req.fencing_token
+        {
+            let policy = req.policy.as_ref().unwrap_or(&self.config.retry_policy);
+            let now = self.clock.now_ms();
+            if let Ok(mut plan) = idem_core::plan_completion(
+                &cached,
+                req.fencing_token,
+                &req.outcome,
+                &req.actor,
+                policy,
+                crate::jitter(),
+                now,
+            ) && plan.changed
+            {
+                self.config.retention.apply(&mut plan.record);
+                let events: Vec<_> = plan.event.iter().cloned().collect();
+                if fast::update(&self.pool, &plan.record, cached.version, &events).await? {
+                    self.cache.put(&plan.record);
+                    return Ok(CompleteOutcome { record: plan.record, changed: true });
+                }
+            }
+            self.cache.forget(&req.tenant, &req.key);
+        }
         for _ in 0..CAS_RETRIES {
             let now = self.clock.now_ms();
             let Some(rec) = ops::load(&mut *self.pool.acquire().await?, &req.tenant, &req.key).await? else {
@@ -242,6 +362,7 @@ impl Store for PgStore {
             self.config.retention.apply(&mut plan.record);
             let events: Vec<_> = plan.event.iter().cloned().collect();
             if fast::update(&self.pool, &plan.record, rec.version, &events).await? {
+                self.cache.put(&plan.record);
                 return Ok(CompleteOutcome { record: plan.record, changed: true });
             }
         }

@@ -1,0 +1,110 @@
+//! Two PostgreSQL stores (two nodes) on one database. Each node keeps the records it wrote
+//! last to skip a read; these tests change a record on the other node behind that cache
+//! and check that the first node still answers from the database's truth.
+
+use idem_core::{AcquireInput, Actor, Clock, Decision, ManualClock, Outcome, State};
+use idem_store::{CompleteRequest, ResolveRequest, Store, StoreError, postgres::PgStore};
+use serde_json::json;
+use std::sync::Arc;
+
+async fn two_nodes() -> (Arc<dyn Store>, Arc<dyn Store>, Arc<ManualClock>) {
+    let url = idem_store::testing::fresh_pg_database("idem_two_nodes").await;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let a = PgStore::connect(&url, clock.clone(), Default::default()).await.unwrap();
+    let b = PgStore::connect(&url, clock.clone(), Default::default()).await.unwrap();
+    (Arc::new(a), Arc::new(b), clock)
+}
+
+fn input(key: &str, fingerprint: &str) -> AcquireInput {
+    AcquireInput {
+        tenant: "t".into(),
+        key: key.into(),
+        action: "send".into(),
+        payload: json!({"to": "x"}),
+        fingerprint: fingerprint.into(),
+        lease_ms: 1_000,
+        redo_safe: false,
+        connector: None,
+        actor: Actor { principal: "w".into(), request_id: None },
+    }
+}
+
+fn complete(key: &str, token: i64, outcome: Outcome) -> CompleteRequest {
+    CompleteRequest {
+        tenant: "t".into(),
+        key: key.into(),
+        fencing_token: token,
+        outcome,
+        actor: Actor::default(),
+        policy: None,
+    }
+}
+
+fn succeeded(r: &str) -> Outcome {
+    Outcome::Succeeded { provider_ref: r.into(), result: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_never_answers_from_a_record_another_node_changed() {
+    let (a, b, clock) = two_nodes().await;
+
+    // A grants (and remembers EXECUTING); the lease expires and B's sweeper makes it UNKNOWN.
+    let granted = a.acquire(input("k1", "f")).await.unwrap();
+    assert_eq!(granted.decision, Decision::Acquire);
+    clock.advance(2_000);
+    assert_eq!(b.expire_leases(10).await.unwrap(), 1);
+    // A trigger on A sees UNKNOWN (202), not its remembered EXECUTING lease (409).
+    assert_eq!(a.acquire(input("k1", "f")).await.unwrap().decision, Decision::Unknown);
+    // The worker's late completion through A is judged against UNKNOWN and settles it.
+    let done = a.complete(complete("k1", granted.record.fencing_token, succeeded("m-1"))).await.unwrap();
+    assert_eq!(done.record.state, State::Succeeded);
+    assert_eq!(b.get("t", "k1").await.unwrap().unwrap().state, State::Succeeded);
+
+    // A grants k2; an operator resolves it through B after the lease expired; A's worker
+    // then completes with its old token: refused as the record is final, not applied.
+    let g2 = a.acquire(input("k2", "f")).await.unwrap();
+    clock.advance(2_000);
+    let resolve = ResolveRequest {
+        tenant: "t".into(),
+        key: "k2".into(),
+        to: State::Failed,
+        expected_state: None,
+        reason: "customer cancelled".into(),
+        evidence: None,
+        actor: Actor { principal: "op".into(), request_id: None },
+    };
+    b.resolve(resolve).await.unwrap();
+    let late = a.complete(complete("k2", g2.record.fencing_token, succeeded("m-2"))).await;
+    assert!(matches!(late, Err(StoreError::Complete(_))), "{late:?}");
+    let stored = b.get("t", "k2").await.unwrap().unwrap();
+    assert_eq!((stored.state, stored.provider_ref), (State::Failed, None));
+    // And A replays FAILED, not a stale lease.
+    assert_eq!(a.acquire(input("k2", "f")).await.unwrap().record.state, State::Failed);
+
+    // B re-grants a PENDING retry; A's old token is stale although A remembers it.
+    let g3 = a.acquire(input("k3", "f")).await.unwrap();
+    let retry = Outcome::RetryableFailure { error_class: "unavailable".into(), message: None, retry_after_ms: Some(0) };
+    a.complete(complete("k3", g3.record.fencing_token, retry)).await.unwrap();
+    clock.advance(600_000); // past any backoff
+    let regrant = b.acquire(input("k3", "f")).await.unwrap();
+    assert_eq!(regrant.decision, Decision::Acquire);
+    let stale = a.complete(complete("k3", g3.record.fencing_token, succeeded("m-3"))).await;
+    assert!(matches!(stale, Err(StoreError::Complete(_))), "{stale:?}");
+    a.complete(complete("k3", regrant.record.fencing_token, succeeded("m-3"))).await.unwrap();
+
+    // A grants k4 and its worker completes through B, within the lease: a trigger on A is
+    // a replay of SUCCEEDED, not "in progress" from A's remembered lease.
+    let g4 = a.acquire(input("k4", "f")).await.unwrap();
+    b.complete(complete("k4", g4.record.fencing_token, succeeded("m-4"))).await.unwrap();
+    let again = a.acquire(input("k4", "f")).await.unwrap();
+    assert_eq!((again.decision, again.record.state), (Decision::Replay, State::Succeeded));
+
+    // A final record A remembers is replayed, and a new payload for it is a mismatch; every
+    // trigger is in the log, on both nodes' view.
+    assert_eq!(a.acquire(input("k3", "f")).await.unwrap().decision, Decision::Replay);
+    assert_eq!(a.acquire(input("k3", "other")).await.unwrap().decision, Decision::Mismatch);
+    let kinds: Vec<String> = b.events("t", "k3").await.unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds.iter().filter(|k| *k == "replayed").count(), 1, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k == "mismatch").count(), 1, "{kinds:?}");
+    assert!(clock.now_ms() > 1_000_000);
+}
