@@ -90,6 +90,9 @@ impl Outcome {
                         "provider_ref is longer than {MAX_PROVIDER_REF_LEN} bytes"
                     )));
                 }
+                if provider_ref.chars().any(char::is_control) {
+                    return Err(CompleteError::Invalid("provider_ref must not contain control characters".into()));
+                }
             }
             Outcome::RetryableFailure { error_class, retry_after_ms, .. } => {
                 if !class_ok(error_class) {

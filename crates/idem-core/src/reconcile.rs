@@ -132,6 +132,9 @@ pub enum ResolveError {
         crate::completion::MAX_PROVIDER_REF_LEN
     )]
     TooLong,
+    /// The evidence (it becomes the provider reference) holds control characters.
+    #[error("the evidence must not contain control characters")]
+    ControlCharacters,
     /// The operator saw another state than the record has now (another resolution, a late
     /// completion or a lookup came first): nothing is written, so no decision overwrites one
     /// its author never saw.
@@ -165,6 +168,9 @@ pub fn plan_resolution(
     }
     if reason.len() > MAX_REASON_LEN || evidence.is_some_and(|e| e.len() > crate::completion::MAX_PROVIDER_REF_LEN) {
         return Err(ResolveError::TooLong);
+    }
+    if evidence.is_some_and(|e| e.chars().any(char::is_control)) {
+        return Err(ResolveError::ControlCharacters);
     }
     let resolvable = matches!(rec.state, State::Unknown | State::Pending)
         || (rec.state == State::Executing && !rec.lease_valid_at(now_ms));
@@ -329,6 +335,10 @@ mod tests {
         assert_eq!(
             plan_resolution(&r, State::Succeeded, None, "ok", Some(&big_ref), &a, 1).unwrap_err(),
             ResolveError::TooLong
+        );
+        assert_eq!(
+            plan_resolution(&r, State::Succeeded, None, "ok", Some("m-1\u{1b}[2J"), &a, 1).unwrap_err(),
+            ResolveError::ControlCharacters
         );
     }
 }

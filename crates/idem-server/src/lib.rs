@@ -56,6 +56,8 @@ pub struct AppState {
     pub ui: Arc<ui::UiState>,
     /// When `/metrics` last read its gauges from the store.
     pub gauges: Arc<metrics::GaugeCache>,
+    /// Bearer token `/metrics` asks for; `None` = open.
+    pub metrics_token: Option<Arc<str>>,
 }
 
 impl AppState {
@@ -77,7 +79,15 @@ impl AppState {
         ));
         let reconciler =
             Arc::new(Reconciler::new(store.clone(), registry, Duration::from_millis(config.reconciler.interval_ms)));
-        AppState { store, clock, executor, reconciler, ui: Default::default(), gauges: Default::default() }
+        AppState {
+            store,
+            clock,
+            executor,
+            reconciler,
+            ui: Default::default(),
+            gauges: Default::default(),
+            metrics_token: None,
+        }
     }
 }
 
@@ -93,6 +103,8 @@ pub struct ServerConfig {
     pub sweep_interval: Duration,
     /// Secret of the admin key to create on first start (`IDEM_BOOTSTRAP_KEY`).
     pub bootstrap_key: Option<String>,
+    /// Bearer token `/metrics` asks for (`IDEM_METRICS_TOKEN`); `None` = open.
+    pub metrics_token: Option<String>,
     /// Executor and reconciler settings (`--config`).
     pub connect: idem_connect::Config,
     /// The connectors built from `connect` (built before start-up, so a bad config fails
@@ -138,12 +150,23 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .layer(axum::middleware::from_fn(logging::sanitize_request_id))
 }
 
-async fn method_not_allowed() -> Response {
+/// Whether `uri` is on the admin page, whose errors are HTML pages, not problem+json.
+fn is_ui(uri: &axum::http::Uri) -> bool {
+    uri.path() == "/ui" || uri.path().starts_with("/ui/")
+}
+
+async fn method_not_allowed(uri: axum::http::Uri) -> Response {
+    if is_ui(&uri) {
+        return ui::error_page(None, StatusCode::METHOD_NOT_ALLOWED, "This page does not take that method.");
+    }
     problem::Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "this route does not take that method")
         .into_response()
 }
 
-async fn not_found() -> Response {
+async fn not_found(uri: axum::http::Uri) -> Response {
+    if is_ui(&uri) {
+        return ui::error_page(None, StatusCode::NOT_FOUND, "No such page.");
+    }
     problem::Problem::new(StatusCode::NOT_FOUND, "not-found", "no such route").into_response()
 }
 
@@ -298,7 +321,8 @@ async fn serve_with(
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
     metrics::handle();
-    let state = AppState::new(store, clock, config.registry.clone(), &config.connect);
+    let mut state = AppState::new(store, clock, config.registry.clone(), &config.connect);
+    state.metrics_token = config.metrics_token.as_deref().map(Arc::from);
     let store = state.store.clone();
     let app = app(state.clone(), config.max_body_bytes)?;
     println!("idem: listening on http://{}", listener.local_addr()?);

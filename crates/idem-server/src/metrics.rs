@@ -21,8 +21,12 @@
 //! | `idem_review_queue_depth` | gauge | | records flagged `needs_review` |
 //! | `idem_unknown_stale` | gauge | | UNKNOWN records unchanged for 15 minutes or more |
 //!
-//! `/metrics` needs no API key (Prometheus scrapers rarely carry one) and reveals no tenant
-//! data; its database counts are cached for 5 s so scraping cannot load the database.
+//! `/metrics` needs no API key (Prometheus scrapers rarely carry one) unless
+//! `--metrics-token` is set, and then a `Bearer` token. Its labels name no tenant or key,
+//! but actions and error classes are those of every tenant, and the first 100 of each are
+//! shared by all tenants: set the token (or keep the port private) where tenants must not
+//! see each other's action names. Its database counts are cached for 5 s so scraping
+//! cannot load the database.
 
 use crate::AppState;
 use async_trait::async_trait;
@@ -119,8 +123,26 @@ pub struct GaugeCache {
 /// `GET /metrics`: the Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", tag = "health", responses(
     (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain"),
+    (status = 401, description = "`--metrics-token` is set and the request lacks it", body = crate::problem::Problem, content_type = "application/problem+json"),
 ))]
-pub async fn serve(State(state): State<AppState>) -> Response {
+pub async fn serve(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(token) = &state.metrics_token {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !crate::ui::session::same_token(given, token) {
+            let mut r = crate::problem::Problem::new(
+                axum::http::StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "/metrics needs `Authorization: Bearer <IDEM_METRICS_TOKEN>`",
+            )
+            .into_response();
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"idem-metrics\""));
+            return r;
+        }
+    }
     let due = {
         let mut last = state.gauges.last.lock().expect("gauge cache lock");
         let due = last.is_none_or(|t| t.elapsed() >= GAUGE_TTL);

@@ -58,8 +58,8 @@ pub async fn resolve(
 ) -> Result<Response, Problem> {
     let rid = caller.request_id.clone();
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
-    caller.require(Role::Operator).map_err(fail)?;
     let key = parse_key(&raw_key).map_err(fail)?;
+    caller.require(Role::Operator).map_err(fail)?;
     let to = body.to.parse::<idem_core::State>().map_err(|e| fail(Problem::invalid(e.to_string())))?;
     let expected_state = body
         .expected_state
@@ -103,8 +103,8 @@ pub async fn reconcile(
 ) -> Result<Response, Problem> {
     let rid = caller.request_id.clone();
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
-    caller.require(Role::Operator).map_err(fail)?;
     let key = parse_key(&raw_key).map_err(fail)?;
+    caller.require(Role::Operator).map_err(fail)?;
     let rec = state
         .store
         .get(&caller.tenant, key.as_str())

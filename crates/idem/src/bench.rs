@@ -385,5 +385,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         });
     }
     print_rows(&rows);
+    println!(
+        "\nA pair is one acquire plus one complete of a new key, each acknowledged after a durable commit.\n\
+         Baselines: embedded = the same writes, one SQLite transaction (and fsync) per statement;\n\
+         HTTP SQLite = that naive store; HTTP PostgreSQL = an INSERT and an UPDATE per pair sent\n\
+         straight to the database by the same number of clients. Replays trigger one finished key.\n\
+         Group-commit ceiling C/(2F): C concurrent clients, F = fsync time, two commits per pair."
+    );
+    if args.postgres_url.is_none() {
+        println!("PostgreSQL rows skipped: pass --postgres-url (or IDEM_BENCH_PG_URL) to include them.");
+    }
     Ok(())
 }

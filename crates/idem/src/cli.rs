@@ -144,6 +144,10 @@ pub struct ServeArgs {
     /// (the first 16 hex digits of the key's SHA-256).
     #[arg(long, env = "IDEM_REDACT_KEYS")]
     pub redact_keys: bool,
+    /// Require `Authorization: Bearer TOKEN` on /metrics (its labels name every tenant's
+    /// actions and error classes). Without it /metrics is open.
+    #[arg(long, env = "IDEM_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
     /// Export traces (one span per HTTP request) to this OpenTelemetry collector, over
     /// OTLP/HTTP with protobuf: a base URL such as http://127.0.0.1:4318 (spans go to
     /// {URL}/v1/traces). Service name `idem`, or OTEL_SERVICE_NAME. Needs an idem built

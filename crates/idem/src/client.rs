@@ -76,7 +76,7 @@ fn print(json_mode: bool, a: &Answer, human: impl FnOnce(&Value) -> String) {
     if json_mode {
         crate::out!("{}", a.body);
     } else {
-        crate::out!("{}", human(&a.body));
+        crate::out!("{}", human(&crate::output::printable(&a.body)));
     }
 }
 
@@ -208,7 +208,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     } else if a.status == StatusCode::CONFLICT {
         crate::out!("{}", output::problem_line(409, &a.body));
     } else {
-        crate::out!("{}", output::acquire_summary(a.status.as_u16(), &a.body));
+        crate::out!("{}", output::acquire_summary(a.status.as_u16(), &output::printable(&a.body)));
     }
     Ok(ExitCode::from(code))
 }

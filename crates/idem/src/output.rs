@@ -2,6 +2,20 @@
 
 use serde_json::Value;
 
+/// `v` with every control character in its strings (ESC, CR, LF, NUL, C1, DEL …) written
+/// as `\u{..}`, so data from the ledger cannot move the cursor, clear the screen or forge
+/// lines in a terminal. Human output only; `--json` prints the JSON as is (escaped by JSON).
+pub fn printable(v: &Value) -> Value {
+    match v {
+        Value::String(text) if text.chars().any(char::is_control) => Value::String(
+            text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(printable).collect()),
+        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), printable(v))).collect()),
+        other => other.clone(),
+    }
+}
+
 fn s<'a>(v: &'a Value, k: &str) -> &'a str {
     v.get(k).and_then(Value::as_str).unwrap_or("-")
 }
@@ -12,6 +26,7 @@ fn n(v: &Value, k: &str) -> String {
 
 /// `409 operation-in-progress: another worker holds the lease (retry after 2 s)`.
 pub fn problem_line(status: u16, body: &Value) -> String {
+    let body = &printable(body);
     let slug = s(body, "type").trim_start_matches("/problems/");
     let detail = body
         .get("detail")
@@ -139,4 +154,20 @@ pub fn operation_table(v: &Value) -> String {
         out.push_str(&format!("more: repeat the command (same filters) with --cursor {c}\n"));
     }
     out.trim_end().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn control_characters_are_shown_not_obeyed() {
+        let v = json!({"provider_ref": "ok\u{1b}[2J\r\nforged", "n": 1, "list": ["\u{7}"]});
+        let p = printable(&v);
+        assert_eq!(p["provider_ref"], "ok\\u{1b}[2J\\u{d}\\u{a}forged");
+        assert_eq!(p["list"][0], "\\u{7}");
+        assert_eq!(p["n"], 1);
+        assert!(!operation_table(&json!({"items": [p]})).contains('\u{1b}'));
+    }
 }

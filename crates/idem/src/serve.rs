@@ -94,6 +94,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         max_body_bytes: args.max_body_bytes,
         sweep_interval: Duration::from_millis(args.sweep_interval_ms),
         bootstrap_key: args.bootstrap_key,
+        metrics_token: args.metrics_token.filter(|t| !t.is_empty()),
         connect,
         registry,
     };

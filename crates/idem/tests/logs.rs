@@ -118,3 +118,17 @@ async fn client_request_ids_and_methods_stay_bounded() {
     assert!(text.contains("idem_http_requests_total{method=\"other\",route=\"/metrics\",status=\"405\"} 20"), "{text}");
     assert!(text.contains("# HELP idem_acquires_total"), "metrics are described");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_can_require_a_token() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_args(&db.url, &["--metrics-token", "scrape-secret-1"]);
+    let r = s.http.get(s.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let r = s.http.get(s.url("/metrics")).bearer_auth("scrape-secret-2").send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = s.http.get(s.url("/metrics")).bearer_auth("scrape-secret-1").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("idem_operations"));
+}

@@ -96,17 +96,37 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
 
     async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
         let headers = req.headers();
-        if let Some(origin) = headers.get(axum::http::header::ORIGIN) {
+        let origins: Vec<_> = headers.get_all(axum::http::header::ORIGIN).iter().collect();
+        if !origins.is_empty() {
+            // This server's own origin: the scheme it is reached by (HTTPS behind a proxy
+            // that says so) and the Host the browser used.
+            let https = headers.get("x-forwarded-proto").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
             let host = headers.get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-            let origin_host = origin.to_str().ok().and_then(|o| o.split_once("://")).map(|(_, h)| h);
-            if origin_host != Some(host) {
+            let own = format!("{}://{host}", if https { "https" } else { "http" });
+            if origins.len() > 1 || origins[0].to_str().ok() != Some(own.as_str()) {
                 let msg = "This form was posted from another site; it is refused.";
                 return Err(error_page(None, StatusCode::FORBIDDEN, msg));
             }
         }
+        let (parts, body) = req.into_parts();
+        let bytes =
+            match axum::body::Bytes::from_request(axum::extract::Request::from_parts(parts.clone(), body), state).await
+            {
+                Ok(b) => b,
+                Err(e) => return Err(error_page(None, e.status(), "The form is larger than this server accepts.")),
+            };
+        // Refuse what the form decoder would silently turn into U+FFFD.
+        let valid_utf8 = bytes
+            .split(|b| *b == b'&')
+            .flat_map(|pair| pair.split(|b| *b == b'='))
+            .all(|part| percent_encoding::percent_decode(part).decode_utf8().is_ok());
+        if !valid_utf8 {
+            return Err(error_page(None, StatusCode::BAD_REQUEST, "The form holds text that is not valid UTF-8."));
+        }
+        let req = axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes));
         match axum::Form::<T>::from_request(req, state).await {
             Ok(axum::Form(v)) => Ok(UiForm(v)),
-            Err(e) => Err(error_page(None, e.status(), &e.body_text())),
+            Err(e) => Err(error_page(None, e.status(), "The form could not be read; reload the page and try again.")),
         }
     }
 }
@@ -133,7 +153,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for UiPath {
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Path::<String>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(v)) => Ok(UiPath(v)),
+            Ok(axum::extract::Path(v)) => {
+                // Log the key (hash) before any check can refuse the request.
+                let _ = crate::operations::parse_key(&v);
+                Ok(UiPath(v))
+            }
             Err(_) => Err(error_page(None, StatusCode::BAD_REQUEST, "The key in the address is not valid.")),
         }
     }
@@ -147,8 +171,9 @@ pub fn error_page(user: Option<&UiUser>, status: StatusCode, message: &str) -> R
 /// Headers every admin page carries: not cached (it shows tenant data), not framed
 /// (clickjacking of the resolve form), scripts and forms only from this origin (OWASP
 /// Secure Headers).
-const PAGE_HEADERS: [(&str, &str); 4] = [
+const PAGE_HEADERS: [(&str, &str); 5] = [
     ("cache-control", "no-store"),
+    ("x-content-type-options", "nosniff"),
     ("x-frame-options", "DENY"),
     ("content-security-policy", "default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
     ("referrer-policy", "same-origin"),

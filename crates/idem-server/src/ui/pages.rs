@@ -114,7 +114,10 @@ pub async fn login(
     match state.store.authenticate(secret).await {
         Ok(Some(info)) => {
             tracing::info!(tenant = %info.tenant, principal = %info.principal, "admin page: signed in");
-            let (id, _csrf) = state.ui.sessions.start(secret.to_owned());
+            let Some((id, _csrf)) = state.ui.sessions.start(secret.to_owned()) else {
+                let msg = "Too many people are signed in to this node; try again later.";
+                return login_page(&headers, StatusCode::SERVICE_UNAVAILABLE, msg);
+            };
             let mut r = Redirect::to("/ui").into_response();
             let ttl = super::session::SESSION_TTL.as_secs();
             r.headers_mut().append(header::SET_COOKIE, set_cookie(&headers, SESSION_COOKIE, &id, ttl));

@@ -28,8 +28,11 @@ pub const SESSION_COOKIE: &str = "idem_session";
 pub const LOGIN_COOKIE: &str = "idem_login";
 /// How long a session lasts after sign-in (8 h), whatever its activity.
 pub const SESSION_TTL: Duration = Duration::from_secs(8 * 3600);
-/// Most sessions kept at once; the oldest is dropped beyond it.
+/// Most sessions kept at once. When full, a new sign-in is refused (never another user's
+/// session evicted).
 pub const MAX_SESSIONS: usize = 10_000;
+/// Most sessions of one API key; its own oldest session ends when it signs in once more.
+pub const MAX_SESSIONS_PER_KEY: usize = 8;
 
 struct Session {
     secret: String,
@@ -56,19 +59,28 @@ pub fn same_token(a: &str, b: &str) -> bool {
 }
 
 impl Sessions {
-    /// Starts a session for the API key `secret`; returns (session id, CSRF token).
-    pub fn start(&self, secret: String) -> (String, String) {
+    /// Starts a session for the API key `secret`; returns (session id, CSRF token), or
+    /// `None` when [`MAX_SESSIONS`] live sessions exist. A key with
+    /// [`MAX_SESSIONS_PER_KEY`] sessions loses its own oldest one, so one key (or one
+    /// tenant's keys, each bounded the same) cannot push other users out.
+    pub fn start(&self, secret: String) -> Option<(String, String)> {
         let id = random_token();
         let csrf = random_token();
         let mut map = self.map.lock().expect("session lock");
         map.retain(|_, s| s.created.elapsed() < SESSION_TTL);
-        if map.len() >= MAX_SESSIONS
-            && let Some(oldest) = map.iter().min_by_key(|(_, s)| s.created).map(|(k, _)| k.clone())
-        {
-            map.remove(&oldest);
+        let mut own: Vec<(String, Instant)> =
+            map.iter().filter(|(_, s)| s.secret == secret).map(|(k, s)| (k.clone(), s.created)).collect();
+        if own.len() >= MAX_SESSIONS_PER_KEY {
+            own.sort_by_key(|(_, created)| *created);
+            for (k, _) in own.iter().take(own.len() + 1 - MAX_SESSIONS_PER_KEY) {
+                map.remove(k);
+            }
+        }
+        if map.len() >= MAX_SESSIONS {
+            return None;
         }
         map.insert(id.clone(), Session { secret, csrf: csrf.clone(), created: Instant::now() });
-        (id, csrf)
+        Some((id, csrf))
     }
 
     /// The API key and CSRF token of a live session.
@@ -176,5 +188,45 @@ impl FromRequestParts<AppState> for UiUser {
                 Err(super::error_page(None, status, &p.detail))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_key_cannot_push_other_users_out() {
+        let s = Sessions::default();
+        let (alice, _) = s.start("alice-key".into()).unwrap();
+        for _ in 0..10 * MAX_SESSIONS_PER_KEY {
+            s.start("mallory-key".into()).unwrap();
+        }
+        assert!(s.get(&alice).is_some(), "alice's session survives mallory's sign-ins");
+        let mallory = s.map.lock().unwrap().values().filter(|v| v.secret == "mallory-key").count();
+        assert_eq!(mallory, MAX_SESSIONS_PER_KEY);
+    }
+
+    #[test]
+    fn a_full_table_refuses_new_sign_ins_instead_of_evicting() {
+        let s = Sessions::default();
+        let (alice, _) = s.start("alice-key".into()).unwrap();
+        {
+            let mut map = s.map.lock().unwrap();
+            for i in 0..MAX_SESSIONS {
+                map.insert(
+                    format!("s{i}"),
+                    Session { secret: format!("k{i}"), csrf: String::new(), created: Instant::now() },
+                );
+            }
+        }
+        assert!(s.start("bob-key".into()).is_none());
+        assert!(s.get(&alice).is_some());
+    }
+
+    #[test]
+    fn tokens_compare_in_full() {
+        assert!(same_token("abc", "abc"));
+        assert!(!same_token("abc", "abd") && !same_token("abc", "ab") && !same_token("", "a"));
     }
 }

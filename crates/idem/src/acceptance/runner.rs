@@ -212,20 +212,15 @@ impl Run {
             .await
             .context("cannot reach idem")?;
         let status = r.status().as_u16();
+        refuse_auth(status)?;
         Ok((status, r.json().await.unwrap_or(Value::Null)))
     }
 
     async fn record(&self, key: &str) -> anyhow::Result<Value> {
         let url = self.url(&self.target.server, &["v1", "operations", &self.key(key)])?;
-        Ok(self
-            .http
-            .get(url)
-            .bearer_auth(&self.target.api_key)
-            .send()
-            .await
-            .context("cannot reach idem")?
-            .json()
-            .await?)
+        let r = self.http.get(url).bearer_auth(&self.target.api_key).send().await.context("cannot reach idem")?;
+        refuse_auth(r.status().as_u16())?;
+        Ok(r.json().await?)
     }
 
     async fn scenario(&self, s: &Scenario) -> anyhow::Result<Outcome> {
@@ -285,6 +280,15 @@ impl Run {
             },
         };
         Ok(Outcome { actual, evidence, ok, statuses: all_statuses, calls, effects })
+    }
+}
+
+/// Stops the run at once when idem refuses the API key: no scenario can pass then.
+fn refuse_auth(status: u16) -> anyhow::Result<()> {
+    match status {
+        401 => bail!("idem answered 401: the API key is unknown or revoked (--api-key / IDEM_API_KEY)"),
+        403 => bail!("idem answered 403: the API key's role does not allow this"),
+        _ => Ok(()),
     }
 }
 

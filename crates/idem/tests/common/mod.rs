@@ -81,6 +81,13 @@ impl Server {
         Server::spawn_args(&sub, &db, config, dir)
     }
 
+    /// `idem serve` with extra flags.
+    pub fn start_with_args(db_url: &str, extra: &[&str]) -> Server {
+        let mut args = vec!["serve".to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Server::spawn_args(&args, db_url, None, None)
+    }
+
     /// `idem proxy` in front of `upstream`, with extra flags; the same harness as `serve`.
     pub fn start_proxy(db_url: &str, upstream: &str, extra: &[&str]) -> Server {
         let mut args = vec!["proxy".to_string(), "--upstream".into(), upstream.into()];
