@@ -280,6 +280,32 @@ async fn sessions_are_http_only_csrf_checked_and_end_with_their_key() {
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
+    // Same host, other scheme: another origin too.
+    let https_origin = s.base.replacen("http://", "https://", 1);
+    let r = http
+        .post(s.url("/ui/operations/K-2/resolve"))
+        .header("cookie", &cookie)
+        .header("origin", https_origin)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("csrf", &csrf), ("to", "FAILED"), ("reason", "x")]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // Text that is not UTF-8 is refused, not stored as U+FFFD.
+    let r = http
+        .post(s.url("/ui/operations/K-2/resolve"))
+        .header("cookie", &cookie)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&to=FAILED&reason=%FF"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // Unknown admin pages and methods are HTML pages as well.
+    let r = http.get(s.url("/ui/nope")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
     // A form without its CSRF field is a 403 page too, not a framework error.
     let r = http
         .post(s.url("/ui/operations/K-2/resolve"))

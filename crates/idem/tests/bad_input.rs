@@ -79,6 +79,9 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     // A path key that is not UTF-8 once decoded: 400 problem+json, not plain text.
     let r = s.get(ADMIN_KEY, "/v1/operations/%FF%FE").await;
     assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-idempotency-key"));
+    // Evidence with control characters (terminal escapes): 400.
+    let esc = json!({"fencing_token": tok, "outcome": "succeeded", "provider_ref": "ok\u{1b}[2J"});
+    assert_eq!(s.complete(key, esc).await.problem(), "invalid-request");
     // An over-long completion message: 400.
     let long = json!({"fencing_token": tok, "outcome": "unknown", "message": "m".repeat(5000)});
     assert_eq!(s.complete(key, long).await.problem(), "invalid-request");

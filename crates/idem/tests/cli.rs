@@ -72,6 +72,18 @@ async fn bad_input_is_one_line_and_non_zero() {
         .unwrap();
     assert_eq!(unreachable.status.code(), Some(1));
     assert!(text(&unreachable.stderr).contains("cannot reach the idem server"));
+
+    // The acceptance runner stops at once on a refused API key (it used to poll for minutes).
+    let (_provider, addr) = common::start_provider().await;
+    let started = std::time::Instant::now();
+    let out = Command::new(idem_bin())
+        .args(["scenarios", "run", concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios/acceptance.toml")])
+        .args(["--server", &s.base, "--api-key", "idem_wrong", "--provider", &format!("http://{addr}")])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
