@@ -273,6 +273,10 @@ impl Store for MeteredStore {
         self.0.get(tenant, key).await
     }
 
+    async fn tombstone(&self, tenant: &str, key: &str) -> Result<Option<idem_core::Tombstone>, StoreError> {
+        self.0.tombstone(tenant, key).await
+    }
+
     async fn events(&self, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {
         self.0.events(tenant, key).await
     }

@@ -464,6 +464,7 @@ fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
         (status = 400, description = "Malformed request or outcome", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in the caller's tenant", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Stale fencing token, already final, or not executing; nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Late: the operation completed and its record was removed after its retention window (a tombstone remains); nothing recorded", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -477,7 +478,7 @@ pub async fn complete(
     let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
     let fencing_token = body.fencing_token;
     let outcome = outcome_of(body).map_err(|p| with_rid(p, &caller))?;
-    let out = state
+    let done = state
         .store
         .complete(CompleteRequest {
             tenant: caller.tenant.clone(),
@@ -487,8 +488,32 @@ pub async fn complete(
             actor: caller.actor(),
             policy: None,
         })
-        .await
-        .map_err(|e| with_rid(store_problem(e), &caller))?;
+        .await;
+    let out = match done {
+        Ok(out) => out,
+        // Removed after its retention: say so (410), as a late trigger is told.
+        Err(StoreError::NotFound) => {
+            let tomb = state.store.tombstone(&caller.tenant, key.as_str()).await;
+            let p = match tomb.map_err(|e| with_rid(store_problem(e), &caller))? {
+                Some(t) => {
+                    let mut p = Problem::new(
+                        StatusCode::GONE,
+                        "late-arrival",
+                        format!(
+                            "this key's operation completed ({}) at {} and its record outlived its retention window; this completion was not recorded",
+                            t.final_state,
+                            crate::dto::rfc3339(t.completed_at)
+                        ),
+                    );
+                    p.state = Some(t.final_state.as_str().into());
+                    p
+                }
+                None => Problem::not_found(),
+            };
+            return Err(with_rid(p, &caller));
+        }
+        Err(e) => return Err(with_rid(store_problem(e), &caller)),
+    };
     Ok((StatusCode::OK, axum::Json(OperationView::of(out.record))).into_response())
 }
 

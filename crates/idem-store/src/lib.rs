@@ -227,6 +227,10 @@ pub trait Store: Send + Sync + 'static {
     /// The record, or `None`.
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError>;
 
+    /// The live tombstone (`expires_at` after now) of a removed record of `key`, if any:
+    /// what a late completion is told instead of "not found".
+    async fn tombstone(&self, tenant: &str, key: &str) -> Result<Option<idem_core::Tombstone>, StoreError>;
+
     /// The record's event log, oldest first.
     async fn events(&self, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError>;
 

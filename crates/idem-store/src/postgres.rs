@@ -383,6 +383,12 @@ impl Store for PgStore {
         ops::load(&mut *self.pool.acquire().await?, tenant, key).await
     }
 
+    async fn tombstone(&self, tenant: &str, key: &str) -> Result<Option<idem_core::Tombstone>, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let t = ops::load_tombstone(&mut conn, tenant, &idem_core::retention::key_hash(key)).await?;
+        Ok(t.filter(|t| t.expires_at > self.clock.now_ms()))
+    }
+
     async fn events(&self, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {
         ops::events(&mut *self.pool.acquire().await?, tenant, key).await
     }

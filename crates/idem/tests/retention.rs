@@ -36,6 +36,12 @@ async fn s7_late_request_after_the_retention_window(b: Backend) {
     assert_eq!(late.problem(), "late-arrival");
     let other = s.acquire(key, json!({"to": "someone-else"})).await;
     assert_eq!(other.status, 410, "410 whatever the payload");
+    // The old worker's late completion is told the same (not a bare 404), and not recorded.
+    let late_done = s
+        .complete(key, json!({"fencing_token": granted.token(), "outcome": "succeeded", "provider_ref": "late"}))
+        .await;
+    assert_eq!((late_done.status.as_u16(), late_done.problem()), (410, "late-arrival"));
+    assert_eq!(s.complete("never-used", json!({"fencing_token": 1, "outcome": "unknown"})).await.status, 404);
     assert_eq!(s.record(key).await.status, 404, "nothing executed");
     assert_eq!(s.record("export:batch-1").await.body["state"], "SUCCEEDED", "forever is forever");
 
