@@ -235,6 +235,41 @@ impl PgStore {
         Ok(PgStore { pool, clock, config, cache: Default::default() })
     }
 
+    /// idem-core's plan for `req` against `rec` (the store's retry policy unless the
+    /// request brings its connector's).
+    fn plan_completion(
+        &self,
+        rec: &OperationRecord,
+        req: &CompleteRequest,
+    ) -> Result<idem_core::CompletionPlan, idem_core::CompleteError> {
+        let policy = req.policy.as_ref().unwrap_or(&self.config.retry_policy);
+        idem_core::plan_completion(
+            rec,
+            req.fencing_token,
+            &req.outcome,
+            &req.actor,
+            policy,
+            crate::jitter(),
+            self.clock.now_ms(),
+        )
+    }
+
+    /// Writes a changing completion plan if the stored version is still `read_version`;
+    /// `None` when another writer came first.
+    async fn write_completion(
+        &self,
+        mut plan: idem_core::CompletionPlan,
+        read_version: i64,
+    ) -> Result<Option<CompleteOutcome>, StoreError> {
+        self.config.retention.apply(&mut plan.record);
+        let events: Vec<_> = plan.event.iter().cloned().collect();
+        if !fast::update(&self.pool, &plan.record, read_version, &events).await? {
+            return Ok(None);
+        }
+        self.cache.put(&plan.record);
+        Ok(Some(CompleteOutcome { record: plan.record, changed: true }))
+    }
+
     /// The connection pool (tests use it to inspect the database).
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -320,50 +355,24 @@ impl Store for PgStore {
             && cached.state == idem_core::State::Executing
             && cached.fencing_token == req.fencing_token
         {
-            let policy = req.policy.as_ref().unwrap_or(&self.config.retry_policy);
-            let now = self.clock.now_ms();
-            if let Ok(mut plan) = idem_core::plan_completion(
-                &cached,
-                req.fencing_token,
-                &req.outcome,
-                &req.actor,
-                policy,
-                crate::jitter(),
-                now,
-            ) && plan.changed
+            if let Ok(plan) = self.plan_completion(&cached, &req)
+                && plan.changed
+                && let Some(done) = self.write_completion(plan, cached.version).await?
             {
-                self.config.retention.apply(&mut plan.record);
-                let events: Vec<_> = plan.event.iter().cloned().collect();
-                if fast::update(&self.pool, &plan.record, cached.version, &events).await? {
-                    self.cache.put(&plan.record);
-                    return Ok(CompleteOutcome { record: plan.record, changed: true });
-                }
+                return Ok(done);
             }
             self.cache.forget(&req.tenant, &req.key);
         }
         for _ in 0..CAS_RETRIES {
-            let now = self.clock.now_ms();
             let Some(rec) = ops::load(&mut *self.pool.acquire().await?, &req.tenant, &req.key).await? else {
                 return Err(StoreError::NotFound);
             };
-            let policy = req.policy.as_ref().unwrap_or(&self.config.retry_policy);
-            let mut plan = idem_core::plan_completion(
-                &rec,
-                req.fencing_token,
-                &req.outcome,
-                &req.actor,
-                policy,
-                crate::jitter(),
-                now,
-            )?;
+            let plan = self.plan_completion(&rec, &req)?;
             if !plan.changed {
                 return Ok(CompleteOutcome { record: plan.record, changed: false });
             }
-            self.config.retention.apply(&mut plan.record);
-            let events: Vec<_> = plan.event.iter().cloned().collect();
-            if fast::update(&self.pool, &plan.record, rec.version, &events).await? {
-                self.cache.put(&plan.record);
-                return Ok(CompleteOutcome { record: plan.record, changed: true });
+            if let Some(done) = self.write_completion(plan, rec.version).await? {
+                return Ok(done);
             }
         }
         retrying!(self, |conn| {
