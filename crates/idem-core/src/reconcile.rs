@@ -161,6 +161,9 @@ pub fn plan_resolution(
     actor: &Actor,
     now_ms: i64,
 ) -> Result<(OperationRecord, OperationEvent), ResolveError> {
+    if !matches!(to, State::Succeeded | State::Pending | State::Failed) {
+        return Err(ResolveError::BadTarget(to));
+    }
     if let Some(expected) = expected
         && expected != rec.state
     {
@@ -313,6 +316,11 @@ mod tests {
         assert_eq!(
             plan_resolution(&r, State::Unknown, None, "x", None, &a, 1).unwrap_err(),
             ResolveError::BadTarget(State::Unknown)
+        );
+        assert_eq!(
+            plan_resolution(&s, State::Executing, None, "x", None, &a, 2).unwrap_err(),
+            ResolveError::BadTarget(State::Executing),
+            "a bad target is named even when the state is not resolvable"
         );
         let (f, _) = plan_resolution(&r, State::Failed, None, "customer cancelled", None, &a, 1).unwrap();
         assert_eq!(f.error_message.as_deref(), Some("customer cancelled"));

@@ -419,7 +419,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
                 None => {
                     let mut r = (
                         StatusCode::OK,
-                        axum::Json(json!({"state": out.record.state.as_str(), "provider_ref": out.record.provider_ref, "error": out.record.error_message, "note": "settled by the upstream's lookup or an operator; no upstream answer was stored"})),
+                        axum::Json(json!({"state": out.record.state.as_str(), "provider_ref": out.record.provider_ref, "error": (out.record.state == idem_core::State::Failed).then_some(&out.record.error_message), "note": "settled by the upstream's lookup or an operator; no upstream answer was stored"})),
                     )
                         .into_response();
                     r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));

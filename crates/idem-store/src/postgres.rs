@@ -95,8 +95,10 @@ mod fast {
         }
     }
 
-    /// Writes `r` if the stored version is still `read_version`, with its events, in one
-    /// statement. True if written.
+    /// Writes `r` if the stored record is still the one read: the same incarnation of the
+    /// key (`created_at`; a key reused after its tombstone expired starts a new record whose
+    /// version counts from 1 again) at `read_version`. With its events, in one statement.
+    /// True if written.
     pub(super) async fn update(
         pool: &PgPool,
         r: &OperationRecord,
@@ -112,6 +114,8 @@ mod fast {
             .push_bind(r.key.clone())
             .push(" AND version = ")
             .push_bind(read_version)
+            .push(" AND created_at = ")
+            .push_bind(r.created_at)
             .push(format!(" RETURNING 1) INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("));
         push_events(&mut q, events);
         q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM upd)"));
@@ -146,8 +150,10 @@ async fn committed<T, E>(commit: impl std::future::Future<Output = Result<T, E>>
 /// Records this node wrote last, to skip the read before the next write of the same key.
 ///
 /// Correct under several nodes because a cached record is only ever used in two ways:
-/// - as the base of a conditional write (`WHERE version = <cached version>`): if another
-///   node changed the record since, the write does nothing and the store re-reads;
+/// - as the base of a conditional write (`WHERE version = <cached version> AND created_at =
+///   <cached created_at>`): if another node changed the record since, or the key was
+///   reused for a new record after its tombstone expired, the write does nothing and the
+///   store re-reads;
 /// - to answer a trigger without writing the record, only when the cached record is
 ///   SUCCEEDED or FAILED (final records never change) and not past its retention
 ///   (`expires_at`), so it cannot have been swept.

@@ -106,5 +106,23 @@ async fn a_node_never_answers_from_a_record_another_node_changed() {
     let kinds: Vec<String> = b.events("t", "k3").await.unwrap().into_iter().map(|e| e.kind).collect();
     assert_eq!(kinds.iter().filter(|k| *k == "replayed").count(), 1, "{kinds:?}");
     assert_eq!(kinds.iter().filter(|k| *k == "mismatch").count(), 1, "{kinds:?}");
+    // A grants k5 and B completes it; the record is swept, its tombstone expires, and B
+    // grants the reused key to a new operation. A's old worker then reports with the old
+    // token: refused (stale), and the new operation is untouched — although A remembers an
+    // EXECUTING record of that key at the same version the new one has.
+    let g5 = a.acquire(input("k5", "f")).await.unwrap();
+    b.complete(complete("k5", g5.record.fencing_token, succeeded("m-5"))).await.unwrap();
+    clock.advance(40 * 24 * 3600 * 1000); // past the default retention (24 h) and tombstone (30 d)
+    b.sweep(1000).await.unwrap();
+    b.sweep(1000).await.unwrap();
+    assert!(b.get("t", "k5").await.unwrap().is_none() && b.tombstone("t", "k5").await.unwrap().is_none());
+    let reused = b.acquire(input("k5", "new")).await.unwrap();
+    assert_eq!((reused.decision, reused.record.version), (Decision::Acquire, g5.record.version));
+    let late = a.complete(complete("k5", g5.record.fencing_token, succeeded("old-late"))).await;
+    assert!(matches!(late, Err(StoreError::Complete(_))), "{late:?}");
+    let now = b.get("t", "k5").await.unwrap().unwrap();
+    assert_eq!((now.state, now.fingerprint.as_str()), (State::Executing, "new"));
+    b.complete(complete("k5", reused.record.fencing_token, succeeded("m-5b"))).await.unwrap();
+
     assert!(clock.now_ms() > 1_000_000);
 }
