@@ -47,18 +47,24 @@ impl fmt::Display for Fingerprint {
 /// Why a fingerprint could not be computed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FingerprintError {
+    /// A field that is not a JSON pointer.
     #[error("fingerprint field {0:?} is not a JSON pointer (RFC 6901): it must be empty or start with '/'")]
     BadPointer(String),
+    /// More fields than allowed.
     #[error("fingerprint_fields names {0} fields; at most {MAX_FINGERPRINT_FIELDS} are allowed")]
     TooManyFields(usize),
+    /// The same field twice.
     #[error("fingerprint field {0:?} is named twice")]
     DuplicateField(String),
+    /// A field that names nothing in the payload (a typo would silently weaken the check).
     #[error(
         "fingerprint field {0:?} names nothing in the payload (pointers are case-sensitive; send null for an absent optional field)"
     )]
     FieldNotFound(String),
+    /// An empty list.
     #[error("fingerprint_fields is empty: name at least one field, or leave it out to fingerprint the whole payload")]
     NoFields,
+    /// The payload is not I-JSON (RFC 7493): duplicate members, numbers beyond 2^53.
     #[error("the payload cannot be canonicalized (RFC 8785): {0}")]
     Canonicalize(String),
 }

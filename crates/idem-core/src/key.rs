@@ -30,20 +30,27 @@ pub const MAX_KEY_LEN: usize = 255;
 /// Why a key was refused. Each variant renders as a one-line message for the caller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
+    /// No characters.
     #[error("the idempotency key is empty; it must have 1 to {MAX_KEY_LEN} characters")]
     Empty,
+    /// More than [`MAX_KEY_LEN`] characters (the count).
     #[error("the idempotency key has {0} characters; at most {MAX_KEY_LEN} are allowed")]
     TooLong(usize),
+    /// A byte outside 0x20–0x7E (its position).
     #[error("the idempotency key has a character outside printable ASCII (0x20-0x7E) at position {0}")]
     NotPrintableAscii(usize),
+    /// Leading or trailing space.
     #[error("the idempotency key starts or ends with a space")]
     SurroundingSpace,
+    /// `.` or `..`, which URLs resolve as path steps.
     #[error("the idempotency key cannot be \".\" or \"..\": URLs treat those as directory steps")]
     DotSegment,
+    /// Looks like it holds an e-mail address (personal data).
     #[error(
         "the idempotency key contains an e-mail address; keys are logged and kept after the payload expires, so derive them from business ids, not personal data"
     )]
     ContainsEmail,
+    /// Looks like it holds a phone number (personal data).
     #[error(
         "the idempotency key contains a phone number; keys are logged and kept after the payload expires, so derive them from business ids, not personal data"
     )]

@@ -80,6 +80,11 @@ fn resolve_problem(e: idem_core::ResolveError) -> Problem {
     }
 }
 
+/// The idempotency key of a path or body, validated (`idem_core::key` rules) and recorded
+/// on the request's log span (its hash; the key itself unless `--redact-keys`).
+///
+/// # Errors
+/// 400 `invalid-idempotency-key`.
 pub fn parse_key(raw: &str) -> Result<IdempotencyKey, Problem> {
     let key = IdempotencyKey::parse(raw)
         .map_err(|e| Problem::new(StatusCode::BAD_REQUEST, "invalid-idempotency-key", e.to_string()))?;
