@@ -70,6 +70,8 @@ async fn operator_resolves_an_unknown_operation_in_chromium() {
     let queue = b.text("#flagged").await;
     assert!(queue.contains(key) && queue.contains("UNKNOWN"), "{queue}");
     assert!(!queue.contains("OTHER-1"), "another tenant's operation is not in the queue");
+    let inline = format!("#flagged form[data-key='{key}'] input[name=expected_state]");
+    assert!(b.try_find(&inline).await.is_some(), "an operator gets a resolve form in the queue");
     b.screenshot("03-review-queue").await;
     b.click_and_wait(&format!("#flagged a[href='/ui/operations/{}']", enc_all(key))).await;
     assert_eq!(b.text("#op-state").await, "UNKNOWN");
@@ -113,6 +115,9 @@ async fn operator_resolves_an_unknown_operation_in_chromium() {
     let second = "INQ-8:charge:v1";
     b.goto(&s.url(&format!("/ui/operations/{}", enc_all(second)))).await;
     assert!(b.try_find("#resolve").await.is_none(), "no resolve form for a client key");
+    b.goto(&s.url("/ui/review")).await;
+    assert!(b.try_find("form.inline-resolve").await.is_none(), "nor in the queue");
+    b.goto(&s.url(&format!("/ui/operations/{}", enc_all(second)))).await;
     b.execute(&format!(
         r#"window.__idemOldPage = true;
            const f = document.createElement('form');
