@@ -123,15 +123,72 @@ mod fast {
         Ok(done.rows_affected() == events.len() as u64)
     }
 
-    /// Appends events (a trigger that changed nothing).
+    /// Appends events in one autocommit statement per 1 000 (the caller records metrics).
     pub(super) async fn events(pool: &PgPool, events: &[OperationEvent]) -> Result<(), StoreError> {
+        for chunk in events.chunks(1000) {
+            let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("INSERT INTO operation_events ({EV_COLS}) "));
+            push_events(&mut q, chunk);
+            q.build().execute(pool).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Group commit for triggers that write nothing but their event (replays, 409s, 422s):
+/// concurrent ones are appended by one multi-row `INSERT` (one commit), and each is
+/// answered only after that commit, like every other write (DESIGN invariant 5: every
+/// trigger is recorded before it is answered). One batch is in flight at a time; what
+/// arrives meanwhile forms the next (at most [`EVENT_BATCH`] triggers).
+#[derive(Debug)]
+struct EventBatcher {
+    tx: tokio::sync::mpsc::Sender<(Vec<OperationEvent>, EventReply)>,
+}
+
+/// Where an [`EventBatcher`] answers: the commit's error text, if any.
+type EventReply = tokio::sync::oneshot::Sender<Result<(), String>>;
+
+/// Most triggers whose events one [`EventBatcher`] commit carries.
+const EVENT_BATCH: usize = 256;
+
+impl EventBatcher {
+    fn spawn(pool: PgPool) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<(Vec<OperationEvent>, EventReply)>(4 * EVENT_BATCH);
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < EVENT_BATCH {
+                    match rx.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                let events: Vec<OperationEvent> = batch.iter().flat_map(|(e, _)| e.iter().cloned()).collect();
+                let start = std::time::Instant::now();
+                let done = fast::events(&pool, &events).await.map_err(|e| e.to_string());
+                if done.is_ok() {
+                    metrics::histogram!("idem_store_commit_seconds", "backend" => "postgres")
+                        .record(start.elapsed().as_secs_f64());
+                    metrics::histogram!("idem_store_batch_size", "backend" => "postgres").record(batch.len() as f64);
+                }
+                for (_, reply) in batch {
+                    let _ = reply.send(done.clone());
+                }
+            }
+        });
+        EventBatcher { tx }
+    }
+
+    /// Appends `events` durably (returns after the commit).
+    async fn append(&self, events: Vec<OperationEvent>) -> Result<(), StoreError> {
         if events.is_empty() {
             return Ok(());
         }
-        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("INSERT INTO operation_events ({EV_COLS}) "));
-        push_events(&mut q, events);
-        super::committed(q.build().execute(pool)).await?;
-        Ok(())
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.tx.send((events, reply)).await.map_err(|_| StoreError::Closed)?;
+        match answer.await.map_err(|_| StoreError::Closed)? {
+            Ok(()) => Ok(()),
+            Err(e) => Err(StoreError::Database(sqlx::Error::Protocol(format!("appending events failed: {e}")))),
+        }
     }
 }
 
@@ -210,6 +267,7 @@ pub struct PgStore {
     clock: Arc<dyn Clock>,
     config: StoreConfig,
     cache: Arc<RecordCache>,
+    events: Arc<EventBatcher>,
 }
 
 impl PgStore {
@@ -238,7 +296,8 @@ impl PgStore {
             .connect(url)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(PgStore { pool, clock, config, cache: Default::default() })
+        let events = Arc::new(EventBatcher::spawn(pool.clone()));
+        Ok(PgStore { pool, clock, config, cache: Default::default(), events })
     }
 
     /// idem-core's plan for `req` against `rec` (the store's retry policy unless the
@@ -318,7 +377,7 @@ impl Store for PgStore {
         {
             let plan = idem_core::plan_acquire(Some(&cached), &input, now);
             if !plan.changed {
-                fast::events(&self.pool, &plan.events).await?;
+                self.events.append(plan.events).await?;
                 return Ok(AcquireOutcome { decision: plan.decision, record: plan.record });
             }
         }
@@ -339,7 +398,7 @@ impl Store for PgStore {
             let plan = idem_core::plan_acquire(Some(&read), &input, now);
             let outcome = AcquireOutcome { decision: plan.decision, record: plan.record.clone() };
             if !plan.changed {
-                fast::events(&self.pool, &plan.events).await?;
+                self.events.append(plan.events).await?;
                 self.cache.put(&plan.record);
                 return Ok(outcome);
             }
