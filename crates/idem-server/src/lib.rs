@@ -91,6 +91,22 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// Accounts for one answered trigger (API or proxy): its decision's counter, and a
+    /// late arrival (410) on the admin page's overview.
+    pub fn answered_trigger(&self, decision: &idem_core::Decision, tenant: &str, key: &str, request_id: Option<&str>) {
+        metrics::record_trigger(decision);
+        if *decision == idem_core::Decision::Late {
+            self.ui.record_late(ui::LateArrival {
+                tenant: tenant.to_owned(),
+                key: key.to_owned(),
+                at_ms: self.clock.now_ms(),
+                request_id: request_id.map(str::to_owned),
+            });
+        }
+    }
+}
+
 /// Server settings.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {

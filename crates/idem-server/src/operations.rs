@@ -210,15 +210,7 @@ pub async fn acquire(
         let out = state.store.acquire(input.clone()).await.map_err(|e| with_rid(store_problem(e), &caller))?;
         let waits_again = matches!(out.decision, Decision::InProgress { .. }) && tokio::time::Instant::now() < deadline;
         if !waits_again {
-            crate::metrics::record_trigger(&out.decision);
-        }
-        if out.decision == Decision::Late {
-            state.ui.record_late(crate::ui::LateArrival {
-                tenant: caller.tenant.clone(),
-                key: input.key.clone(),
-                at_ms: state.clock.now_ms(),
-                request_id: caller.request_id.clone(),
-            });
+            state.answered_trigger(&out.decision, &caller.tenant, &input.key, caller.request_id.as_deref());
         }
         let view = || OperationView::of(out.record.clone());
         return Ok(match out.decision {

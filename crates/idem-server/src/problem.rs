@@ -163,6 +163,11 @@ impl Problem {
         }
     }
 
+    /// The HTTP status (`status` is always one a `StatusCode` was made from).
+    pub fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
     /// 400 `invalid-request`.
     pub fn invalid(detail: impl Into<String>) -> Self {
         Problem::new(StatusCode::BAD_REQUEST, "invalid-request", detail)
@@ -182,7 +187,7 @@ impl Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = self.status_code();
         let retry = self.retry_after_ms;
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut resp = (status, body).into_response();

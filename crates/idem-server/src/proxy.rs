@@ -396,20 +396,12 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         actor: actor.clone(),
     };
     crate::logging::record_key(&input.key);
-    let (late_tenant, late_key) = (input.tenant.clone(), input.key.clone());
     let out = match state.app.store.acquire(input).await {
         Ok(o) => o,
         Err(e) => return store_problem(e).into_response(),
     };
-    crate::metrics::record_trigger(&out.decision);
-    if out.decision == Decision::Late {
-        state.app.ui.record_late(crate::ui::LateArrival {
-            tenant: late_tenant,
-            key: late_key,
-            at_ms: state.app.clock.now_ms(),
-            request_id: parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned),
-        });
-    }
+    let rid = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok());
+    state.app.answered_trigger(&out.decision, &tenant, &store_key, rid);
     match out.decision {
         Decision::Acquire => {}
         Decision::Replay => {

@@ -72,15 +72,15 @@ pub struct ApiKeyInfo {
     pub revoked_at: Option<i64>,
 }
 
+/// 256 random bits as 64 lowercase hex digits (API key secrets, session ids, CSRF tokens).
+pub fn random_hex_256() -> String {
+    let bytes: [u8; 32] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A new random secret (`idem_` + 64 hex digits).
 pub fn generate_secret() -> String {
-    let bytes: [u8; 32] = rand::rng().random();
-    let mut s = String::with_capacity(SECRET_PREFIX.len() + 64);
-    s.push_str(SECRET_PREFIX);
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
+    format!("{SECRET_PREFIX}{}", random_hex_256())
 }
 
 /// The stored digest of `secret`: SHA-256, lowercase hex.

@@ -100,9 +100,8 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
         if !origins.is_empty() {
             // This server's own origin: the scheme it is reached by (HTTPS behind a proxy
             // that says so) and the Host the browser used.
-            let https = headers.get("x-forwarded-proto").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
             let host = headers.get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-            let own = format!("{}://{host}", if https { "https" } else { "http" });
+            let own = format!("{}://{host}", if session::via_https(headers) { "https" } else { "http" });
             if origins.len() > 1 || origins[0].to_str().ok() != Some(own.as_str()) {
                 let msg = "This form was posted from another site; it is refused.";
                 return Err(error_page(None, StatusCode::FORBIDDEN, msg));
@@ -145,19 +144,18 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
     }
 }
 
-/// The `{key}` path segment, percent-decoded; one that is not UTF-8 is an HTML 400 page.
-pub struct UiPath(pub String);
+/// The `{key}` path segment, percent-decoded and parsed once (which also puts its hash on
+/// the request's log span before any check can refuse the request). A segment that is
+/// not UTF-8 is an HTML 400 page; a key idem refuses is `Err(why)`, for the handler to
+/// show on a page with the signed-in user's header.
+pub struct UiKey(pub Result<idem_core::IdempotencyKey, String>);
 
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for UiPath {
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for UiKey {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
         match axum::extract::Path::<String>::from_request_parts(parts, state).await {
-            Ok(axum::extract::Path(v)) => {
-                // Log the key (hash) before any check can refuse the request.
-                let _ = crate::operations::parse_key(&v);
-                Ok(UiPath(v))
-            }
+            Ok(axum::extract::Path(v)) => Ok(UiKey(crate::operations::parse_key(&v).map_err(|p| p.detail))),
             Err(_) => Err(error_page(None, StatusCode::BAD_REQUEST, "The key in the address is not valid.")),
         }
     }

@@ -4,7 +4,7 @@ use super::session::{LOGIN_COOKIE, SESSION_COOKIE, cookie, random_token, same_to
 use super::{UiUser, error_page, html};
 use crate::AppState;
 use crate::dto::{EventView, OperationView, rfc3339};
-use crate::operations::{parse_key, store_problem};
+use crate::operations::store_problem;
 use askama::Template;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -56,7 +56,7 @@ fn op_href(key: &str) -> String {
 
 fn fail(user: &UiUser, e: idem_store::StoreError) -> Response {
     let p = store_problem(e);
-    error_page(Some(user), StatusCode::from_u16(p.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), &p.detail)
+    error_page(Some(user), p.status_code(), &p.detail)
 }
 
 #[derive(Template)]
@@ -127,7 +127,7 @@ pub async fn login(
         Ok(None) => login_page(&headers, StatusCode::UNAUTHORIZED, "Unknown or revoked API key."),
         Err(e) => {
             let p = store_problem(e);
-            login_page(&headers, StatusCode::from_u16(p.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE), &p.detail)
+            login_page(&headers, p.status_code(), &p.detail)
         }
     }
 }
@@ -546,29 +546,29 @@ pub struct DetailQuery {
 pub async fn operation(
     State(state): State<AppState>,
     user: UiUser,
-    super::UiPath(raw): super::UiPath,
+    super::UiKey(key): super::UiKey,
     super::UiQuery(q): super::UiQuery<DetailQuery>,
 ) -> Response {
+    let key = match key {
+        Ok(k) => k,
+        Err(why) => return error_page(Some(&user), StatusCode::BAD_REQUEST, &why),
+    };
     let message = match q.done.as_str() {
         "resolved" => "Resolved; the resolution is the last entry of the timeline.",
         "reconciled" => "Asked the provider; the answer is in the timeline.",
         _ => "",
     };
-    show_operation(&state, &user, &raw, StatusCode::OK, message.into(), String::new()).await
+    show_operation(&state, &user, &key, StatusCode::OK, message.into(), String::new()).await
 }
 
 async fn show_operation(
     state: &AppState,
     user: &UiUser,
-    raw: &str,
+    key: &idem_core::IdempotencyKey,
     status: StatusCode,
     message: String,
     error: String,
 ) -> Response {
-    let key = match parse_key(raw) {
-        Ok(k) => k,
-        Err(p) => return error_page(Some(user), StatusCode::BAD_REQUEST, &p.detail),
-    };
     let rec = match state.store.get(&user.caller.tenant, key.as_str()).await {
         Ok(Some(r)) => r,
         Ok(None) => return error_page(Some(user), StatusCode::NOT_FOUND, "No operation with this key."),
@@ -596,10 +596,15 @@ pub struct ResolveForm {
     evidence: String,
 }
 
-/// The checks of an operator's form post, in this order: the key (first, so even a refused
-/// attempt's log line names the operation), the session's CSRF token, the operator role.
-fn operator_post(user: &UiUser, raw: &str, csrf: &str) -> Result<idem_core::IdempotencyKey, Response> {
-    let key = parse_key(raw).map_err(|p| error_page(Some(user), StatusCode::BAD_REQUEST, &p.detail))?;
+/// The checks of an operator's form post, in this order: the key (parsed, and so logged,
+/// by [`super::UiKey`] before anything can refuse), the session's CSRF token, the
+/// operator role.
+fn operator_post(
+    user: &UiUser,
+    key: Result<idem_core::IdempotencyKey, String>,
+    csrf: &str,
+) -> Result<idem_core::IdempotencyKey, Response> {
+    let key = key.map_err(|why| error_page(Some(user), StatusCode::BAD_REQUEST, &why))?;
     user.check_csrf(csrf)?;
     user.caller.require(Role::Operator).map_err(|p| error_page(Some(user), StatusCode::FORBIDDEN, &p.detail))?;
     Ok(key)
@@ -610,10 +615,10 @@ fn operator_post(user: &UiUser, raw: &str, csrf: &str) -> Result<idem_core::Idem
 pub async fn resolve(
     State(state): State<AppState>,
     user: UiUser,
-    super::UiPath(raw): super::UiPath,
+    super::UiKey(key): super::UiKey,
     super::UiForm(f): super::UiForm<ResolveForm>,
 ) -> Response {
-    let key = match operator_post(&user, &raw, &f.csrf) {
+    let key = match operator_post(&user, key, &f.csrf) {
         Ok(k) => k,
         Err(r) => return r,
     };
@@ -622,7 +627,7 @@ pub async fn resolve(
     let (to, expected_state) = match (parse(&f.to), expected) {
         (Ok(to), Ok(expected)) => (to, expected),
         (Err(e), _) | (_, Err(e)) => {
-            return show_operation(&state, &user, &raw, StatusCode::BAD_REQUEST, String::new(), e).await;
+            return show_operation(&state, &user, &key, StatusCode::BAD_REQUEST, String::new(), e).await;
         }
     };
     let req = ResolveRequest {
@@ -641,8 +646,8 @@ pub async fn resolve(
         }
         Err(e) => {
             let p = store_problem(e);
-            let status = StatusCode::from_u16(p.status).unwrap_or(StatusCode::BAD_REQUEST);
-            show_operation(&state, &user, &raw, status, String::new(), p.detail).await
+            let status = p.status_code();
+            show_operation(&state, &user, &key, status, String::new(), p.detail).await
         }
     }
 }
@@ -651,10 +656,10 @@ pub async fn resolve(
 pub async fn reconcile(
     State(state): State<AppState>,
     user: UiUser,
-    super::UiPath(raw): super::UiPath,
+    super::UiKey(key): super::UiKey,
     super::UiForm(f): super::UiForm<CsrfForm>,
 ) -> Response {
-    let key = match operator_post(&user, &raw, &f.csrf) {
+    let key = match operator_post(&user, key, &f.csrf) {
         Ok(k) => k,
         Err(r) => return r,
     };

@@ -48,9 +48,7 @@ pub struct Sessions {
 
 /// A random 256-bit token, hex.
 pub fn random_token() -> String {
-    use rand::RngExt;
-    let bytes: [u8; 32] = rand::rng().random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    idem_store::keys::random_hex_256()
 }
 
 /// Compares two tokens without an early exit on the first differing byte.
@@ -114,11 +112,16 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v)
 }
 
+/// Whether the browser reached this server over HTTPS: a proxy in front says so with
+/// `X-Forwarded-Proto: https`; idem itself serves plain HTTP.
+pub fn via_https(headers: &HeaderMap) -> bool {
+    headers.get("x-forwarded-proto").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"))
+}
+
 /// A `Set-Cookie` value for `name=value` on `/ui`, HttpOnly and SameSite=Strict, living
 /// `max_age` seconds (0 deletes it).
 pub fn set_cookie(headers: &HeaderMap, name: &str, value: &str, max_age: u64) -> HeaderValue {
-    let https = headers.get("x-forwarded-proto").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
-    let secure = if https { "; Secure" } else { "" };
+    let secure = if via_https(headers) { "; Secure" } else { "" };
     HeaderValue::from_str(&format!("{name}={value}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"))
         .expect("tokens and names are header-safe")
 }
@@ -184,7 +187,7 @@ impl FromRequestParts<AppState> for UiUser {
             }
             Err(e) => {
                 let p = crate::operations::store_problem(e);
-                let status = StatusCode::from_u16(p.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                let status = p.status_code();
                 Err(super::error_page(None, status, &p.detail))
             }
         }
