@@ -163,13 +163,7 @@ impl EventBatcher {
                     }
                 }
                 let events: Vec<OperationEvent> = batch.iter().flat_map(|(e, _)| e.iter().cloned()).collect();
-                let start = std::time::Instant::now();
-                let done = fast::events(&pool, &events).await.map_err(|e| e.to_string());
-                if done.is_ok() {
-                    metrics::histogram!("idem_store_commit_seconds", "backend" => "postgres")
-                        .record(start.elapsed().as_secs_f64());
-                    metrics::histogram!("idem_store_batch_size", "backend" => "postgres").record(batch.len() as f64);
-                }
+                let done = committed_batch(batch.len(), fast::events(&pool, &events)).await.map_err(|e| e.to_string());
                 for (_, reply) in batch {
                     let _ = reply.send(done.clone());
                 }
@@ -195,11 +189,19 @@ impl EventBatcher {
 /// Awaits a statement or transaction that commits on its own (an autocommit statement
 /// of the hot path, or `COMMIT`), recording its latency and a batch of one request.
 async fn committed<T, E>(commit: impl std::future::Future<Output = Result<T, E>>) -> Result<T, E> {
+    committed_batch(1, commit).await
+}
+
+/// [`committed`] for a commit that carries `requests` requests.
+async fn committed_batch<T, E>(
+    requests: usize,
+    commit: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     let start = std::time::Instant::now();
     let out = commit.await;
     if out.is_ok() {
         metrics::histogram!("idem_store_commit_seconds", "backend" => "postgres").record(start.elapsed().as_secs_f64());
-        metrics::histogram!("idem_store_batch_size", "backend" => "postgres").record(1.0);
+        metrics::histogram!("idem_store_batch_size", "backend" => "postgres").record(requests as f64);
     }
     out
 }
@@ -234,7 +236,7 @@ impl RecordCache {
     }
 
     fn put(&self, r: &OperationRecord) {
-        let small = |v: &serde_json::Value| serde_json::to_vec(v).is_ok_and(|b| b.len() <= CACHE_MAX_JSON_BYTES);
+        let small = |v: &serde_json::Value| json_fits(v, CACHE_MAX_JSON_BYTES);
         if !small(&r.payload) || r.result.as_ref().is_some_and(|v| !small(v)) {
             self.forget(&r.tenant, &r.key);
             return;
@@ -249,6 +251,25 @@ impl RecordCache {
     fn forget(&self, tenant: &str, key: &str) {
         self.map.lock().expect("record cache lock").remove(&(tenant.to_owned(), key.to_owned()));
     }
+}
+
+/// Whether `v` serialises to at most `limit` bytes, counted without building the text and
+/// given up as soon as the limit is passed (this runs on every write of the hot path).
+fn json_fits(v: &serde_json::Value, limit: usize) -> bool {
+    struct Count {
+        seen: usize,
+        limit: usize,
+    }
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.seen += buf.len();
+            if self.seen > self.limit { Err(std::io::Error::other("over the limit")) } else { Ok(buf.len()) }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    serde_json::to_writer(Count { seen: 0, limit }, v).is_ok()
 }
 
 /// Bounded retries of a transaction whose conditional write lost a race.
@@ -548,5 +569,20 @@ impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_fits;
+    use serde_json::json;
+
+    #[test]
+    fn json_fits_counts_the_serialised_bytes() {
+        let v = json!({"to": "customer-42"});
+        let n = serde_json::to_vec(&v).unwrap().len();
+        assert!(json_fits(&v, n));
+        assert!(!json_fits(&v, n - 1));
+        assert!(!json_fits(&json!("x".repeat(10_000)), 8 * 1024));
     }
 }
