@@ -11,6 +11,57 @@
 //! A write whose condition fails returns `None`: the caller rolls back and starts over
 //! from the read. Nothing here ever decides from a stale read.
 
+use crate::row::operation_columns;
+
+// The background queries (`$1` = now in epoch ms, `$2` = limit). Each is served by one of
+// the partial indexes of migration 0005; `background_queries_use_the_partial_indexes`
+// (tests/conformance.rs, through `testing`) checks the plans on both backends.
+
+/// Up to `$2` expired leases of operations that are not redo-safe, oldest first.
+pub(crate) const EXPIRE_LEASES: &str = concat!(
+    "SELECT ",
+    operation_columns!(),
+    " FROM operations WHERE state = 'EXECUTING' AND redo_safe = FALSE \
+     AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2"
+);
+/// Up to `$2` operations of connector `$3` due for an attempt, oldest due first: PENDING
+/// ones whose attempt is due, and redo-safe EXECUTING ones whose lease expired. Two
+/// branches (`UNION ALL`) so that each uses its partial index; an `OR` of the two would
+/// scan the table on SQLite.
+pub(crate) const DUE_EXECUTIONS: &str = concat!(
+    "SELECT * FROM (SELECT ",
+    operation_columns!(),
+    " FROM operations WHERE state = 'PENDING' \
+     AND (next_attempt_at IS NULL OR next_attempt_at <= $1) AND connector = $3 AND connector NOT LIKE 'lookup:%' \
+     UNION ALL SELECT ",
+    operation_columns!(),
+    " FROM operations WHERE state = 'EXECUTING' \
+     AND lease_expires_at <= $1 AND redo_safe = TRUE AND connector = $3 AND connector NOT LIKE 'lookup:%') AS due \
+     ORDER BY next_attempt_at LIMIT $2"
+);
+/// Up to `$2` UNKNOWN operations whose next lookup is due.
+pub(crate) const DUE_RECONCILIATIONS: &str = concat!(
+    "SELECT ",
+    operation_columns!(),
+    " FROM operations WHERE state = 'UNKNOWN' AND needs_review = FALSE \
+     AND (next_attempt_at IS NULL OR next_attempt_at <= $1) ORDER BY next_attempt_at LIMIT $2"
+);
+/// Up to `$2` final records past their retention, oldest expiry first.
+pub(crate) const SWEEP: &str = concat!(
+    "SELECT ",
+    operation_columns!(),
+    " FROM operations WHERE state IN ('SUCCEEDED', 'FAILED') \
+     AND expires_at <= $1 ORDER BY expires_at LIMIT $2"
+);
+
+/// Every background query by name.
+pub(crate) const BACKGROUND: [(&str, &str); 4] = [
+    ("expire_leases", EXPIRE_LEASES),
+    ("due_executions", DUE_EXECUTIONS),
+    ("due_reconciliations", DUE_RECONCILIATIONS),
+    ("sweep", SWEEP),
+];
+
 /// Expands the shared statements for one backend. `$Conn` is its connection type.
 macro_rules! sql_ops {
     ($Conn:ty) => {
@@ -184,10 +235,7 @@ macro_rules! sql_ops {
 
         /// Turns up to `limit` expired leases into UNKNOWN; returns how many changed.
         pub(crate) async fn expire_leases(conn: &mut $Conn, now_ms: i64, limit: i64) -> Result<u64, StoreError> {
-            let sql = concat!(
-                "SELECT ", operation_columns!(), " FROM operations WHERE state = 'EXECUTING' AND redo_safe = FALSE \
-                 AND lease_expires_at <= $1 ORDER BY lease_expires_at LIMIT $2"
-            );
+            let sql = $crate::sql::EXPIRE_LEASES;
             let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
             let mut changed = 0;
             for row in rows {
@@ -206,22 +254,14 @@ macro_rules! sql_ops {
         /// EXECUTING redo_safe ones whose lease expired; oldest due first. Connectors named
         /// `lookup:…` only look up (the caller performs the effect) and are never due.
         pub(crate) async fn due_executions(conn: &mut $Conn, connector: &str, now_ms: i64, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
-            let sql = concat!(
-                "SELECT ", operation_columns!(), " FROM operations WHERE connector = $3 AND connector NOT LIKE 'lookup:%' AND \
-                 ((state = 'PENDING' AND (next_attempt_at IS NULL OR next_attempt_at <= $1)) \
-                  OR (state = 'EXECUTING' AND redo_safe = TRUE AND lease_expires_at <= $1)) \
-                 ORDER BY next_attempt_at LIMIT $2"
-            );
+            let sql = $crate::sql::DUE_EXECUTIONS;
             let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).bind(connector).fetch_all(&mut *conn).await?;
             rows.into_iter().map(OperationRow::into_record).collect()
         }
 
         /// UNKNOWN operations not yet flagged for review whose next lookup is due.
         pub(crate) async fn due_reconciliations(conn: &mut $Conn, now_ms: i64, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
-            let sql = concat!(
-                "SELECT ", operation_columns!(), " FROM operations WHERE state = 'UNKNOWN' AND needs_review = FALSE \
-                 AND (next_attempt_at IS NULL OR next_attempt_at <= $1) ORDER BY next_attempt_at LIMIT $2"
-            );
+            let sql = $crate::sql::DUE_RECONCILIATIONS;
             let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
             rows.into_iter().map(OperationRow::into_record).collect()
         }
@@ -289,10 +329,7 @@ macro_rules! sql_ops {
         /// tombstone each, and up to `limit` expired tombstones. Only SUCCEEDED and FAILED
         /// records with `expires_at <= now` are touched (`idem_core::is_expired`).
         pub(crate) async fn sweep(conn: &mut $Conn, retention: &idem_core::Retention, now_ms: i64, limit: i64) -> Result<$crate::SweepOutcome, StoreError> {
-            let sql = concat!(
-                "SELECT ", operation_columns!(), " FROM operations WHERE state IN ('SUCCEEDED', 'FAILED') \
-                 AND expires_at <= $1 ORDER BY expires_at LIMIT $2"
-            );
+            let sql = $crate::sql::SWEEP;
             let rows: Vec<OperationRow> = sqlx::query_as(sql).bind(now_ms).bind(limit).fetch_all(&mut *conn).await?;
             let mut records = 0;
             for row in rows {

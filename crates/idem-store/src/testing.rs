@@ -33,3 +33,44 @@ pub async fn fresh_pg_database(prefix: &str) -> String {
     let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
     format!("{base}/{name}")
 }
+
+/// The query plan of each background query, as `(name, plan text)`, for the test that
+/// checks they use their indexes.
+#[doc(hidden)]
+pub async fn background_query_plans_sqlite(
+    conn: &mut sqlx::SqliteConnection,
+) -> Result<Vec<(&'static str, String)>, sqlx::Error> {
+    let mut out = Vec::new();
+    for (name, sql) in crate::sql::BACKGROUND {
+        let rows: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                .bind(0_i64)
+                .bind(10_i64)
+                .bind("c")
+                .fetch_all(&mut *conn)
+                .await?;
+        out.push((name, rows.into_iter().map(|r| r.3).collect::<Vec<_>>().join("; ")));
+    }
+    Ok(out)
+}
+
+/// [`background_query_plans_sqlite`] for PostgreSQL, with sequential scans disabled for
+/// the session (tiny test tables would otherwise be scanned whatever the indexes).
+#[doc(hidden)]
+pub async fn background_query_plans_postgres(
+    conn: &mut sqlx::PgConnection,
+) -> Result<Vec<(&'static str, String)>, sqlx::Error> {
+    sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await?;
+    let mut out = Vec::new();
+    for (name, sql) in crate::sql::BACKGROUND {
+        let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")))
+            .bind(0_i64)
+            .bind(10_i64)
+            .bind("c")
+            .fetch_all(&mut *conn)
+            .await?;
+        out.push((name, rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("; ")));
+    }
+    sqlx::query("RESET enable_seqscan").execute(&mut *conn).await?;
+    Ok(out)
+}

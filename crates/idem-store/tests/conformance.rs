@@ -51,3 +51,72 @@ async fn sqlite_file_uses_wal_and_full_sync() {
     let (mode,): (String,) = sqlx::query_as("PRAGMA journal_mode").fetch_one(&mut c).await.unwrap();
     assert_eq!(mode, "wal");
 }
+
+/// The index each background query must use (migration 0005's partial indexes); a plan
+/// that scans the table, or uses another index, fails.
+const BACKGROUND_INDEXES: [(&str, &[&str]); 4] = [
+    ("expire_leases", &["operations_executing"]),
+    ("due_executions", &["operations_pending", "operations_executing"]),
+    ("due_reconciliations", &["operations_unknown"]),
+    ("sweep", &["operations_by_expiry"]),
+];
+
+fn check_plans(plans: Vec<(&'static str, String)>) {
+    assert_eq!(plans.len(), BACKGROUND_INDEXES.len());
+    for ((name, plan), (expected, indexes)) in plans.into_iter().zip(BACKGROUND_INDEXES) {
+        assert_eq!(name, expected);
+        for index in indexes {
+            assert!(plan.contains(index), "{name} does not use {index}: {plan}");
+        }
+    }
+}
+
+/// A table shaped like a live one: 400 finished operations and 40 in flight.
+async fn fill(store: &dyn Store) {
+    use idem_core::{AcquireInput, Actor, Outcome};
+    for i in 0..440 {
+        let key = format!("k{i}");
+        let input = AcquireInput {
+            tenant: "t".into(),
+            key: key.clone(),
+            action: "send".into(),
+            payload: serde_json::json!({"i": i}),
+            fingerprint: "f".into(),
+            lease_ms: 60_000,
+            redo_safe: false,
+            connector: None,
+            actor: Actor::default(),
+        };
+        let granted = store.acquire(input).await.unwrap();
+        if i < 400 {
+            let done = idem_store::CompleteRequest {
+                tenant: "t".into(),
+                key,
+                fencing_token: granted.record.fencing_token,
+                outcome: Outcome::Succeeded { provider_ref: format!("r{i}"), result: None },
+                actor: Actor::default(),
+                policy: None,
+            };
+            store.complete(done).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_queries_use_the_partial_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.db");
+    let sqlite = SqliteStore::open(&path, Arc::new(idem_core::SystemClock), StoreConfig::default()).await.unwrap();
+    fill(&sqlite).await;
+    let mut conn =
+        <sqlx::SqliteConnection as sqlx::Connection>::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    sqlx::query("ANALYZE").execute(&mut conn).await.unwrap();
+    check_plans(idem_store::testing::background_query_plans_sqlite(&mut conn).await.unwrap());
+
+    let url = idem_store::testing::fresh_pg_database("idem_plans").await;
+    let pg = PgStore::connect(&url, Arc::new(idem_core::SystemClock), StoreConfig::default()).await.unwrap();
+    fill(&pg).await;
+    let mut conn = pg.pool().acquire().await.unwrap();
+    sqlx::query("ANALYZE operations").execute(&mut *conn).await.unwrap();
+    check_plans(idem_store::testing::background_query_plans_postgres(&mut conn).await.unwrap());
+}
