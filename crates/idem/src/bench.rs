@@ -308,13 +308,26 @@ async fn http_replays(base: &str, key: &str, c: usize, secs: f64) -> anyhow::Res
     Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(secs))
 }
 
-async fn fresh_pg(admin: &str) -> anyhow::Result<String> {
+/// Creates a database for one run on the server of `admin`; returns its name and URL.
+async fn fresh_pg(admin: &str) -> anyhow::Result<(String, String)> {
     let mut conn = sqlx::postgres::PgConnectOptions::from_url(&admin.parse()?)?.connect().await?;
     let name = format!("idem_bench_{}", uuid_like());
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await?;
     conn.close().await?;
     let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
-    Ok(format!("{base}/{name}"))
+    Ok((name.clone(), format!("{base}/{name}")))
+}
+
+/// Drops the databases [`fresh_pg`] created (`WITH (FORCE)`: PostgreSQL ≥ 13).
+async fn drop_pg(admin: &str, names: &[String]) -> anyhow::Result<()> {
+    let mut conn = sqlx::postgres::PgConnectOptions::from_url(&admin.parse()?)?.connect().await?;
+    for name in names {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+            .execute(&mut conn)
+            .await?;
+    }
+    conn.close().await?;
+    Ok(())
 }
 
 /// Runs everything and prints the table.
@@ -355,10 +368,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let key = "bench-key-0123456789abcdef0123456789abcdef";
     let c = args.http_concurrency;
     let mut targets = vec![("SQLite", format!("sqlite://{}", dir.path().join("http.db").display()), None)];
+    let mut created = Vec::new();
     if let Some(admin) = &args.postgres_url {
-        let url = fresh_pg(admin).await?;
-        let raw =
-            sqlx::postgres::PgPoolOptions::new().max_connections(c as u32).connect(&fresh_pg(admin).await?).await?;
+        let (name, url) = fresh_pg(admin).await?;
+        let (raw_name, raw_url) = fresh_pg(admin).await?;
+        created.extend([name, raw_name]);
+        let raw = sqlx::postgres::PgPoolOptions::new().max_connections(c as u32).connect(&raw_url).await?;
         sqlx::query("CREATE TABLE naive (k TEXT PRIMARY KEY, state TEXT NOT NULL, ref TEXT)").execute(&raw).await?;
         targets.push(("PostgreSQL", url, Some(raw)));
     }
@@ -366,7 +381,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let server = serve(&url, key)?;
         let (rate, p50, p99, max) = http_pairs(&server.base, key, c, args.seconds).await?;
         let baseline = match raw {
-            Some(pool) => Some(raw_pairs(RawDb::Postgres(pool), c, args.seconds).await?),
+            Some(pool) => {
+                let pairs = raw_pairs(RawDb::Postgres(pool.clone()), c, args.seconds).await?;
+                pool.close().await;
+                Some(pairs)
+            }
             None => Some(naive_sqlite_pairs(&dir.path().join("http-naive.db"), c, args.seconds).await?),
         };
         rows.push(Row {
@@ -383,6 +402,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             baseline: None,
             extra: format!("server peak RSS {rss}"),
         });
+    }
+    if let Some(admin) = &args.postgres_url {
+        drop_pg(admin, &created).await?;
     }
     print_rows(&rows);
     println!(
