@@ -1,12 +1,17 @@
 //! The PostgreSQL store: several `idem serve` processes share one database.
 //!
-//! Each write is one short READ COMMITTED transaction: read the record, let idem-core plan
-//! the change, write it with `INSERT … ON CONFLICT (tenant, op_key) DO NOTHING` (a new key)
-//! or `UPDATE … WHERE version = $read` (an existing one), append the events, commit. Two
-//! racing writers cannot both succeed: the unique constraint or the version condition
-//! lets exactly one through; the loser rolls back and starts again from a fresh read, at
-//! most [`CAS_RETRIES`] times. Migrations take PostgreSQL's advisory lock, so several
-//! nodes starting at once apply them once.
+//! The hot path (`fast.rs`) writes each acquire or completion with one conditional
+//! statement that carries its events: `INSERT … ON CONFLICT (tenant, op_key) DO NOTHING`
+//! for a new key, `UPDATE … WHERE version = $read AND created_at = $read` for an existing
+//! one. Concurrent requests share statements and commits (`Writers`, `batch.rs`), and API
+//! keys are served from a per-node cache that every node empties on a key change
+//! (`key_cache.rs`, LISTEN/NOTIFY). Two racing writers cannot both succeed: the unique
+//! constraint or the version condition lets exactly one through. The rest (and the hot
+//! path's losers) use one short READ COMMITTED transaction: read the record, let
+//! idem-core plan the change, write it conditionally, append the events, commit; a loser
+//! rolls back and starts again from a fresh read, at most [`CAS_RETRIES`] times.
+//! Migrations take PostgreSQL's advisory lock, so several nodes starting at once apply
+//! them once.
 
 use crate::keys::{ApiKeyInfo, Role, hash_secret};
 use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
@@ -21,155 +26,81 @@ mod ops {
     crate::sql::sql_ops!(sqlx::PgConnection);
 }
 
-/// The hot path without explicit transactions: every write is one atomic statement that
-/// carries its own condition (a unique insert, or `WHERE version = $read`) and appends its
-/// events in the same statement (a data-modifying CTE), so an acquire or a completion costs
-/// a read and one durable write, like the raw two-statement baseline. Anything unusual
-/// (a conflict, a tombstone) falls back to the transactional path of `sql_ops!`.
-mod fast {
-    use crate::StoreError;
-    use idem_core::{OperationEvent, OperationRecord};
-    use sqlx::{PgPool, Postgres, QueryBuilder};
+mod key_cache;
+pub use key_cache::{KEY_ENTRIES, KEY_TTL};
 
-    const OP_COLS: &str = "tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, \
-        lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
-        evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, connector, \
-        lookup_attempts";
-    const EV_COLS: &str = "tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint, reason, error_class, wait_ms";
+mod batch;
+mod fast;
 
-    fn push_record(q: &mut QueryBuilder<Postgres>, r: &OperationRecord) {
-        crate::row::bind_record(q.separated(", "), r);
-    }
-
-    fn push_events(q: &mut QueryBuilder<Postgres>, events: &[OperationEvent]) {
-        q.push_values(events, crate::row::bind_event);
-    }
-
-    /// What [`insert_or_read`] found.
-    pub(super) enum Claim {
-        /// The new record and its events were written.
-        Inserted,
-        /// The key has a record (as of the statement's snapshot); nothing was written.
-        Existing(Box<OperationRecord>),
-        /// Neither: a live tombstone holds the key, or a concurrent insert of it has not
-        /// committed yet. The transactional path decides.
-        Neither,
-    }
-
-    /// One statement that inserts `r` with its events unless the key exists or a live
-    /// tombstone holds it, and otherwise returns the stored record: a new key costs one
-    /// round trip instead of a read and a write, an existing one the same as a read.
-    pub(super) async fn insert_or_read(
-        pool: &PgPool,
-        r: &OperationRecord,
-        events: &[OperationEvent],
-        now_ms: i64,
-    ) -> Result<Claim, StoreError> {
-        use sqlx::{FromRow, Row};
-        let mut q: QueryBuilder<Postgres> =
-            QueryBuilder::new(format!("WITH ins AS (INSERT INTO operations ({OP_COLS}) SELECT "));
-        push_record(&mut q, r);
-        q.push(" WHERE NOT EXISTS (SELECT 1 FROM tombstones WHERE tenant = ")
-            .push_bind(r.tenant.clone())
-            .push(" AND key_hash = ")
-            .push_bind(idem_core::retention::key_hash(&r.key))
-            .push(" AND expires_at > ")
-            .push_bind(now_ms)
-            .push(format!(
-                ") ON CONFLICT (tenant, op_key) DO NOTHING RETURNING 1), ev AS (INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("
-            ));
-        push_events(&mut q, events);
-        q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM ins) RETURNING 1) SELECT (SELECT count(*) FROM ins) AS inserted, "))
-            .push(crate::row::operation_columns!().replace("tenant, op_key,", "o.tenant, o.op_key,"))
-            .push(" FROM (SELECT 1) AS one LEFT JOIN operations o ON o.tenant = ")
-            .push_bind(r.tenant.clone())
-            .push(" AND o.op_key = ")
-            .push_bind(r.key.clone());
-        let row = super::committed(q.build().fetch_one(pool)).await?;
-        if row.try_get::<i64, _>("inserted")? == 1 {
-            return Ok(Claim::Inserted);
-        }
-        match row.try_get::<Option<String>, _>("op_key")? {
-            Some(_) => Ok(Claim::Existing(Box::new(crate::row::OperationRow::from_row(&row)?.into_record()?))),
-            None => Ok(Claim::Neither),
-        }
-    }
-
-    /// Writes `r` if the stored record is still the one read: the same incarnation of the
-    /// key (`created_at`; a key reused after its tombstone expired starts a new record whose
-    /// version counts from 1 again) at `read_version`. With its events, in one statement.
-    /// True if written.
-    pub(super) async fn update(
-        pool: &PgPool,
-        r: &OperationRecord,
-        read_version: i64,
-        events: &[OperationEvent],
-    ) -> Result<bool, StoreError> {
-        let mut q: QueryBuilder<Postgres> =
-            QueryBuilder::new(format!("WITH upd AS (UPDATE operations SET ({OP_COLS}) = ("));
-        push_record(&mut q, r);
-        q.push(") WHERE tenant = ")
-            .push_bind(r.tenant.clone())
-            .push(" AND op_key = ")
-            .push_bind(r.key.clone())
-            .push(" AND version = ")
-            .push_bind(read_version)
-            .push(" AND created_at = ")
-            .push_bind(r.created_at)
-            .push(format!(" RETURNING 1) INSERT INTO operation_events ({EV_COLS}) SELECT v.* FROM ("));
-        push_events(&mut q, events);
-        q.push(format!(") AS v({EV_COLS}) WHERE EXISTS (SELECT 1 FROM upd)"));
-        let done = super::committed(q.build().execute(pool)).await?;
-        Ok(done.rows_affected() == events.len() as u64)
-    }
-
-    /// Appends events in one autocommit statement per 1 000 (the caller records metrics).
-    pub(super) async fn events(pool: &PgPool, events: &[OperationEvent]) -> Result<(), StoreError> {
-        for chunk in events.chunks(1000) {
-            let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("INSERT INTO operation_events ({EV_COLS}) "));
-            push_events(&mut q, chunk);
-            q.build().execute(pool).await?;
-        }
-        Ok(())
-    }
-}
-
-/// Group commit for triggers that write nothing but their event (replays, 409s, 422s):
-/// concurrent ones are appended by one multi-row `INSERT` (one commit), and each is
-/// answered only after that commit, like every other write (DESIGN invariant 5: every
-/// trigger is recorded before it is answered). One batch is in flight at a time; what
-/// arrives meanwhile forms the next (at most [`EVENT_BATCH`] triggers).
+/// The hot path's writes, each kind through its own [`batch::Batcher`]:
+/// - `claims`: acquires of new keys ([`fast::insert_or_read`]);
+/// - `updates`: conditional writes of a read (or cached) record with its events
+///   ([`fast::update`]): completions, and acquires that take over an existing key;
+/// - `events`: triggers that write nothing but their event (replays, 409s, 422s): every
+///   trigger is recorded before it is answered (DESIGN invariant 5).
+///
+/// Each request is answered after the commit of the statement that carried it. A batch
+/// whose statement fails is written again one request at a time, so one bad request
+/// cannot fail the others; a key that appears twice in one batch is written on its own
+/// after the batch (one row per key per statement).
 #[derive(Debug)]
-struct EventBatcher {
-    tx: tokio::sync::mpsc::Sender<(Vec<OperationEvent>, EventReply)>,
+struct Writers {
+    claims: batch::Batcher<fast::NewRecord, Result<fast::Claim, StoreError>>,
+    updates: batch::Batcher<fast::Update, Result<bool, StoreError>>,
+    events: batch::Batcher<Vec<OperationEvent>, Result<(), String>>,
 }
 
-/// Where an [`EventBatcher`] answers: the commit's error text, if any.
-type EventReply = tokio::sync::oneshot::Sender<Result<(), String>>;
-
-/// Most triggers whose events one [`EventBatcher`] commit carries.
+/// Most requests one multi-row statement carries.
+const BATCH_MAX: usize = 64;
+/// Batches of one kind in flight at once.
+const BATCHES_IN_FLIGHT: usize = 4;
+/// Most triggers whose events one commit carries.
 const EVENT_BATCH: usize = 256;
 
-impl EventBatcher {
-    fn spawn(pool: PgPool) -> Self {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<(Vec<OperationEvent>, EventReply)>(4 * EVENT_BATCH);
-        tokio::spawn(async move {
-            while let Some(first) = rx.recv().await {
-                let mut batch = vec![first];
-                while batch.len() < EVENT_BATCH {
-                    match rx.try_recv() {
-                        Ok(next) => batch.push(next),
-                        Err(_) => break,
-                    }
-                }
-                let events: Vec<OperationEvent> = batch.iter().flat_map(|(e, _)| e.iter().cloned()).collect();
-                let done = committed_batch(batch.len(), fast::events(&pool, &events)).await.map_err(|e| e.to_string());
-                for (_, reply) in batch {
-                    let _ = reply.send(done.clone());
-                }
+impl Writers {
+    fn spawn(pool: &PgPool) -> Self {
+        let claims = distinct_batcher(
+            pool,
+            |n: &fast::NewRecord| (n.record.tenant.clone(), n.record.key.clone()),
+            |p, many| async move {
+                let written = fast::insert_or_read(&p, &many).await;
+                (many, written)
+            },
+        );
+        let updates = distinct_batcher(
+            pool,
+            |u: &fast::Update| (u.record.tenant.clone(), u.record.key.clone()),
+            |p, many| async move {
+                let written = fast::update(&p, &many).await;
+                (many, written)
+            },
+        );
+        let p = pool.clone();
+        let events = batch::Batcher::spawn(EVENT_BATCH, 1, move |batch: Vec<Vec<OperationEvent>>| {
+            let p = p.clone();
+            async move {
+                let n = batch.len();
+                let all: Vec<OperationEvent> = batch.into_iter().flatten().collect();
+                let done = committed_batch(n, fast::events(&p, &all)).await.map_err(|e| e.to_string());
+                vec![done; n]
             }
         });
-        EventBatcher { tx }
+        Writers { claims, updates, events }
+    }
+
+    /// Claims a new record (see [`fast::insert_or_read`]).
+    async fn claim(&self, new: fast::NewRecord) -> Result<fast::Claim, StoreError> {
+        self.claims.submit(new).await?
+    }
+
+    /// A conditional write (see [`fast::update`]); true if written.
+    async fn update(
+        &self,
+        record: OperationRecord,
+        read_version: i64,
+        events: Vec<OperationEvent>,
+    ) -> Result<bool, StoreError> {
+        self.updates.submit(fast::Update { record, read_version, events }).await?
     }
 
     /// Appends `events` durably (returns after the commit).
@@ -177,13 +108,75 @@ impl EventBatcher {
         if events.is_empty() {
             return Ok(());
         }
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        self.tx.send((events, reply)).await.map_err(|_| StoreError::Closed)?;
-        match answer.await.map_err(|_| StoreError::Closed)? {
+        match self.events.submit(events).await? {
             Ok(()) => Ok(()),
             Err(e) => Err(StoreError::Database(sqlx::Error::Protocol(format!("appending events failed: {e}")))),
         }
     }
+}
+
+/// A batcher whose batches go through [`write_distinct`] with `key` and `write` (which
+/// gets the pool and the requests, and hands the requests back with its answers).
+fn distinct_batcher<T, O, Fut>(
+    pool: &PgPool,
+    key: fn(&T) -> (String, String),
+    write: impl Fn(PgPool, Vec<T>) -> Fut + Copy + Send + Sync + 'static,
+) -> batch::Batcher<T, Result<O, StoreError>>
+where
+    T: Send + 'static,
+    O: Send + 'static,
+    Fut: std::future::Future<Output = (Vec<T>, Result<Vec<O>, StoreError>)> + Send + 'static,
+{
+    let pool = pool.clone();
+    batch::Batcher::spawn(BATCH_MAX, BATCHES_IN_FLIGHT, move |items: Vec<T>| {
+        let pool = pool.clone();
+        async move { write_distinct(items, key, |many| write(pool.clone(), many)).await }
+    })
+}
+
+/// Writes `items` with `write` (one statement for many), keeping each request's answer its
+/// own: the first request of each key goes into one statement; if that statement fails,
+/// they are written again one per statement; later requests for a key already in the
+/// statement are written one per statement after it. Answers are in the order of `items`.
+async fn write_distinct<T, O, Fut>(
+    items: Vec<T>,
+    key: impl Fn(&T) -> (String, String),
+    write: impl Fn(Vec<T>) -> Fut,
+) -> Vec<Result<O, StoreError>>
+where
+    Fut: std::future::Future<Output = (Vec<T>, Result<Vec<O>, StoreError>)>,
+{
+    let n = items.len();
+    let mut seen = std::collections::HashSet::with_capacity(n);
+    let (mut first, mut first_at, mut later) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
+    for (i, item) in items.into_iter().enumerate() {
+        if seen.insert(key(&item)) {
+            first.push(item);
+            first_at.push(i);
+        } else {
+            later.push((i, item));
+        }
+    }
+    let mut out: Vec<Option<Result<O, StoreError>>> = (0..n).map(|_| None).collect();
+    let one = async |item: T| write(vec![item]).await.1.and_then(|mut v| v.pop().ok_or(StoreError::Contention));
+    let (first, written) = write(first).await;
+    match written {
+        Ok(answers) if answers.len() == first.len() => {
+            for (i, a) in first_at.iter().zip(answers) {
+                out[*i] = Some(Ok(a));
+            }
+        }
+        Err(e) if first.len() == 1 => out[first_at[0]] = Some(Err(e)),
+        _ => {
+            for (i, item) in first_at.into_iter().zip(first) {
+                out[i] = Some(one(item).await);
+            }
+        }
+    }
+    for (i, item) in later {
+        out[i] = Some(one(item).await);
+    }
+    out.into_iter().map(|o| o.unwrap_or(Err(StoreError::Contention))).collect()
 }
 
 /// Awaits a statement or transaction that commits on its own (an autocommit statement
@@ -272,6 +265,20 @@ fn json_fits(v: &serde_json::Value, limit: usize) -> bool {
     serde_json::to_writer(Count { seen: 0, limit }, v).is_ok()
 }
 
+/// The options of every pooled connection: `url`, plus `plan_cache_mode =
+/// force_generic_plan`. The hot path's statements are prepared once per connection (and
+/// per batch size) and executed thousands of times a second; by default PostgreSQL plans
+/// the first five executions of each anew and keeps re-planning whenever its estimate
+/// favours a custom plan, which cost about a tenth of the server's CPU under the
+/// benchmark. Every idem statement is an indexed lookup by key, or a background query
+/// whose partial index the generic plan uses (checked by
+/// `background_queries_use_the_partial_indexes`).
+fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
+    use std::str::FromStr;
+    let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
+    Ok(options.options([("plan_cache_mode", "force_generic_plan")]))
+}
+
 /// Bounded retries of a transaction whose conditional write lost a race.
 pub const CAS_RETRIES: usize = 16;
 /// Connections per process.
@@ -288,7 +295,8 @@ pub struct PgStore {
     clock: Arc<dyn Clock>,
     config: StoreConfig,
     cache: Arc<RecordCache>,
-    events: Arc<EventBatcher>,
+    writers: Arc<Writers>,
+    keys: Arc<key_cache::KeyCache>,
 }
 
 impl PgStore {
@@ -314,11 +322,13 @@ impl PgStore {
                     Ok(true)
                 })
             })
-            .connect(url)
+            .connect_with(connect_options(url)?)
             .await?;
         MIGRATOR.run(&pool).await?;
-        let events = Arc::new(EventBatcher::spawn(pool.clone()));
-        Ok(PgStore { pool, clock, config, cache: Default::default(), events })
+        let writers = Arc::new(Writers::spawn(&pool));
+        let keys = Arc::new(key_cache::KeyCache::default());
+        keys.clone().spawn_listener(url.to_owned());
+        Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys })
     }
 
     /// idem-core's plan for `req` against `rec` (the store's retry policy unless the
@@ -349,11 +359,17 @@ impl PgStore {
     ) -> Result<Option<CompleteOutcome>, StoreError> {
         self.config.retention.apply(&mut plan.record);
         let events: Vec<_> = plan.event.iter().cloned().collect();
-        if !fast::update(&self.pool, &plan.record, read_version, &events).await? {
+        if !self.writers.update(plan.record.clone(), read_version, events).await? {
             return Ok(None);
         }
         self.cache.put(&plan.record);
         Ok(Some(CompleteOutcome { record: plan.record, changed: true }))
+    }
+
+    /// Whether this node serves API keys from its cache: true while its connection
+    /// listening for key changes is up (see `postgres/key_cache.rs`).
+    pub fn key_cache_live(&self) -> bool {
+        self.keys.is_live()
     }
 
     /// The connection pool (tests use it to inspect the database).
@@ -398,13 +414,14 @@ impl Store for PgStore {
         {
             let plan = idem_core::plan_acquire(Some(&cached), &input, now);
             if !plan.changed {
-                self.events.append(plan.events).await?;
+                self.writers.append(plan.events).await?;
                 return Ok(AcquireOutcome { decision: plan.decision, record: plan.record });
             }
         }
         // Most triggers carry a new key: insert it, or learn the stored record, in one go.
         let fresh = idem_core::plan_acquire(None, &input, now);
-        let mut existing = match fast::insert_or_read(&self.pool, &fresh.record, &fresh.events, now).await? {
+        let new = fast::NewRecord { record: fresh.record.clone(), events: fresh.events, now_ms: now };
+        let mut existing = match self.writers.claim(new).await? {
             fast::Claim::Inserted => {
                 self.cache.put(&fresh.record);
                 return Ok(AcquireOutcome { decision: fresh.decision, record: fresh.record });
@@ -419,11 +436,11 @@ impl Store for PgStore {
             let plan = idem_core::plan_acquire(Some(&read), &input, now);
             let outcome = AcquireOutcome { decision: plan.decision, record: plan.record.clone() };
             if !plan.changed {
-                self.events.append(plan.events).await?;
+                self.writers.append(plan.events).await?;
                 self.cache.put(&plan.record);
                 return Ok(outcome);
             }
-            if fast::update(&self.pool, &plan.record, read.version, &plan.events).await? {
+            if self.writers.update(plan.record.clone(), read.version, plan.events).await? {
                 self.cache.put(&plan.record);
                 return Ok(outcome);
             }
@@ -551,7 +568,16 @@ impl Store for PgStore {
     }
 
     async fn authenticate(&self, secret: &str) -> Result<Option<ApiKeyInfo>, StoreError> {
-        ops::find_api_key(&mut *self.pool.acquire().await?, &hash_secret(secret)).await
+        let hash = hash_secret(secret);
+        if let Some(info) = self.keys.get(&hash) {
+            return Ok(Some(info));
+        }
+        let generation = self.keys.generation();
+        let found = ops::find_api_key(&mut *self.pool.acquire().await?, &hash).await?;
+        if let Some(info) = &found {
+            self.keys.put(hash, info, generation);
+        }
+        Ok(found)
     }
 
     async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyInfo>, StoreError> {
@@ -559,7 +585,10 @@ impl Store for PgStore {
     }
 
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
-        ops::revoke_api_key(&mut *self.pool.acquire().await?, id, self.clock.now_ms()).await
+        let revoked = ops::revoke_api_key(&mut *self.pool.acquire().await?, id, self.clock.now_ms()).await?;
+        // Other nodes learn it from the trigger's NOTIFY; this one before it answers.
+        self.keys.invalidate();
+        Ok(revoked)
     }
 
     async fn count_api_keys(&self) -> Result<i64, StoreError> {

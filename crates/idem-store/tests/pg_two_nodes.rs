@@ -126,3 +126,61 @@ async fn a_node_never_answers_from_a_record_another_node_changed() {
 
     assert!(clock.now_ms() > 1_000_000);
 }
+
+/// Polls `node` for up to 5 s until `secret` no longer authenticates.
+async fn stops_authenticating(node: &PgStore, secret: &str) -> bool {
+    for _ in 0..100 {
+        if node.authenticate(secret).await.unwrap().is_none() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_revoked_anywhere_stops_working_on_every_node() {
+    use idem_store::keys::Role;
+    let url = idem_store::testing::fresh_pg_database("idem_key_cache").await;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let a = PgStore::connect(&url, clock.clone(), Default::default()).await.unwrap();
+    let b = PgStore::connect(&url, clock.clone(), Default::default()).await.unwrap();
+    for _ in 0..100 {
+        if a.key_cache_live() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(a.key_cache_live(), "node A never started listening for key changes");
+    let new_key = |name: &'static str| {
+        let a = a.clone();
+        async move { a.create_api_key("t", name, Role::Client, None).await.unwrap() }
+    };
+
+    // The cache does serve keys: a change that bypasses the trigger goes unseen by A.
+    let (k1, s1) = new_key("p1").await;
+    assert!(a.authenticate(&s1).await.unwrap().is_some());
+    sqlx::query("ALTER TABLE api_keys DISABLE TRIGGER api_keys_changed").execute(a.pool()).await.unwrap();
+    sqlx::query("UPDATE api_keys SET revoked_at = 1 WHERE id = $1").bind(&k1.id).execute(a.pool()).await.unwrap();
+    sqlx::query("ALTER TABLE api_keys ENABLE TRIGGER api_keys_changed").execute(a.pool()).await.unwrap();
+    assert!(a.authenticate(&s1).await.unwrap().is_some(), "A read the database: the key cache is not in use");
+
+    // Revoked through node B: A learns it from the notification.
+    let (k2, s2) = new_key("p2").await;
+    assert!(a.authenticate(&s2).await.unwrap().is_some());
+    assert!(b.revoke_api_key(&k2.id).await.unwrap());
+    assert!(stops_authenticating(&a, &s2).await, "a key revoked on B still works on A");
+    assert!(a.authenticate(&s1).await.unwrap().is_none(), "the notification emptied the whole cache");
+
+    // Revoked through A itself: at once.
+    let (k3, s3) = new_key("p3").await;
+    assert!(a.authenticate(&s3).await.unwrap().is_some());
+    assert!(a.revoke_api_key(&k3.id).await.unwrap());
+    assert!(a.authenticate(&s3).await.unwrap().is_none());
+
+    // Deleted by hand: the trigger covers it too.
+    let (k4, s4) = new_key("p4").await;
+    assert!(a.authenticate(&s4).await.unwrap().is_some());
+    sqlx::query("DELETE FROM api_keys WHERE id = $1").bind(&k4.id).execute(b.pool()).await.unwrap();
+    assert!(stops_authenticating(&a, &s4).await, "a key deleted by hand still works on A");
+}
