@@ -161,13 +161,20 @@ where
     let one = async |item: T| write(vec![item]).await.1.and_then(|mut v| v.pop().ok_or(StoreError::Contention));
     let (first, written) = write(first).await;
     match written {
-        Ok(answers) if answers.len() == first.len() => {
-            for (i, a) in first_at.iter().zip(answers) {
-                out[*i] = Some(Ok(a));
+        // The statement ran: never write its requests again, whatever it answered.
+        Ok(answers) => {
+            let complete = answers.len() == first.len();
+            let mut answers = answers.into_iter();
+            for i in first_at {
+                out[i] = Some(match answers.next() {
+                    Some(a) if complete => Ok(a),
+                    _ => Err(StoreError::Corrupt("a batched statement answered the wrong number of rows".into())),
+                });
             }
         }
         Err(e) if first.len() == 1 => out[first_at[0]] = Some(Err(e)),
-        _ => {
+        // The statement failed as a whole (one request's bad value, say): each on its own.
+        Err(_) => {
             for (i, item) in first_at.into_iter().zip(first) {
                 out[i] = Some(one(item).await);
             }
@@ -281,8 +288,15 @@ fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, StoreE
 
 /// Bounded retries of a transaction whose conditional write lost a race.
 pub const CAS_RETRIES: usize = 16;
-/// Connections per process.
-const POOL_SIZE: u32 = 16;
+/// Connections per process: four per core, between 8 and 32. The hot path needs few (its
+/// batches are at most `3 × BATCHES_IN_FLIGHT` statements at a time), the rest serve
+/// reads, the background loops and the fallback transactions; more connections than
+/// the database's cores can use only add contention. Each node also holds one
+/// connection of its own that listens for API key changes.
+fn pool_size() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    u32::try_from(cores * 4).unwrap_or(32).clamp(8, 32)
+}
 /// A pooled connection idle for longer than this is pinged before it is used.
 const IDLE_CHECK: Duration = Duration::from_secs(5);
 
@@ -307,7 +321,7 @@ impl PgStore {
     /// migrations fail.
     pub async fn connect(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
         let pool = PgPoolOptions::new()
-            .max_connections(POOL_SIZE)
+            .max_connections(pool_size())
             .acquire_timeout(Duration::from_secs(10))
             // sqlx pings every idle connection before handing it out: one more network round
             // trip per statement on the hot path. Only a connection left idle for a while is
