@@ -214,6 +214,38 @@ fn serve(db_url: &str, key: &str) -> anyhow::Result<Served> {
     }
 }
 
+/// CPU time (user + system, seconds) of the processes `which` selects by pid and command
+/// name, from `/proc/<pid>/stat` (fields 14 and 15, in clock ticks of 1/100 s: Linux's
+/// USER_HZ, fixed by its ABI). Processes that exit in between are not counted.
+fn cpu_seconds(which: impl Fn(u32, &str) -> bool) -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return 0.0 };
+    let mut ticks = 0u64;
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // "pid (comm) state ppid …": comm may hold spaces; the fields follow its last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        if !which(pid, &stat[open + 1..close]) {
+            continue;
+        }
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        // fields[0] is the state (field 3), so utime (14) and stime (15) are 11 and 12.
+        ticks += fields.get(11).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        ticks += fields.get(12).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    }
+    ticks as f64 / 100.0
+}
+
+/// CPU time of every PostgreSQL process on this machine (seconds).
+fn postgres_cpu() -> f64 {
+    cpu_seconds(|_, comm| comm == "postgres")
+}
+
+/// CPU time of process `pid` (seconds).
+fn process_cpu(pid: u32) -> f64 {
+    cpu_seconds(|p, _| p == pid)
+}
+
 fn peak_rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -379,12 +411,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     for (name, url, raw) in targets {
         let server = serve(&url, key)?;
+        let (server_cpu, pg_cpu, start) = (process_cpu(server.child.id()), postgres_cpu(), Instant::now());
         let (rate, p50, p99, max) = http_pairs(&server.base, key, c, args.seconds).await?;
+        let pairs = rate * start.elapsed().as_secs_f64();
+        let server_us = (process_cpu(server.child.id()) - server_cpu) * 1e6 / pairs.max(1.0);
+        let mut cpu = format!("CPU per pair: server {server_us:.0} µs");
+        let pg_us = (postgres_cpu() - pg_cpu) * 1e6 / pairs.max(1.0);
         let baseline = match raw {
             Some(pool) => {
-                let pairs = raw_pairs(RawDb::Postgres(pool.clone()), c, args.seconds).await?;
+                let (pg_cpu, start) = (postgres_cpu(), Instant::now());
+                let raw = raw_pairs(RawDb::Postgres(pool.clone()), c, args.seconds).await?;
+                let raw_us = (postgres_cpu() - pg_cpu) * 1e6 / (raw * start.elapsed().as_secs_f64()).max(1.0);
+                cpu += &format!(", PostgreSQL {pg_us:.0} µs (raw baseline: {raw_us:.0} µs)");
                 pool.close().await;
-                Some(pairs)
+                Some(raw)
             }
             None => Some(naive_sqlite_pairs(&dir.path().join("http-naive.db"), c, args.seconds).await?),
         };
@@ -392,7 +432,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             what: format!("HTTP {name} pairs/s, concurrency {c}"),
             idem: rate,
             baseline,
-            extra: format!("pair latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms"),
+            extra: format!("pair latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms; {cpu}"),
         });
         let replays = http_replays(&server.base, key, c, args.seconds).await?;
         let rss = peak_rss_mib(server.child.id()).map_or("-".into(), |m| format!("{m:.1} MiB"));
