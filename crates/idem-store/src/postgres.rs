@@ -134,10 +134,11 @@ where
     })
 }
 
-/// Writes `items` with `write` (one statement for many), keeping each request's answer its
-/// own: the first request of each key goes into one statement; if that statement fails,
-/// they are written again one per statement; later requests for a key already in the
-/// statement are written one per statement after it. Answers are in the order of `items`.
+/// Writes `items` with `write` (one statement for many, its rows in key order), keeping
+/// each request's answer its own: the first request of each key goes into one statement;
+/// if that statement fails, they are written again one per statement; later requests for
+/// a key already in the statement are written one per statement after it. Answers are in
+/// the order of `items`.
 async fn write_distinct<T, O, Fut>(
     items: Vec<T>,
     key: impl Fn(&T) -> (String, String),
@@ -147,12 +148,18 @@ where
     Fut: std::future::Future<Output = (Vec<T>, Result<Vec<O>, StoreError>)>,
 {
     let n = items.len();
-    let mut seen = std::collections::HashSet::with_capacity(n);
+    let mut keyed: Vec<((String, String), usize, T)> =
+        items.into_iter().enumerate().map(|(i, item)| (key(&item), i, item)).collect();
+    // In key order, so that two statements that lock some of the same rows (two batches
+    // in flight, or two nodes) take the locks in the same order and cannot deadlock.
+    keyed.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     let (mut first, mut first_at, mut later) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
-    for (i, item) in items.into_iter().enumerate() {
-        if seen.insert(key(&item)) {
+    let mut last_key = None;
+    for (k, i, item) in keyed {
+        if last_key.as_ref() != Some(&k) {
             first.push(item);
             first_at.push(i);
+            last_key = Some(k);
         } else {
             later.push((i, item));
         }
@@ -617,8 +624,56 @@ impl Store for PgStore {
 
 #[cfg(test)]
 mod tests {
-    use super::json_fits;
+    use super::{StoreError, json_fits, write_distinct};
     use serde_json::json;
+    use std::sync::Mutex;
+
+    /// A `write` that records each statement's keys and refuses a statement holding "bad".
+    async fn run(items: Vec<&'static str>) -> (Vec<Result<String, StoreError>>, Vec<Vec<&'static str>>) {
+        let statements = Mutex::new(Vec::new());
+        let out = write_distinct(
+            items,
+            |k: &&str| ("t".to_owned(), (*k).to_owned()),
+            |many: Vec<&'static str>| {
+                statements.lock().unwrap().push(many.clone());
+                let answer = if many.contains(&"bad") {
+                    Err(StoreError::Contention)
+                } else {
+                    Ok(many.iter().map(|k| format!("{k}!")).collect())
+                };
+                async move { (many, answer) }
+            },
+        )
+        .await;
+        (out, statements.into_inner().unwrap())
+    }
+
+    fn answers(out: Vec<Result<String, StoreError>>) -> Vec<String> {
+        out.into_iter().map(|r| r.unwrap_or_else(|e| format!("error: {e}"))).collect()
+    }
+
+    #[tokio::test]
+    async fn one_statement_in_key_order_and_answers_in_request_order() {
+        let (out, statements) = run(vec!["c", "a", "b"]).await;
+        assert_eq!(answers(out), ["c!", "a!", "b!"]);
+        assert_eq!(statements, [vec!["a", "b", "c"]]);
+    }
+
+    #[tokio::test]
+    async fn a_key_seen_twice_is_written_on_its_own_after_the_statement() {
+        let (out, statements) = run(vec!["b", "a", "b"]).await;
+        assert_eq!(answers(out), ["b!", "a!", "b!"]);
+        assert_eq!(statements, [vec!["a", "b"], vec!["b"]]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_statement_is_retried_one_request_at_a_time() {
+        let (out, statements) = run(vec!["a", "bad", "c"]).await;
+        let out = answers(out);
+        assert_eq!((&out[0], &out[2]), (&"a!".to_owned(), &"c!".to_owned()));
+        assert!(out[1].starts_with("error"), "{out:?}");
+        assert_eq!(statements, [vec!["a", "bad", "c"], vec!["a"], vec!["bad"], vec!["c"]]);
+    }
 
     #[test]
     fn json_fits_counts_the_serialised_bytes() {
