@@ -17,6 +17,8 @@
 
 pub mod conformance;
 mod error;
+mod key_cache;
+pub use key_cache::{KEY_ENTRIES, KEY_TTL};
 pub mod keys;
 pub mod postgres;
 mod row;

@@ -5,7 +5,7 @@
 //! for a new key, `UPDATE … WHERE version = $read AND created_at = $read` for an existing
 //! one. Concurrent requests share statements and commits (`Writers`, `batch.rs`), and API
 //! keys are served from a per-node cache that every node empties on a key change
-//! (`key_cache.rs`, LISTEN/NOTIFY). Two racing writers cannot both succeed: the unique
+//! (`key_cache.rs`, `postgres/key_listener.rs`: LISTEN/NOTIFY). Two racing writers cannot both succeed: the unique
 //! constraint or the version condition lets exactly one through. The rest (and the hot
 //! path's losers) use one short READ COMMITTED transaction: read the record, let
 //! idem-core plan the change, write it conditionally, append the events, commit; a loser
@@ -26,8 +26,7 @@ mod ops {
     crate::sql::sql_ops!(sqlx::PgConnection);
 }
 
-mod key_cache;
-pub use key_cache::{KEY_ENTRIES, KEY_TTL};
+mod key_listener;
 
 mod batch;
 mod fast;
@@ -317,7 +316,7 @@ pub struct PgStore {
     config: StoreConfig,
     cache: Arc<RecordCache>,
     writers: Arc<Writers>,
-    keys: Arc<key_cache::KeyCache>,
+    keys: Arc<crate::key_cache::KeyCache>,
 }
 
 impl PgStore {
@@ -347,8 +346,8 @@ impl PgStore {
             .await?;
         MIGRATOR.run(&pool).await?;
         let writers = Arc::new(Writers::spawn(&pool));
-        let keys = Arc::new(key_cache::KeyCache::default());
-        keys.clone().spawn_listener(url.to_owned());
+        let keys = Arc::new(crate::key_cache::KeyCache::default());
+        key_listener::spawn(&keys, url.to_owned());
         Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys })
     }
 
@@ -388,7 +387,7 @@ impl PgStore {
     }
 
     /// Whether this node serves API keys from its cache: true while its connection
-    /// listening for key changes is up (see `postgres/key_cache.rs`).
+    /// listening for key changes is up (see `key_cache.rs`).
     pub fn key_cache_live(&self) -> bool {
         self.keys.is_live()
     }
@@ -589,16 +588,9 @@ impl Store for PgStore {
     }
 
     async fn authenticate(&self, secret: &str) -> Result<Option<ApiKeyInfo>, StoreError> {
-        let hash = hash_secret(secret);
-        if let Some(info) = self.keys.get(&hash) {
-            return Ok(Some(info));
-        }
-        let generation = self.keys.generation();
-        let found = ops::find_api_key(&mut *self.pool.acquire().await?, &hash).await?;
-        if let Some(info) = &found {
-            self.keys.put(hash, info, generation);
-        }
-        Ok(found)
+        self.keys
+            .authenticate(secret, async |hash| ops::find_api_key(&mut *self.pool.acquire().await?, &hash).await)
+            .await
     }
 
     async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyInfo>, StoreError> {

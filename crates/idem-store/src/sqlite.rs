@@ -57,6 +57,43 @@ pub struct SqliteStore {
     writer: mpsc::Sender<Command>,
     readers: SqlitePool,
     clock: Arc<dyn Clock>,
+    keys: Arc<crate::key_cache::KeyCache>,
+}
+
+/// How often a server reads `api_key_epoch` (migration 0007) to learn of API key changes
+/// made outside it (the CLI on the same file, or by hand): the longest a key revoked that
+/// way keeps working on it. A revocation through the server itself takes effect at once.
+pub const KEY_EPOCH_POLL: Duration = Duration::from_millis(100);
+
+/// Empties `cache` whenever `api_key_epoch` changes, and keeps it in use only while that
+/// counter can be read; stops when the store is gone.
+fn spawn_key_epoch_poller(cache: &Arc<crate::key_cache::KeyCache>, readers: SqlitePool) {
+    let cache = Arc::downgrade(cache);
+    tokio::spawn(async move {
+        let mut seen: Option<i64> = None;
+        loop {
+            let epoch: Result<(i64,), sqlx::Error> =
+                sqlx::query_as("SELECT epoch FROM api_key_epoch WHERE id = 1").fetch_one(&readers).await;
+            let Some(cache) = cache.upgrade() else { return };
+            match epoch {
+                Ok((e,)) if seen == Some(e) => {}
+                Ok((e,)) => {
+                    // First read, or a change: start over (set_live empties the cache).
+                    cache.set_live(true);
+                    seen = Some(e);
+                }
+                Err(e) => {
+                    if cache.is_live() {
+                        tracing::warn!(error = %e, "cannot read api_key_epoch; reading keys from the database");
+                    }
+                    cache.set_live(false);
+                    seen = None;
+                }
+            }
+            drop(cache);
+            tokio::time::sleep(KEY_EPOCH_POLL).await;
+        }
+    });
 }
 
 fn options(path: &Path) -> SqliteConnectOptions {
@@ -93,7 +130,9 @@ impl SqliteStore {
             .await?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
         tokio::spawn(writer_loop(conn, rx, clock.clone(), config));
-        Ok(SqliteStore { writer: tx, readers, clock })
+        let keys = Arc::new(crate::key_cache::KeyCache::default());
+        spawn_key_epoch_poller(&keys, readers.clone());
+        Ok(SqliteStore { writer: tx, readers, clock, keys })
     }
 
     async fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
@@ -449,8 +488,9 @@ impl Store for SqliteStore {
     }
 
     async fn authenticate(&self, secret: &str) -> Result<Option<ApiKeyInfo>, StoreError> {
-        let mut conn = self.readers.acquire().await?;
-        ops::find_api_key(&mut conn, &hash_secret(secret)).await
+        self.keys
+            .authenticate(secret, async |hash| ops::find_api_key(&mut *self.readers.acquire().await?, &hash).await)
+            .await
     }
 
     async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyInfo>, StoreError> {
@@ -460,7 +500,10 @@ impl Store for SqliteStore {
 
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_owned();
-        self.send(|r| Command::RevokeKey(id, r)).await
+        let revoked = self.send(|r| Command::RevokeKey(id, r)).await;
+        // Before answering; the epoch poller would notice within KEY_EPOCH_POLL anyway.
+        self.keys.invalidate();
+        revoked
     }
 
     async fn count_api_keys(&self) -> Result<i64, StoreError> {

@@ -1,4 +1,4 @@
--- Every node caches API keys (src/postgres/key_cache.rs) and empties its cache when
+-- Every node caches API keys (src/key_cache.rs) and empties its cache when
 -- this channel is notified. A statement trigger, so that any change other than an insert
 -- (idem's own revocation, or an UPDATE or DELETE made by hand) reaches every node.
 -- NOTIFY is delivered at commit, and not at all if the transaction rolls back.

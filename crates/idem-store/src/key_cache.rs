@@ -1,21 +1,23 @@
-//! A per-node cache of API keys for the PostgreSQL store, so that authenticating a request
-//! costs no round trip to the database (on the hot path it was two of a pair's four).
+//! A per-node cache of API keys, so that authenticating a request costs no database read
+//! (on the hot path it was half of a pair's round trips on PostgreSQL, and a hop to a
+//! SQLite reader thread per request on SQLite).
 //!
-//! Revocation still takes effect everywhere:
-//! - every change to `api_keys` other than an insert (a revocation by idem, or an `UPDATE`
-//!   or `DELETE` by hand) fires the statement trigger of migration
-//!   `0004_api_key_notify.sql`, which sends `NOTIFY idem_api_keys` at commit; every node
-//!   `LISTEN`s on that channel on a connection of its own and empties its cache when a
-//!   notification arrives (milliseconds after the commit);
+//! Revocation still takes effect promptly, whoever makes it:
+//! - every change to `api_keys` other than an insert (a revocation by idem, by another
+//!   node or by the CLI on the same database, or an `UPDATE` or `DELETE` by hand) fires a
+//!   trigger: on PostgreSQL it sends `NOTIFY idem_api_keys` at commit (migration 0004),
+//!   which every node `LISTEN`s for (`postgres/key_listener.rs`); on SQLite it bumps
+//!   `api_key_epoch` (migration 0007), which the node reads every
+//!   [`crate::sqlite::KEY_EPOCH_POLL`]. Either way the node then empties its cache;
 //! - the node that revokes empties its own cache before it answers;
-//! - the cache is used only while that listening connection is known to be up; from the
-//!   moment it is lost until a new one listens again, every request reads the database;
+//! - the cache is used only while that watch is known to work (`live`): from the
+//!   moment it fails until it works again, every request reads the database;
 //! - an entry is used for at most [`KEY_TTL`], which bounds how long a revoked key can
-//!   still work if the listening connection dies without the node noticing (a silent
-//!   network partition).
+//!   still work if the watch breaks without the node noticing (a silent network
+//!   partition from PostgreSQL).
 //!
 //! Only found, unrevoked keys are cached (never "unknown key"), at most [`KEY_ENTRIES`]
-//! of them; a generation counter keeps a lookup that raced a notification from caching
+//! of them; a generation counter keeps a lookup that raced an invalidation from caching
 //! what it read before it.
 
 use crate::keys::ApiKeyInfo;
@@ -24,14 +26,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// The channel migration 0004's trigger notifies.
-pub(super) const CHANNEL: &str = "idem_api_keys";
 /// Longest time a cached key is used without reading it again.
 pub const KEY_TTL: Duration = Duration::from_secs(10);
 /// Most keys a node caches (each under 300 bytes).
 pub const KEY_ENTRIES: usize = 1024;
-/// Wait before listening again after the listening connection failed.
-const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Default)]
 struct Entries {
@@ -43,15 +41,40 @@ struct Entries {
 
 /// See the module docs.
 #[derive(Debug, Default)]
-pub(super) struct KeyCache {
+pub(crate) struct KeyCache {
     entries: Mutex<Entries>,
-    /// Whether a connection is listening on [`CHANNEL`].
+    /// Whether the watch on key changes works (the cache may be used).
     live: AtomicBool,
 }
 
 impl KeyCache {
+    /// The key whose secret is `secret`: from the cache, or else from `read` (the database
+    /// lookup of a digest, given the digest), cached if found and unrevoked.
+    ///
+    /// # Errors
+    /// What `read` returns.
+    pub(crate) async fn authenticate<Fut>(
+        &self,
+        secret: &str,
+        read: impl FnOnce(String) -> Fut,
+    ) -> Result<Option<ApiKeyInfo>, crate::StoreError>
+    where
+        Fut: std::future::Future<Output = Result<Option<ApiKeyInfo>, crate::StoreError>>,
+    {
+        let hash = crate::keys::hash_secret(secret);
+        if let Some(info) = self.get(&hash) {
+            return Ok(Some(info));
+        }
+        let generation = self.generation();
+        let found = read(hash.clone()).await?;
+        if let Some(info) = &found {
+            self.put(hash, info, generation);
+        }
+        Ok(found)
+    }
+
     /// The cached key for `hash`, if the cache may be used and the entry is fresh.
-    pub(super) fn get(&self, hash: &str) -> Option<ApiKeyInfo> {
+    pub(crate) fn get(&self, hash: &str) -> Option<ApiKeyInfo> {
         if !self.live.load(Ordering::Acquire) {
             return None;
         }
@@ -60,13 +83,13 @@ impl KeyCache {
     }
 
     /// The generation to pass to [`KeyCache::put`] after a database read begun now.
-    pub(super) fn generation(&self) -> u64 {
+    pub(crate) fn generation(&self) -> u64 {
         self.entries.lock().expect("key cache lock").generation
     }
 
     /// Caches `info`, read from the database after [`KeyCache::generation`] returned
     /// `generation`, unless the cache was emptied since (the read may predate a revocation).
-    pub(super) fn put(&self, hash: String, info: &ApiKeyInfo, generation: u64) {
+    pub(crate) fn put(&self, hash: String, info: &ApiKeyInfo, generation: u64) {
         if info.revoked_at.is_some() || !self.live.load(Ordering::Acquire) {
             return;
         }
@@ -81,60 +104,23 @@ impl KeyCache {
     }
 
     /// Empties the cache (a key changed somewhere, or notifications may have been missed).
-    pub(super) fn invalidate(&self) {
+    pub(crate) fn invalidate(&self) {
         let mut entries = self.entries.lock().expect("key cache lock");
         entries.generation += 1;
         entries.by_hash.clear();
     }
 
-    /// Whether a connection is listening for key changes (the cache is in use).
-    pub(super) fn is_live(&self) -> bool {
+    /// Whether the watch on key changes works (the cache is in use).
+    pub(crate) fn is_live(&self) -> bool {
         self.live.load(Ordering::Acquire)
     }
 
-    fn set_live(&self, live: bool) {
-        // Empty first: nothing cached before a gap in listening may be used after it.
+    /// Marks the watch on key changes as working or not; either way the cache starts
+    /// empty, since nothing cached before a gap in watching may be used after it.
+    pub(crate) fn set_live(&self, live: bool) {
         self.invalidate();
         self.live.store(live, Ordering::Release);
     }
-
-    /// Listens on [`CHANNEL`] for as long as the process runs, keeping `live` true only
-    /// while a listening connection is up. `url` is the store's database URL; the
-    /// connection is its own, outside the store's pool.
-    pub(super) fn spawn_listener(self: std::sync::Arc<Self>, url: String) {
-        tokio::spawn(async move {
-            loop {
-                match listen(&url).await {
-                    Ok(mut listener) => {
-                        self.set_live(true);
-                        loop {
-                            match listener.try_recv().await {
-                                Ok(Some(_)) => self.invalidate(),
-                                // The connection was lost (and has been re-established):
-                                // notifications in the gap are gone.
-                                Ok(None) => self.invalidate(),
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "API key notifications lost; reading keys from the database");
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot listen for API key changes; reading keys from the database")
-                    }
-                }
-                self.set_live(false);
-                tokio::time::sleep(RELISTEN_AFTER).await;
-            }
-        });
-    }
-}
-
-async fn listen(url: &str) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
-    let mut listener = sqlx::postgres::PgListener::connect(url).await?;
-    listener.listen(CHANNEL).await?;
-    Ok(listener)
 }
 
 #[cfg(test)]
