@@ -29,6 +29,7 @@ mod ops {
 mod key_listener;
 
 mod batch;
+mod connections;
 mod fast;
 
 /// The hot path's writes, each kind through its own [`batch::Batcher`]:
@@ -57,9 +58,9 @@ const BATCHES_IN_FLIGHT: usize = 4;
 const EVENT_BATCH: usize = 256;
 
 impl Writers {
-    fn spawn(pool: &PgPool) -> Self {
+    fn spawn(conns: &Arc<connections::Connections>) -> Self {
         let claims = distinct_batcher(
-            pool,
+            conns,
             |n: &fast::NewRecord| (n.record.tenant.clone(), n.record.key.clone()),
             |p, many| async move {
                 let written = fast::insert_or_read(&p, &many).await;
@@ -67,14 +68,14 @@ impl Writers {
             },
         );
         let updates = distinct_batcher(
-            pool,
+            conns,
             |u: &fast::Update| (u.record.tenant.clone(), u.record.key.clone()),
             |p, many| async move {
                 let written = fast::update(&p, &many).await;
                 (many, written)
             },
         );
-        let p = pool.clone();
+        let p = conns.clone();
         let events = batch::Batcher::spawn(EVENT_BATCH, 1, move |batch: Vec<Vec<OperationEvent>>| {
             let p = p.clone();
             async move {
@@ -115,21 +116,21 @@ impl Writers {
 }
 
 /// A batcher whose batches go through [`write_distinct`] with `key` and `write` (which
-/// gets the pool and the requests, and hands the requests back with its answers).
+/// gets the writers' connections and the requests, and hands the requests back with its answers).
 fn distinct_batcher<T, O, Fut>(
-    pool: &PgPool,
+    conns: &Arc<connections::Connections>,
     key: fn(&T) -> (String, String),
-    write: impl Fn(PgPool, Vec<T>) -> Fut + Copy + Send + Sync + 'static,
+    write: impl Fn(Arc<connections::Connections>, Vec<T>) -> Fut + Copy + Send + Sync + 'static,
 ) -> batch::Batcher<T, Result<O, StoreError>>
 where
     T: Send + 'static,
     O: Send + 'static,
     Fut: std::future::Future<Output = (Vec<T>, Result<Vec<O>, StoreError>)> + Send + 'static,
 {
-    let pool = pool.clone();
+    let conns = conns.clone();
     batch::Batcher::spawn(BATCH_MAX, BATCHES_IN_FLIGHT, move |items: Vec<T>| {
-        let pool = pool.clone();
-        async move { write_distinct(items, key, |many| write(pool.clone(), many)).await }
+        let conns = conns.clone();
+        async move { write_distinct(items, key, |many| write(conns.clone(), many)).await }
     })
 }
 
@@ -326,6 +327,7 @@ impl PgStore {
     /// [`StoreError::Database`] if the server cannot be reached, [`StoreError::Migrate`] if
     /// migrations fail.
     pub async fn connect(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
+        let options = connect_options(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(pool_size())
             .acquire_timeout(Duration::from_secs(10))
@@ -342,10 +344,10 @@ impl PgStore {
                     Ok(true)
                 })
             })
-            .connect_with(connect_options(url)?)
+            .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        let writers = Arc::new(Writers::spawn(&pool));
+        let writers = Arc::new(Writers::spawn(&Arc::new(connections::Connections::new(options))));
         let keys = Arc::new(crate::key_cache::KeyCache::default());
         key_listener::spawn(&keys, url.to_owned());
         Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys })

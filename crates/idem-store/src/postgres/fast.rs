@@ -7,9 +7,10 @@
 //! condition, so one request's conflict does not affect another's. Anything unusual
 //! (a conflict, a tombstone) falls back to the transactional path of `sql_ops!`.
 
+use super::connections::Connections;
 use crate::StoreError;
 use idem_core::{OperationEvent, OperationRecord};
-use sqlx::{PgPool, Postgres, QueryBuilder};
+use sqlx::{Postgres, QueryBuilder};
 
 const OP_COLS: &str = "tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, \
     lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
@@ -21,6 +22,42 @@ const EV_COLS: &str = "tenant, op_key, at, kind, principal, request_id, from_sta
 fn prefixed(table: &str, cols: &str) -> String {
     cols.split(',').map(|c| format!("{table}.{}", c.trim())).collect::<Vec<_>>().join(", ")
 }
+
+/// The fixed text of the statements, built once (not per statement: this runs for every
+/// batch on the hot path).
+struct Fragments {
+    claim_head: String,
+    claim_insert: String,
+    claim_select: String,
+    update_head: String,
+    update_set: String,
+    events_head: String,
+    events_tail: String,
+}
+
+static SQL: std::sync::LazyLock<Fragments> = std::sync::LazyLock::new(|| Fragments {
+    claim_head: format!("WITH v (ord, key_hash, not_after, {OP_COLS}) AS ("),
+    claim_insert: format!(
+        "), ins AS (INSERT INTO operations ({OP_COLS}) SELECT {OP_COLS} FROM v WHERE NOT EXISTS \
+         (SELECT 1 FROM tombstones t WHERE t.tenant = v.tenant AND t.key_hash = v.key_hash AND t.expires_at > v.not_after) \
+         ON CONFLICT (tenant, op_key) DO NOTHING RETURNING tenant, op_key), "
+    ),
+    claim_select: format!(
+        " SELECT v.ord, ins.op_key IS NOT NULL AS inserted, {} FROM v \
+         LEFT JOIN ins ON ins.tenant = v.tenant AND ins.op_key = v.op_key \
+         LEFT JOIN operations o ON o.tenant = v.tenant AND o.op_key = v.op_key",
+        prefixed("o", crate::row::operation_columns!())
+    ),
+    update_head: format!("WITH v (ord, read_version, {OP_COLS}) AS ("),
+    update_set: format!(
+        "), upd AS (UPDATE operations o SET ({OP_COLS}) = ({}) FROM v \
+         WHERE o.tenant = v.tenant AND o.op_key = v.op_key AND o.version = v.read_version \
+         AND o.created_at = v.created_at RETURNING v.ord), ",
+        prefixed("v", OP_COLS)
+    ),
+    events_head: format!("ev AS (INSERT INTO operation_events ({EV_COLS}) SELECT {EV_COLS} FROM ("),
+    events_tail: format!(") AS e (ord, {EV_COLS}) WHERE "),
+});
 
 /// Pushes the CTE `ev` that appends the events of the requests the rest of the statement
 /// wrote: `events` are `(ord, event)` for request number `ord`, and `written` a condition
@@ -35,12 +72,12 @@ fn push_events_cte<'a>(
         q.push("ev AS (SELECT 1)");
         return;
     }
-    q.push(format!("ev AS (INSERT INTO operation_events ({EV_COLS}) SELECT {EV_COLS} FROM ("));
+    q.push(&SQL.events_head);
     q.push_values(events, |mut b, (ord, e)| {
         b.push_bind(ord);
         crate::row::bind_event(b, e);
     });
-    q.push(format!(") AS e (ord, {EV_COLS}) WHERE {written} RETURNING 1)"));
+    q.push(&SQL.events_tail).push(written).push(" RETURNING 1)");
 }
 
 /// What [`insert_or_read`] found for one new record.
@@ -67,30 +104,21 @@ pub(super) struct NewRecord {
 /// round trip instead of a read and a write, an existing one the same as a read; `n`
 /// records cost one round trip and one commit. Keys must be distinct (one row per key in
 /// one `INSERT … ON CONFLICT`); answers are in the order of `new`.
-pub(super) async fn insert_or_read(pool: &PgPool, new: &[NewRecord]) -> Result<Vec<Claim>, StoreError> {
+pub(super) async fn insert_or_read(conns: &Connections, new: &[NewRecord]) -> Result<Vec<Claim>, StoreError> {
     use sqlx::{FromRow, Row};
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("WITH v (ord, key_hash, not_after, {OP_COLS}) AS ("));
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(&SQL.claim_head);
     q.push_values(new.iter().enumerate(), |mut b, (ord, n)| {
         b.push_bind(ord as i32).push_bind(idem_core::retention::key_hash(&n.record.key)).push_bind(n.now_ms);
         crate::row::bind_record(b, &n.record);
     });
-    q.push(format!(
-        "), ins AS (INSERT INTO operations ({OP_COLS}) SELECT {OP_COLS} FROM v WHERE NOT EXISTS \
-         (SELECT 1 FROM tombstones t WHERE t.tenant = v.tenant AND t.key_hash = v.key_hash AND t.expires_at > v.not_after) \
-         ON CONFLICT (tenant, op_key) DO NOTHING RETURNING tenant, op_key), "
-    ));
+    q.push(&SQL.claim_insert);
     push_events_cte(
         &mut q,
         new.iter().enumerate().flat_map(|(ord, n)| n.events.iter().map(move |e| (ord as i32, e))),
         "EXISTS (SELECT 1 FROM ins WHERE ins.tenant = e.tenant AND ins.op_key = e.op_key)",
     );
-    q.push(format!(
-        " SELECT v.ord, ins.op_key IS NOT NULL AS inserted, {} FROM v \
-         LEFT JOIN ins ON ins.tenant = v.tenant AND ins.op_key = v.op_key \
-         LEFT JOIN operations o ON o.tenant = v.tenant AND o.op_key = v.op_key",
-        prefixed("o", crate::row::operation_columns!())
-    ));
-    let rows = super::committed_batch(new.len(), q.build().fetch_all(pool)).await?;
+    q.push(&SQL.claim_select);
+    let rows = super::committed_batch(new.len(), conns.fetch_all(q.build())).await?;
     let mut out: Vec<Option<Claim>> = new.iter().map(|_| None).collect();
     for row in rows {
         let ord = usize::try_from(row.try_get::<i32, _>("ord")?).ok().filter(|&i| i < new.len());
@@ -119,26 +147,21 @@ pub(super) struct Update {
 /// whose version counts from 1 again) at `read_version`. With its events, all in one
 /// statement (one round trip, one commit). Keys must be distinct. One answer per update,
 /// in order: true if written.
-pub(super) async fn update(pool: &PgPool, updates: &[Update]) -> Result<Vec<bool>, StoreError> {
+pub(super) async fn update(conns: &Connections, updates: &[Update]) -> Result<Vec<bool>, StoreError> {
     use sqlx::Row;
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("WITH v (ord, read_version, {OP_COLS}) AS ("));
+    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(&SQL.update_head);
     q.push_values(updates.iter().enumerate(), |mut b, (ord, u)| {
         b.push_bind(ord as i32).push_bind(u.read_version);
         crate::row::bind_record(b, &u.record);
     });
-    q.push(format!(
-        "), upd AS (UPDATE operations o SET ({OP_COLS}) = ({}) FROM v \
-         WHERE o.tenant = v.tenant AND o.op_key = v.op_key AND o.version = v.read_version \
-         AND o.created_at = v.created_at RETURNING v.ord), ",
-        prefixed("v", OP_COLS)
-    ));
+    q.push(&SQL.update_set);
     push_events_cte(
         &mut q,
         updates.iter().enumerate().flat_map(|(ord, u)| u.events.iter().map(move |e| (ord as i32, e))),
         "e.ord IN (SELECT ord FROM upd)",
     );
     q.push(" SELECT ord FROM upd");
-    let rows = super::committed_batch(updates.len(), q.build().fetch_all(pool)).await?;
+    let rows = super::committed_batch(updates.len(), conns.fetch_all(q.build())).await?;
     let mut written = vec![false; updates.len()];
     for row in rows {
         if let Some(w) = usize::try_from(row.try_get::<i32, _>("ord")?).ok().and_then(|i| written.get_mut(i)) {
@@ -149,11 +172,11 @@ pub(super) async fn update(pool: &PgPool, updates: &[Update]) -> Result<Vec<bool
 }
 
 /// Appends events in one autocommit statement per 1 000 (the caller records metrics).
-pub(super) async fn events(pool: &PgPool, events: &[OperationEvent]) -> Result<(), StoreError> {
+pub(super) async fn events(conns: &Connections, events: &[OperationEvent]) -> Result<(), StoreError> {
     for chunk in events.chunks(1000) {
         let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("INSERT INTO operation_events ({EV_COLS}) "));
         q.push_values(chunk, crate::row::bind_event);
-        q.build().execute(pool).await?;
+        conns.execute(q.build()).await?;
     }
     Ok(())
 }

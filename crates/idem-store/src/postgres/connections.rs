@@ -1,0 +1,65 @@
+//! The connections the batch writers own, outside the store's pool.
+//!
+//! sqlx (0.9, `PoolConnection::return_to_pool`) sends a `Sync` and waits for PostgreSQL's
+//! answer every time a pooled connection is released: one more round trip per statement,
+//! which on the hot path cost as much as the statement itself. A batch statement runs to
+//! completion in its own task (it is never cancelled half-way), so its connection is
+//! clean afterwards and can be reused as is; one that failed other than with an error
+//! PostgreSQL reported (I/O, protocol) is dropped, and a new one is opened when needed.
+
+use crate::StoreError;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgQueryResult, PgRow};
+use sqlx::{ConnectOptions, Postgres};
+use std::sync::Mutex;
+
+/// An unbounded set of idle connections; the batchers' in-flight limits bound how many
+/// exist (at most one per batch in flight).
+#[derive(Debug)]
+pub(super) struct Connections {
+    options: PgConnectOptions,
+    idle: Mutex<Vec<PgConnection>>,
+}
+
+impl Connections {
+    pub(super) fn new(options: PgConnectOptions) -> Self {
+        Connections { options, idle: Mutex::new(Vec::new()) }
+    }
+
+    async fn take(&self) -> Result<PgConnection, StoreError> {
+        let idle = self.idle.lock().expect("connections lock").pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => Ok(self.options.connect().await?),
+        }
+    }
+
+    fn give<T>(&self, conn: PgConnection, outcome: &Result<T, sqlx::Error>) {
+        // A server-reported error leaves the connection in a known state; anything else
+        // (a broken socket, a protocol error) may not.
+        if matches!(outcome, Ok(_) | Err(sqlx::Error::Database(_))) {
+            self.idle.lock().expect("connections lock").push(conn);
+        }
+    }
+
+    /// Runs `q` on an owned connection and returns its rows.
+    pub(super) async fn fetch_all(
+        &self,
+        q: sqlx::query::Query<'_, Postgres, PgArguments>,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let mut conn = self.take().await?;
+        let out = q.fetch_all(&mut conn).await;
+        self.give(conn, &out);
+        Ok(out?)
+    }
+
+    /// Runs `q` on an owned connection.
+    pub(super) async fn execute(
+        &self,
+        q: sqlx::query::Query<'_, Postgres, PgArguments>,
+    ) -> Result<PgQueryResult, StoreError> {
+        let mut conn = self.take().await?;
+        let out = q.execute(&mut conn).await;
+        self.give(conn, &out);
+        Ok(out?)
+    }
+}
