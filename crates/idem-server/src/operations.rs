@@ -569,7 +569,7 @@ pub async fn list(
 
 /// An opaque page cursor: hex of `created_at:key` of the page's last record.
 fn encode_cursor(at: i64, key: &str) -> String {
-    format!("{at}:{key}").bytes().map(|b| format!("{b:02x}")).collect()
+    idem_core::fingerprint::hex(format!("{at}:{key}").as_bytes())
 }
 
 fn decode_cursor(c: &str) -> Result<(i64, String), Problem> {

@@ -75,7 +75,7 @@ pub struct ApiKeyInfo {
 /// 256 random bits as 64 lowercase hex digits (API key secrets, session ids, CSRF tokens).
 pub fn random_hex_256() -> String {
     let bytes: [u8; 32] = rand::rng().random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    idem_core::fingerprint::hex(&bytes)
 }
 
 /// A new random secret (`idem_` + 64 hex digits).
