@@ -89,6 +89,12 @@ pub(super) enum Claim {
     /// Neither: a live tombstone holds the key, or a concurrent insert of it has not
     /// committed yet. The transactional path decides.
     Neither,
+    /// The new record was written, but the statement's snapshot still held an older record
+    /// of the key: the insert waited for the sweeper, which removed that record (and wrote
+    /// its tombstone) after the snapshot was taken, so the tombstone check could not see
+    /// it. Nobody has been answered for the new record yet; [`remove_unanswered`] takes
+    /// it back and the transactional path decides (410 while the tombstone lives).
+    InsertedDuringSweep,
 }
 
 /// A new record to claim with [`insert_or_read`]: the record, its events, and the
@@ -123,15 +129,34 @@ pub(super) async fn insert_or_read(conns: &Connections, new: &[NewRecord]) -> Re
     for row in rows {
         let ord = usize::try_from(row.try_get::<i32, _>("ord")?).ok().filter(|&i| i < new.len());
         let Some(ord) = ord else { return Err(StoreError::Corrupt("insert_or_read answered an unknown row".into())) };
+        let seen = row.try_get::<Option<String>, _>("op_key")?.is_some();
         out[ord] = Some(if row.try_get::<bool, _>("inserted")? {
-            Claim::Inserted
-        } else if row.try_get::<Option<String>, _>("op_key")?.is_some() {
+            if seen { Claim::InsertedDuringSweep } else { Claim::Inserted }
+        } else if seen {
             Claim::Existing(Box::new(crate::row::OperationRow::from_row(&row)?.into_record()?))
         } else {
             Claim::Neither
         });
     }
     out.into_iter().map(|c| c.ok_or_else(|| StoreError::Corrupt("insert_or_read lost a row".into()))).collect()
+}
+
+/// Removes `r`, a record [`insert_or_read`] wrote as [`Claim::InsertedDuringSweep`],
+/// with the events logged for it (from its creation on), if it is still the version
+/// written (1). True if removed.
+pub(super) async fn remove_unanswered(pool: &sqlx::PgPool, r: &OperationRecord) -> Result<bool, StoreError> {
+    let (removed,): (i64,) = sqlx::query_as(
+        "WITH gone AS (DELETE FROM operations WHERE tenant = $1 AND op_key = $2 AND created_at = $3 AND version = $4 \
+         RETURNING 1), ev AS (DELETE FROM operation_events WHERE tenant = $1 AND op_key = $2 AND at >= $3 \
+         AND EXISTS (SELECT 1 FROM gone)) SELECT COUNT(*) FROM gone",
+    )
+    .bind(&r.tenant)
+    .bind(&r.key)
+    .bind(r.created_at)
+    .bind(r.version)
+    .fetch_one(pool)
+    .await?;
+    Ok(removed == 1)
 }
 
 /// A conditional write for [`update`]: `record` replaces the stored one if that is still
