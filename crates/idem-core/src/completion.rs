@@ -115,7 +115,22 @@ impl Outcome {
             }
             Outcome::Unknown { .. } => {}
         }
+        if self.message().is_some_and(|m| m.contains('\0')) {
+            return Err(CompleteError::Invalid(
+                "message must not contain U+0000 (NUL): PostgreSQL text cannot hold it".into(),
+            ));
+        }
         Ok(())
+    }
+
+    /// The failure's message, if it has one.
+    fn message(&self) -> Option<&str> {
+        match self {
+            Outcome::RetryableFailure { message, .. }
+            | Outcome::FinalFailure { message, .. }
+            | Outcome::Unknown { message } => message.as_deref(),
+            Outcome::Succeeded { .. } => None,
+        }
     }
 }
 
@@ -283,6 +298,13 @@ pub fn plan_completion(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_message_with_nul_is_refused() {
+        let o = super::Outcome::Unknown { message: Some("a\0b".into()) };
+        assert!(matches!(o.validate(), Err(super::CompleteError::Invalid(m)) if m.contains("NUL")));
+        assert!(super::Outcome::Unknown { message: Some("line 1\nline 2".into()) }.validate().is_ok());
+    }
+
     #[test]
     fn long_messages_are_clipped_at_a_character_boundary() {
         assert_eq!(clip_message("short"), "short");

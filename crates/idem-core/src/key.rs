@@ -14,8 +14,9 @@
 //!   from a person's contact data.
 //!
 //! The personal-data check is a conservative detector, not a proof:
-//! - e-mail: `local@domain.tld` with a non-empty local part, a dotted domain and an
-//!   alphabetic top-level label of at least two letters;
+//! - e-mail: `local@domain.tld` (or `local%40domain.tld`) with a non-empty local part, a
+//!   dotted domain and a top-level label that starts with at least two letters (so
+//!   `jane@example.com-2` is caught, `build@host.x86` is not);
 //! - phone: a `+` that does not follow a letter, digit or dot, followed by 8–15 digits
 //!   (E.164, separators ` .-()` allowed; so `release-1.2.3+20261130` is fine), or the North
 //!   American grouping `(ddd) ddd-dddd` / `ddd-ddd-dddd` / `ddd.ddd.dddd` standing alone.
@@ -125,8 +126,17 @@ fn is_domain_char(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'-' || b == b'.'
 }
 
-/// True when `s` holds something shaped like `local@domain.tld`.
+/// True when `s` holds something shaped like `local@domain.tld`, also with the `@`
+/// percent-encoded (`%40`) and with anything glued to the top-level label
+/// (`jane@example.com-2`, `jane@example.com2`).
 fn contains_email(s: &str) -> bool {
+    let decoded;
+    let s = if s.contains("%40") {
+        decoded = s.replace("%40", "@");
+        decoded.as_str()
+    } else {
+        s
+    };
     let b = s.as_bytes();
     b.iter().enumerate().any(|(at, &c)| {
         if c != b'@' || at == 0 || !is_local_char(b[at - 1]) {
@@ -136,8 +146,10 @@ fn contains_email(s: &str) -> bool {
         let domain = s[at + 1..domain_end].trim_end_matches('.');
         let mut labels = domain.split('.');
         let first = labels.next().unwrap_or("");
-        let tld = domain.rsplit('.').next().unwrap_or("");
-        !first.is_empty() && domain.contains('.') && tld.len() >= 2 && tld.bytes().all(|c| c.is_ascii_alphabetic())
+        // The top-level label's leading letters: `com` in `com`, `com-2` and `com2`.
+        let last = domain.rsplit('.').next().unwrap_or("");
+        let tld = last.bytes().take_while(u8::is_ascii_alphabetic).count();
+        !first.is_empty() && domain.contains('.') && tld >= 2
     })
 }
 
@@ -234,6 +246,8 @@ mod tests {
             "x@y",
             "v1.2.3-rc.4",
             "release-1.2.3+20261130",
+            "build@host.x86-64",
+            "50%40off",
         ] {
             assert!(IdempotencyKey::parse(k).is_ok(), "{k} should be accepted");
         }
@@ -253,7 +267,15 @@ mod tests {
 
     #[test]
     fn rejects_personal_data() {
-        for k in ["welcome:jane.doe@example.com", "jane@example.co.uk:v1", "confirm-j_d+tag@mail.example.org"] {
+        for k in [
+            "welcome:jane.doe@example.com",
+            "jane@example.co.uk:v1",
+            "confirm-j_d+tag@mail.example.org",
+            "user@example.com-1",
+            "jane.doe@gmail.com2",
+            "mail:jane%40example.com",
+            "mail:jane%40Example.COM2",
+        ] {
             assert_eq!(IdempotencyKey::parse(k), Err(KeyError::ContainsEmail), "{k}");
         }
         for k in [

@@ -132,8 +132,9 @@ pub enum ResolveError {
         crate::completion::MAX_PROVIDER_REF_LEN
     )]
     TooLong,
-    /// The evidence (it becomes the provider reference) holds control characters.
-    #[error("the evidence must not contain control characters")]
+    /// The evidence (it becomes the provider reference) holds control characters, or the
+    /// reason holds U+0000 (NUL), which PostgreSQL text cannot store.
+    #[error("the evidence must not contain control characters, nor the reason U+0000 (NUL)")]
     ControlCharacters,
     /// The operator saw another state than the record has now (another resolution, a late
     /// completion or a lookup came first): nothing is written, so no decision overwrites one
@@ -172,7 +173,7 @@ pub fn plan_resolution(
     if reason.len() > MAX_REASON_LEN || evidence.is_some_and(|e| e.len() > crate::completion::MAX_PROVIDER_REF_LEN) {
         return Err(ResolveError::TooLong);
     }
-    if evidence.is_some_and(|e| e.chars().any(char::is_control)) {
+    if evidence.is_some_and(|e| e.chars().any(char::is_control)) || reason.contains('\0') {
         return Err(ResolveError::ControlCharacters);
     }
     let resolvable = matches!(rec.state, State::Unknown | State::Pending)

@@ -597,6 +597,12 @@ fn list_filter(q: ListQuery) -> Result<ListFilter, Problem> {
     if q.key_prefix.as_ref().is_some_and(|p| p.len() > idem_core::key::MAX_KEY_LEN) {
         return Err(Problem::invalid("key_prefix is longer than a key can be"));
     }
+    // No key or action can hold NUL, and PostgreSQL text cannot: a filter with one matches
+    // nothing, said as a 400 rather than a database error.
+    let nul = |v: &Option<String>| v.as_deref().is_some_and(|t| t.contains('\0'));
+    if nul(&q.key_prefix) || nul(&q.action) || cursor.as_ref().is_some_and(|(_, k)| k.contains('\0')) {
+        return Err(Problem::invalid("filters must not contain U+0000 (NUL)"));
+    }
     Ok(ListFilter {
         state,
         action: q.action,

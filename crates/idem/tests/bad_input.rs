@@ -136,3 +136,31 @@ async fn openapi_and_probes_are_served() {
     assert_eq!(described.status, 200);
     assert!(described.body.as_str().unwrap().contains("fencing token"));
 }
+
+/// PostgreSQL text cannot hold U+0000: free text and filters with it are a 400 on both
+/// stores (found as a 503 on PostgreSQL by a break-it pass), and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_in_free_text_or_filters_is_a_400_on_postgres() {
+    let db = Db::new(Backend::Postgres).await;
+    let s = Server::start(&db.url);
+    let key = "nul-1";
+    let tok = s.acquire(key, json!({"to": "c"})).await.token();
+    for outcome in [
+        json!({"fencing_token": tok, "outcome": "unknown", "message": "a\u{0}b"}),
+        json!({"fencing_token": tok, "outcome": "final_failure", "error_class": "x", "message": "a\u{0}b"}),
+        json!({"fencing_token": tok, "outcome": "retryable_failure", "error_class": "x", "message": "\u{0}"}),
+    ] {
+        let r = s.complete(key, outcome).await;
+        assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"), "{}", r.body);
+    }
+    assert_eq!(s.record(key).await.body["state"], "EXECUTING", "nothing changed");
+    // Settle it as UNKNOWN, then an operator resolution with NUL in its reason.
+    assert_eq!(s.complete(key, json!({"fencing_token": tok, "outcome": "unknown"})).await.status, 200);
+    let r = s.post(ADMIN_KEY, "/v1/operations/nul-1/resolve", &json!({"to": "FAILED", "reason": "checked\u{0}"})).await;
+    assert_eq!(r.status.as_u16(), 400, "{}", r.body);
+    assert_eq!(s.record(key).await.body["state"], "UNKNOWN", "nothing changed");
+    for filter in ["key_prefix=a%00", "action=a%00"] {
+        let r = s.get(ADMIN_KEY, &format!("/v1/operations?{filter}")).await;
+        assert_eq!(r.status.as_u16(), 400, "{filter}: {}", r.body);
+    }
+}
