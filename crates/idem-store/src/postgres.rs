@@ -449,15 +449,6 @@ impl Store for PgStore {
                 return Ok(AcquireOutcome { decision: fresh.decision, record: fresh.record });
             }
             fast::Claim::Existing(r) => Some(*r),
-            // Written over a record the sweeper was removing: take it back unanswered and
-            // let the transactional path see the tombstone.
-            fast::Claim::InsertedDuringSweep => {
-                if !fast::remove_unanswered(&self.pool, &fresh.record).await? {
-                    tracing::error!(key_hash = %idem_core::retention::key_hash(&input.key), "a record written during a sweep could not be taken back");
-                    return Err(StoreError::Contention);
-                }
-                None
-            }
             // A concurrent insert or a tombstone: the transactional path decides.
             fast::Claim::Neither => None,
         };

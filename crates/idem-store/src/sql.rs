@@ -379,19 +379,22 @@ macro_rules! sql_ops {
         }
 
         /// The key's events from its current record's creation on (all of them if it has no
-        /// record). A trigger answered while the sweeper removed the previous record can
-        /// append its event after that record's events were deleted; such a leftover
-        /// belongs to the old record and never shows in a new one's timeline.
+        /// record), allowing [`crate::EVENT_CLOCK_SKEW_MS`] for nodes whose clocks lag. A
+        /// trigger answered while the sweeper removed the previous record can append its
+        /// event after that record's events were deleted; such a leftover is older than
+        /// the new record by at least the tombstone window (days by default), so it never
+        /// shows in the new record's timeline.
         pub(crate) async fn events(conn: &mut $Conn, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {
             let rows: Vec<EventRow> = sqlx::query_as(
                 "SELECT seq, tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, \
                  fingerprint, reason, error_class, wait_ms FROM operation_events \
                  WHERE tenant = $1 AND op_key = $2 \
-                 AND at >= COALESCE((SELECT created_at FROM operations WHERE tenant = $1 AND op_key = $2), 0) \
+                 AND at >= COALESCE((SELECT created_at FROM operations WHERE tenant = $1 AND op_key = $2), 0) - $3 \
                  ORDER BY seq",
             )
             .bind(tenant)
             .bind(key)
+            .bind($crate::EVENT_CLOCK_SKEW_MS)
             .fetch_all(&mut *conn)
             .await?;
             rows.into_iter().map(EventRow::into_event).collect()

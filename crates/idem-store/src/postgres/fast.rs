@@ -40,6 +40,7 @@ static SQL: std::sync::LazyLock<Fragments> = std::sync::LazyLock::new(|| Fragmen
     claim_insert: format!(
         "), ins AS (INSERT INTO operations ({OP_COLS}) SELECT {OP_COLS} FROM v WHERE NOT EXISTS \
          (SELECT 1 FROM tombstones t WHERE t.tenant = v.tenant AND t.key_hash = v.key_hash AND t.expires_at > v.not_after) \
+         AND NOT EXISTS (SELECT 1 FROM operations x WHERE x.tenant = v.tenant AND x.op_key = v.op_key) \
          ON CONFLICT (tenant, op_key) DO NOTHING RETURNING tenant, op_key), "
     ),
     claim_select: format!(
@@ -89,12 +90,6 @@ pub(super) enum Claim {
     /// Neither: a live tombstone holds the key, or a concurrent insert of it has not
     /// committed yet. The transactional path decides.
     Neither,
-    /// The new record was written, but the statement's snapshot still held an older record
-    /// of the key: the insert waited for the sweeper, which removed that record (and wrote
-    /// its tombstone) after the snapshot was taken, so the tombstone check could not see
-    /// it. Nobody has been answered for the new record yet; [`remove_unanswered`] takes
-    /// it back and the transactional path decides (410 while the tombstone lives).
-    InsertedDuringSweep,
 }
 
 /// A new record to claim with [`insert_or_read`]: the record, its events, and the
@@ -106,7 +101,11 @@ pub(super) struct NewRecord {
 }
 
 /// One statement that inserts each new record with its events unless its key exists or a
-/// live tombstone holds it, and otherwise returns the stored record: a new key costs one
+/// live tombstone holds it, and otherwise returns the stored record. "Exists" is judged on
+/// the statement's snapshot, like the tombstone: a record the sweeper is removing (its
+/// tombstone not yet committed) still counts, so the trigger is answered from it (a
+/// replay) instead of the insert waiting for the sweep and slipping in next to the new
+/// tombstone; a new key costs one
 /// round trip instead of a read and a write, an existing one the same as a read; `n`
 /// records cost one round trip and one commit. Keys must be distinct (one row per key in
 /// one `INSERT … ON CONFLICT`); answers are in the order of `new`.
@@ -131,7 +130,11 @@ pub(super) async fn insert_or_read(conns: &Connections, new: &[NewRecord]) -> Re
         let Some(ord) = ord else { return Err(StoreError::Corrupt("insert_or_read answered an unknown row".into())) };
         let seen = row.try_get::<Option<String>, _>("op_key")?.is_some();
         out[ord] = Some(if row.try_get::<bool, _>("inserted")? {
-            if seen { Claim::InsertedDuringSweep } else { Claim::Inserted }
+            if seen {
+                // The insert is guarded by NOT EXISTS on the same snapshot: unreachable.
+                return Err(StoreError::Corrupt("insert_or_read inserted over a record it saw".into()));
+            }
+            Claim::Inserted
         } else if seen {
             Claim::Existing(Box::new(crate::row::OperationRow::from_row(&row)?.into_record()?))
         } else {
@@ -139,24 +142,6 @@ pub(super) async fn insert_or_read(conns: &Connections, new: &[NewRecord]) -> Re
         });
     }
     out.into_iter().map(|c| c.ok_or_else(|| StoreError::Corrupt("insert_or_read lost a row".into()))).collect()
-}
-
-/// Removes `r`, a record [`insert_or_read`] wrote as [`Claim::InsertedDuringSweep`],
-/// with the events logged for it (from its creation on), if it is still the version
-/// written (1). True if removed.
-pub(super) async fn remove_unanswered(pool: &sqlx::PgPool, r: &OperationRecord) -> Result<bool, StoreError> {
-    let (removed,): (i64,) = sqlx::query_as(
-        "WITH gone AS (DELETE FROM operations WHERE tenant = $1 AND op_key = $2 AND created_at = $3 AND version = $4 \
-         RETURNING 1), ev AS (DELETE FROM operation_events WHERE tenant = $1 AND op_key = $2 AND at >= $3 \
-         AND EXISTS (SELECT 1 FROM gone)) SELECT COUNT(*) FROM gone",
-    )
-    .bind(&r.tenant)
-    .bind(&r.key)
-    .bind(r.created_at)
-    .bind(r.version)
-    .fetch_one(pool)
-    .await?;
-    Ok(removed == 1)
 }
 
 /// A conditional write for [`update`]: `record` replaces the stored one if that is still
