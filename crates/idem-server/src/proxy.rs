@@ -380,7 +380,20 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         Ok(f) => f,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "invalid-request", e),
     };
+    // Stored as `principal/key`, which must itself be a key the operator API can address.
     let store_key = format!("{principal}/{key}");
+    if store_key.len() > idem_core::key::MAX_KEY_LEN {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "invalid-idempotency-key",
+            format!(
+                "the Idempotency-Key may have at most {} characters here: the proxy keeps it as \"{principal}/<key>\", \
+                 and a key has at most {} characters",
+                idem_core::key::MAX_KEY_LEN - principal.len() - 1,
+                idem_core::key::MAX_KEY_LEN
+            ),
+        );
+    }
     let actor = Actor { principal: principal.clone(), request_id: None };
     let input = AcquireInput {
         tenant: tenant.clone(),

@@ -165,7 +165,9 @@ fn read_payload(args: &AcquireArgs) -> anyhow::Result<Option<Value>> {
     };
     // Parsed with the server's rules (no duplicate member names, no numbers beyond 2^53),
     // so what is sent is exactly what was written.
-    let v: idem_core::Payload = serde_json::from_str(&text).context("the payload is not valid for idem")?;
+    let v: idem_core::Payload = serde_json::from_str(&text).context(
+        "the payload is not valid JSON for idem (JSON text, no duplicate member names, no number beyond 2^53)",
+    )?;
     Ok(Some(v.0))
 }
 

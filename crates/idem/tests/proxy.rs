@@ -153,6 +153,11 @@ async fn the_proxy_replays_refuses_and_never_resends_the_unknown() {
     assert_eq!(s, 422, "{b}");
     assert_eq!(send(&p, "/charges", None, ADMIN_KEY, "{}").await.0, 400);
     assert_eq!(send(&p, "/charges", Some("mail:jane@example.com"), ADMIN_KEY, "{}").await.0, 400);
+    // A key that fits alone but not as the stored `principal/key`: 400 naming the limit,
+    // never an operation the operator API could not address.
+    let (s, _, b) = send(&p, "/charges", Some(&"k".repeat(255)), ADMIN_KEY, "{}").await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b.contains("at most"), "{b}");
     assert_eq!(p.http.get(p.url("/charges")).send().await.unwrap().status(), 200);
     assert_eq!(up.count("/charges"), 1, "nothing refused reached the upstream");
 
