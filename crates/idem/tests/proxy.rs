@@ -106,6 +106,9 @@ async fn send(
         .post(p.url(path))
         .header("idem-api-key", client_key)
         .header("content-type", "application/json")
+        // A new connection each time: after a 413 the server closes the connection, and a
+        // pooled one could be reused before the client sees that.
+        .header("connection", "close")
         .body(body.to_string());
     if let Some(k) = key {
         r = r.header("idempotency-key", k);
