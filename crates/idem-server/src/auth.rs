@@ -8,7 +8,7 @@ use crate::AppState;
 use crate::problem::Problem;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_core::Actor;
 use idem_store::keys::Role;
@@ -49,9 +49,9 @@ impl Caller {
     }
 }
 
-/// The request id set by the request-id layer, if any.
-pub fn request_id(parts: &Parts) -> Option<String> {
-    parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned)
+/// The request id set by the request-id layer (`x-request-id`), if any.
+pub fn request_id(headers: &HeaderMap) -> Option<&str> {
+    headers.get("x-request-id").and_then(|v| v.to_str().ok())
 }
 
 fn unauthorized(detail: &str, rid: Option<&str>) -> Response {
@@ -64,7 +64,7 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let rid = request_id(parts);
+        let rid = request_id(&parts.headers).map(str::to_owned);
         let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
             return Err(unauthorized("missing Authorization: Bearer <api key>", rid.as_deref()));
         };

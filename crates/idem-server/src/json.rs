@@ -16,7 +16,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let rid = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let rid = crate::auth::request_id(req.headers()).map(str::to_owned);
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
             Err(rejection) => Err(json_problem(&rejection).with_request_id(rid.as_deref())),
@@ -66,7 +66,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
             Err(e) => {
-                let rid = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok());
+                let rid = crate::auth::request_id(&parts.headers);
                 Err(Problem::invalid(query_text(&e)).with_request_id(rid))
             }
         }
@@ -89,7 +89,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ApiPath {
         match axum::extract::Path::<String>::from_request_parts(parts, state).await {
             Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
             Err(e) => {
-                let rid = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok());
+                let rid = crate::auth::request_id(&parts.headers);
                 Err(Problem::new(
                     StatusCode::BAD_REQUEST,
                     "invalid-idempotency-key",

@@ -47,7 +47,7 @@ pub fn record_key(key: &str) {
 }
 
 fn make_span(req: &Request<Body>) -> Span {
-    let request_id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let request_id = crate::auth::request_id(req.headers()).unwrap_or("");
     tracing::info_span!(
         "request",
         request_id,

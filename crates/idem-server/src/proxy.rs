@@ -413,7 +413,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         Ok(o) => o,
         Err(e) => return store_problem(e).into_response(),
     };
-    let rid = parts.headers.get("x-request-id").and_then(|v| v.to_str().ok());
+    let rid = crate::auth::request_id(&parts.headers);
     state.app.answered_trigger(&out.decision, &tenant, &store_key, rid);
     match out.decision {
         Decision::Acquire => {}

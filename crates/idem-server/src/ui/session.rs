@@ -175,7 +175,7 @@ impl FromRequestParts<AppState> for UiUser {
                         tenant: info.tenant,
                         principal: info.principal,
                         role: info.role,
-                        request_id: crate::auth::request_id(parts),
+                        request_id: crate::auth::request_id(&parts.headers).map(str::to_owned),
                     },
                     csrf,
                     session: id.to_owned(),
