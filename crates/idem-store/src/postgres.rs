@@ -5,8 +5,8 @@
 //! for a new key, `UPDATE … WHERE version = $read AND created_at = $read` for an existing
 //! one. Concurrent requests share statements and commits (`Writers`, `batch.rs`), and API
 //! keys are served from a per-node cache that every node empties on a key change
-//! (`key_cache.rs`, `postgres/key_listener.rs`: LISTEN/NOTIFY). Two racing writers cannot both succeed: the unique
-//! constraint or the version condition lets exactly one through. The rest (and the hot
+//! (`key_cache.rs`, `postgres/key_listener.rs`: LISTEN/NOTIFY). Two racing writers cannot
+//! both succeed: the unique constraint or the version condition lets exactly one through. The rest (and the hot
 //! path's losers) use one short READ COMMITTED transaction: read the record, let
 //! idem-core plan the change, write it conditionally, append the events, commit; a loser
 //! rolls back and starts again from a fresh read, at most [`CAS_RETRIES`] times.

@@ -156,8 +156,28 @@ impl ApiKeyRow {
     }
 }
 
-/// Binds every column of `r`, in [`operation_columns!`] order without `id`
-/// (`tenant … lookup_attempts`, as the multi-row writers list them), on either backend.
+/// The columns [`bind_record`] binds, in its order: what a multi-row writer lists after
+/// `INSERT INTO operations`. A literal, for `concat!`.
+macro_rules! record_bind_columns {
+    () => {
+        "tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, lease_expires_at, \
+         fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
+         evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, \
+         connector, lookup_attempts"
+    };
+}
+pub(crate) use record_bind_columns;
+
+/// The columns [`bind_event`] binds, in its order (a literal, for `concat!`).
+macro_rules! event_bind_columns {
+    () => {
+        "tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint, \
+         reason, error_class, wait_ms"
+    };
+}
+pub(crate) use event_bind_columns;
+
+/// Binds every column of `r`, in [`record_bind_columns!`] order, on either backend.
 pub(crate) fn bind_record<DB: sqlx::Database>(
     mut b: sqlx::query_builder::Separated<'_, DB, &'static str>,
     r: &OperationRecord,
@@ -197,9 +217,7 @@ pub(crate) fn bind_record<DB: sqlx::Database>(
         .push_bind(r.lookup_attempts);
 }
 
-/// Binds every column of `e` in the order the multi-row writers list them (`tenant, op_key,
-/// at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint,
-/// reason, error_class, wait_ms`), on either backend.
+/// Binds every column of `e`, in [`event_bind_columns!`] order, on either backend.
 pub(crate) fn bind_event<DB: sqlx::Database>(
     mut b: sqlx::query_builder::Separated<'_, DB, &'static str>,
     e: &OperationEvent,

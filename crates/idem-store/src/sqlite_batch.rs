@@ -41,10 +41,7 @@ const CHUNK: usize = 500;
 
 type Key = (String, String);
 
-const UPSERT_HEAD: &str = "INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
-     lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, \
-     verified_at, evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, \
-     connector, lookup_attempts) ";
+const UPSERT_HEAD: &str = concat!("INSERT INTO operations (", crate::row::record_bind_columns!(), ") ");
 const UPSERT_TAIL: &str = " ON CONFLICT (tenant, op_key) DO UPDATE SET state = excluded.state, \
      attempt_count = excluded.attempt_count, lease_owner = excluded.lease_owner, \
      lease_expires_at = excluded.lease_expires_at, fencing_token = excluded.fencing_token, \
@@ -53,8 +50,7 @@ const UPSERT_TAIL: &str = " ON CONFLICT (tenant, op_key) DO UPDATE SET state = e
      evidence_source = excluded.evidence_source, needs_review = excluded.needs_review, \
      updated_at = excluded.updated_at, completed_at = excluded.completed_at, expires_at = excluded.expires_at, \
      version = excluded.version, lookup_attempts = excluded.lookup_attempts";
-const EVENTS_HEAD: &str = "INSERT INTO operation_events (tenant, op_key, at, kind, principal, request_id, from_state, \
-     to_state, fencing_token, fingerprint, reason, error_class, wait_ms) ";
+const EVENTS_HEAD: &str = concat!("INSERT INTO operation_events (", crate::row::event_bind_columns!(), ") ");
 
 fn key_of(h: &Hot<'_>) -> Key {
     match h {

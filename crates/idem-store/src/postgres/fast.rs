@@ -12,11 +12,10 @@ use crate::StoreError;
 use idem_core::{OperationEvent, OperationRecord};
 use sqlx::{Postgres, QueryBuilder};
 
-const OP_COLS: &str = "tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, \
-    lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
-    evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, connector, \
-    lookup_attempts";
-const EV_COLS: &str = "tenant, op_key, at, kind, principal, request_id, from_state, to_state, fencing_token, fingerprint, reason, error_class, wait_ms";
+const OP_COLS: &str = crate::row::record_bind_columns!();
+const EV_COLS: &str = crate::row::event_bind_columns!();
+/// Appends events (no condition): [`events`].
+const EVENTS_INSERT: &str = concat!("INSERT INTO operation_events (", crate::row::event_bind_columns!(), ") ");
 
 /// `cols` (a comma-separated column list) with each column prefixed by `table.`.
 fn prefixed(table: &str, cols: &str) -> String {
@@ -105,10 +104,10 @@ pub(super) struct NewRecord {
 /// the statement's snapshot, like the tombstone: a record the sweeper is removing (its
 /// tombstone not yet committed) still counts, so the trigger is answered from it (a
 /// replay) instead of the insert waiting for the sweep and slipping in next to the new
-/// tombstone; a new key costs one
-/// round trip instead of a read and a write, an existing one the same as a read; `n`
-/// records cost one round trip and one commit. Keys must be distinct (one row per key in
-/// one `INSERT … ON CONFLICT`); answers are in the order of `new`.
+/// tombstone. A new key costs one round trip instead of a read and a write, an existing
+/// one the same as a read; `n` records cost one round trip and one commit. Keys must be
+/// distinct (one row per key in one `INSERT … ON CONFLICT`); answers are in the order of
+/// `new`.
 pub(super) async fn insert_or_read(conns: &Connections, new: &[NewRecord]) -> Result<Vec<Claim>, StoreError> {
     use sqlx::{FromRow, Row};
     let mut q: QueryBuilder<Postgres> = QueryBuilder::new(&SQL.claim_head);
@@ -184,7 +183,7 @@ pub(super) async fn update(conns: &Connections, updates: &[Update]) -> Result<Ve
 /// Appends events in one autocommit statement per 1 000 (the caller records metrics).
 pub(super) async fn events(conns: &Connections, events: &[OperationEvent]) -> Result<(), StoreError> {
     for chunk in events.chunks(1000) {
-        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(format!("INSERT INTO operation_events ({EV_COLS}) "));
+        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(EVENTS_INSERT);
         q.push_values(chunk, crate::row::bind_event);
         conns.execute(q.build()).await?;
     }
