@@ -597,13 +597,7 @@ fn list_filter(q: ListQuery) -> Result<ListFilter, Problem> {
     if q.key_prefix.as_ref().is_some_and(|p| p.len() > idem_core::key::MAX_KEY_LEN) {
         return Err(Problem::invalid("key_prefix is longer than a key can be"));
     }
-    // No key or action can hold NUL, and PostgreSQL text cannot: a filter with one matches
-    // nothing, said as a 400 rather than a database error.
-    let nul = |v: &Option<String>| v.as_deref().is_some_and(|t| t.contains('\0'));
-    if nul(&q.key_prefix) || nul(&q.action) || cursor.as_ref().is_some_and(|(_, k)| k.contains('\0')) {
-        return Err(Problem::invalid("filters must not contain U+0000 (NUL)"));
-    }
-    Ok(ListFilter {
+    let filter = ListFilter {
         state,
         action: q.action,
         needs_review: q.needs_review,
@@ -612,7 +606,23 @@ fn list_filter(q: ListQuery) -> Result<ListFilter, Problem> {
         created_before: q.created_before.as_deref().map(|t| parse_instant("created_before", t)).transpose()?,
         limit: in_range("limit", q.limit, 1, idem_store::MAX_PAGE, 50)?,
         cursor,
-    })
+    };
+    check_filter_text(&filter).map_err(Problem::invalid)?;
+    Ok(filter)
+}
+
+/// Refuses a list filter whose text holds U+0000 (NUL). No key or action can hold it, and
+/// PostgreSQL text cannot: such a filter matches nothing, said as a 400 (API) or an error
+/// on the page (admin page) rather than a database error.
+///
+/// # Errors
+/// A one-line message.
+pub(crate) fn check_filter_text(f: &ListFilter) -> Result<(), &'static str> {
+    let nul = |v: Option<&str>| v.is_some_and(|t| t.contains('\0'));
+    if nul(f.action.as_deref()) || nul(f.key_prefix.as_deref()) || nul(f.cursor.as_ref().map(|(_, k)| k.as_str())) {
+        return Err("filters must not contain U+0000 (NUL)");
+    }
+    Ok(())
 }
 
 /// Epoch ms of an RFC 3339 instant (`2026-11-30T12:00:00Z`).

@@ -18,11 +18,6 @@
 pub mod conformance;
 mod error;
 mod key_cache;
-
-/// How far (ms) behind a record's `created_at` an event may be stamped and still show in
-/// the record's timeline: several nodes' clocks may disagree by this much. Leftover events
-/// of a key's previous record are older than that by the tombstone window.
-pub const EVENT_CLOCK_SKEW_MS: i64 = 60_000;
 pub use key_cache::{KEY_ENTRIES, KEY_TTL};
 pub mod keys;
 pub mod postgres;
@@ -31,6 +26,11 @@ mod sql;
 pub mod sqlite;
 mod sqlite_batch;
 pub mod testing;
+
+/// How far (ms) behind a record's `created_at` an event may be stamped and still show in
+/// the record's timeline: several nodes' clocks may disagree by this much. Leftover events
+/// of a key's previous record are older than that by the tombstone window.
+pub const EVENT_CLOCK_SKEW_MS: i64 = 60_000;
 
 use async_trait::async_trait;
 pub use error::StoreError;

@@ -372,10 +372,7 @@ fn list_filter(p: &ListParams) -> Result<ListFilter, String> {
         None if p.cursor.is_empty() => None,
         None => return Err("bad page cursor".into()),
     };
-    if [&p.action, &p.key_prefix, &p.cursor].iter().any(|v| v.contains('\0')) {
-        return Err("filters must not contain U+0000 (NUL)".into());
-    }
-    Ok(ListFilter {
+    let filter = ListFilter {
         state,
         action: Some(p.action.trim().to_owned()).filter(|a| !a.is_empty()),
         needs_review,
@@ -384,7 +381,9 @@ fn list_filter(p: &ListParams) -> Result<ListFilter, String> {
         created_before: parse_time("to", &p.to)?,
         limit: 50,
         cursor,
-    })
+    };
+    crate::operations::check_filter_text(&filter)?;
+    Ok(filter)
 }
 
 /// `GET /ui/operations`: filtered, paginated list.
