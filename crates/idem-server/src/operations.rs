@@ -249,16 +249,7 @@ pub async fn acquire(
                 with_rid(p, &caller).into_response()
             }
             Decision::Late => {
-                let done = out.record.completed_at.map(crate::dto::rfc3339).unwrap_or_default();
-                let mut p = Problem::new(
-                    StatusCode::GONE,
-                    "late-arrival",
-                    format!(
-                        "this key's operation completed ({}) at {done} and its record outlived its retention window; nothing was executed",
-                        out.record.state
-                    ),
-                );
-                p.state = Some(out.record.state.as_str().into());
+                let p = late_arrival(out.record.state, out.record.completed_at, "nothing was executed");
                 with_rid(p, &caller).into_response()
             }
             Decision::Mismatch => with_rid(
@@ -492,19 +483,7 @@ pub async fn complete(
         Err(StoreError::NotFound) => {
             let tomb = state.store.tombstone(&caller.tenant, key.as_str()).await;
             let p = match tomb.map_err(|e| with_rid(store_problem(e), &caller))? {
-                Some(t) => {
-                    let mut p = Problem::new(
-                        StatusCode::GONE,
-                        "late-arrival",
-                        format!(
-                            "this key's operation completed ({}) at {} and its record outlived its retention window; this completion was not recorded",
-                            t.final_state,
-                            crate::dto::rfc3339(t.completed_at)
-                        ),
-                    );
-                    p.state = Some(t.final_state.as_str().into());
-                    p
-                }
+                Some(t) => late_arrival(t.final_state, Some(t.completed_at), "this completion was not recorded"),
                 None => Problem::not_found(),
             };
             return Err(with_rid(p, &caller));
@@ -565,6 +544,21 @@ pub async fn list(
         next_cursor: page.next_cursor.map(|(at, key)| encode_cursor(at, &key)),
     })
     .into_response())
+}
+
+/// 410 `late-arrival`: the key's operation ended in `final_state` at `completed_at` (epoch
+/// ms) and only its tombstone is left; `consequence` says what happened to this request.
+fn late_arrival(final_state: idem_core::State, completed_at: Option<i64>, consequence: &str) -> Problem {
+    let done = completed_at.map(crate::dto::rfc3339).unwrap_or_default();
+    let mut p = Problem::new(
+        StatusCode::GONE,
+        "late-arrival",
+        format!(
+            "this key's operation completed ({final_state}) at {done} and its record outlived its retention window; {consequence}"
+        ),
+    );
+    p.state = Some(final_state.as_str().into());
+    p
 }
 
 /// An opaque page cursor: hex of `created_at:key` of the page's last record.
