@@ -1,7 +1,7 @@
 //! idem-core: the pure domain of idem. No I/O, no async.
 //!
 //! - [`key`]: idempotency key rules (length, charset, no personal data).
-//! - [`fingerprint`]: SHA-256 over RFC 8785 canonical JSON.
+//! - [`fingerprint`]: SHA-256 over RFC 8785 canonical JSON of NFC text.
 //! - [`payload`]: parsing a client's JSON value (I-JSON: no duplicate members, exact numbers).
 //! - [`json_number`]: which number literals an IEEE 754 double carries exactly.
 //! - [`state`]: the states and their legal transitions (DESIGN.md §2).

@@ -10,6 +10,10 @@
 //!   ±2^53 (§2.2): see [`crate::json_number`] for the rule (`1e-400` would be stored and
 //!   fingerprinted as `0`, `9007199254740993` as `9007199254740992`). Send such numbers
 //!   as strings.
+//!
+//! Member names that are equal only after Unicode normalization (NFC) are refused where
+//! the fingerprint is taken ([`crate::fingerprint()`]), since only the fingerprint's
+//! input is normalized: the payload is stored as received.
 
 use crate::json_number;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
