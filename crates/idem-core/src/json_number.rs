@@ -245,34 +245,25 @@ mod tests {
         assert_eq!(refused("2e-324"), NumberError::Underflow("2e-324".into()), "below half the smallest subnormal");
         assert_eq!(refused("1e400"), NumberError::Overflow("1e400".into()));
         assert_eq!(refused("-1E+400"), NumberError::Overflow("-1E+400".into()));
-        assert_eq!(refused("4e-324"), NumberError::Inexact { literal: "4e-324".into(), read_as: "5e-324".into() });
-        assert_eq!(refused("2.5e-324"), NumberError::Inexact { literal: "2.5e-324".into(), read_as: "5e-324".into() });
-        assert_eq!(
-            refused("1.00000000000000000001"),
-            NumberError::Inexact { literal: "1.00000000000000000001".into(), read_as: "1".into() }
-        );
-        assert_eq!(
-            refused("-0.1000000000000000000000000001"),
-            NumberError::Inexact { literal: "-0.1000000000000000000000000001".into(), read_as: "-0.1".into() }
-        );
-        assert_eq!(
-            refused("0.30000000000000001"),
-            NumberError::Inexact { literal: "0.30000000000000001".into(), read_as: "0.3".into() }
-        );
-        // A tie between two shortest forms goes to the even digit, as in ECMAScript
-        // Number::toString: the double 1077018851474369.25 prints as …369.2, so …369.3
-        // (Rust's `{:e}` picks it) is refused.
-        assert_eq!(
-            refused("-1077018851474369.3"),
-            NumberError::Inexact { literal: "-1077018851474369.3".into(), read_as: "-1077018851474369.2".into() }
-        );
-        assert_eq!(check_literal("1077018851474369.2"), Ok(()));
-        // 17 significant digits (C's %.17g) that are not the shortest form: refused too, as
-        // the rule says; shortest round-trip printers (ECMAScript, Python 3, Go, ryu) never
-        // write them.
-        for (long, short) in [("4.9406564584124654e-324", "5e-324"), ("0.10000000000000001", "0.1")] {
-            assert_eq!(refused(long), NumberError::Inexact { literal: long.into(), read_as: short.into() });
+        for (literal, read_as) in [
+            ("4e-324", "5e-324"),
+            ("2.5e-324", "5e-324"),
+            ("1.00000000000000000001", "1"),
+            ("-0.1000000000000000000000000001", "-0.1"),
+            ("0.30000000000000001", "0.3"),
+            // A tie between two shortest forms goes to the even digit, as in ECMAScript
+            // Number::toString: the double 1077018851474369.25 prints as …369.2, so …369.3
+            // (Rust's `{:e}` picks it) is refused.
+            ("-1077018851474369.3", "-1077018851474369.2"),
+            // 17 significant digits (C's %.17g) that are not the shortest form: refused
+            // too, as the rule says; shortest round-trip printers (ECMAScript, Python 3,
+            // Go, ryu) never write them.
+            ("4.9406564584124654e-324", "5e-324"),
+            ("0.10000000000000001", "0.1"),
+        ] {
+            assert_eq!(refused(literal), NumberError::Inexact { literal: literal.into(), read_as: read_as.into() });
         }
+        assert_eq!(check_literal("1077018851474369.2"), Ok(()));
         let e = refused("1e-400").to_string();
         assert!(e.contains("1e-400") && e.contains("send it as a string"), "{e}");
     }

@@ -210,40 +210,16 @@ async fn the_cli_refuses_what_the_server_would() {
             .output()
             .unwrap()
     };
+    let acquire = |payload: &'static str| vec!["acquire", "CLI-1", "--action", "a", "--payload", payload];
+    let complete = |result: &'static str| {
+        vec!["complete", "CLI-1", "--token", "1", "--outcome", "succeeded", "--provider-ref", "p", "--result", result]
+    };
     for (args, shown) in [
-        (vec!["acquire", "CLI-1", "--action", "a", "--payload", r#"{"n":1e-400}"#], "1e-400"),
-        (vec!["acquire", "CLI-1", "--action", "a", "--payload", r#"[4e-324]"#], "4e-324"),
-        (vec!["acquire", "CLI-1", "--action", "a", "--payload", "{\"Z\u{00FC}\":1,\"Zu\u{0308}\":2}"], "duplicate"),
-        (
-            vec![
-                "complete",
-                "CLI-1",
-                "--token",
-                "1",
-                "--outcome",
-                "succeeded",
-                "--provider-ref",
-                "p",
-                "--result",
-                r#"{"n":1e400}"#,
-            ],
-            "1e400",
-        ),
-        (
-            vec![
-                "complete",
-                "CLI-1",
-                "--token",
-                "1",
-                "--outcome",
-                "succeeded",
-                "--provider-ref",
-                "p",
-                "--result",
-                r#"{"a":1,"a":2}"#,
-            ],
-            "duplicate",
-        ),
+        (acquire(r#"{"n":1e-400}"#), "1e-400"),
+        (acquire("[4e-324]"), "4e-324"),
+        (acquire("{\"Z\u{00FC}\":1,\"Zu\u{0308}\":2}"), "duplicate"),
+        (complete(r#"{"n":1e400}"#), "1e400"),
+        (complete(r#"{"a":1,"a":2}"#), "duplicate"),
     ] {
         let out = idem(&args);
         let err = String::from_utf8_lossy(&out.stderr);
