@@ -1,28 +1,41 @@
 //! Payload fingerprints: SHA-256 over the RFC 8785 (JSON Canonicalization Scheme) form of
-//! the payload, or of the caller-named subset of its fields.
+//! the payload, or of the caller-named subset of its fields, with every string in Unicode
+//! Normalization Form C.
 //!
-//! Because the hash is taken over the canonical form, field order, insignificant
-//! whitespace and number spelling (`1`, `1.0`, `1e0`) do not change it. Any client can
-//! recompute it: canonicalize with RFC 8785, hash with SHA-256, print lowercase hex.
+//! The definition, so any client can recompute it:
+//!
+//! > NFC (Unicode Standard Annex #15) of every string — member names and string values, at
+//! > any depth — then RFC 8785 canonical JSON, then SHA-256, printed as 64 lowercase hex
+//! > digits.
+//!
+//! Field order, insignificant whitespace, number spelling (`1`, `1.0`, `1e0`; `-0` and
+//! `0`) and canonically equivalent text (`ü` as U+00FC or as `u` + U+0308, Hangul
+//! syllables or conjoining jamo, U+212B ANGSTROM SIGN or U+00C5) do not change it.
+//! Compatibility equivalents (NFKC: `ﬁ` and `fi`, full-width digits) do: they are other
+//! text. Only the fingerprint's input is normalized; the payload is stored and replayed as
+//! received. Two member names of one object that are equal after NFC are duplicate members
+//! (I-JSON, RFC 7493 §2.3): refused ([`FingerprintError::DuplicateMember`]), never one kept
+//! silently. The normalization tables are those of the `unicode-normalization` crate
+//! (Unicode 18.0 at 0.1.26); NFC of assigned characters is stable across Unicode versions
+//! (Unicode Normalization Stability Policy).
 //!
 //! Subsets: `fingerprint_fields` is a non-empty list of JSON pointers (RFC 6901). The
 //! fingerprint is then taken over the object `{pointer: value}` of the named fields. Every
 //! pointer must name a value in the payload (send `null` for an optional field): a typo
-//! must not silently switch the check off.
+//! must not silently switch the check off. Pointers are normalized to NFC too, so a pointer
+//! written in either form names the member written in either form, and the subset's
+//! member names are the NFC pointers.
 //!
-//! Two payloads that differ must never share a fingerprint, so [`Payload`]'s `Deserialize`
-//! refuses, before hashing, what I-JSON (RFC 7493) calls non-interoperable:
-//! - duplicate member names (§2.3): `serde_json` would keep the last one silently;
-//! - numbers of magnitude above 2^53 (§2.2): RFC 8785 writes numbers as IEEE 754 doubles,
-//!   so `9007199254740993` and `9007199254740992` would canonicalize alike. Send large
-//!   identifiers as strings.
+//! What a payload may hold at all (no duplicate member names, no number a double does not
+//! carry exactly) is checked when it is parsed: [`crate::Payload`].
 
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt;
+use unicode_normalization::UnicodeNormalization;
 
 /// Most fingerprint fields a request may name.
 pub const MAX_FINGERPRINT_FIELDS: usize = 64;
@@ -54,7 +67,7 @@ pub enum FingerprintError {
     #[error("fingerprint_fields names {0} fields; at most {MAX_FINGERPRINT_FIELDS} are allowed")]
     TooManyFields(usize),
     /// The same field twice.
-    #[error("fingerprint field {0:?} is named twice")]
+    #[error("fingerprint field {0:?} is named twice (pointers are compared in NFC)")]
     DuplicateField(String),
     /// A field that names nothing in the payload (a typo would silently weaken the check).
     #[error(
@@ -64,7 +77,12 @@ pub enum FingerprintError {
     /// An empty list.
     #[error("fingerprint_fields is empty: name at least one field, or leave it out to fingerprint the whole payload")]
     NoFields,
-    /// The payload is not I-JSON (RFC 7493): duplicate members, numbers beyond 2^53.
+    /// Two member names of one object that are equal once normalized to NFC.
+    #[error(
+        "duplicate member name {0:?} in the payload once normalized to NFC (Unicode Standard Annex #15): names that differ only in composed or decomposed form are one name (I-JSON, RFC 7493 §2.3)"
+    )]
+    DuplicateMember(String),
+    /// A value RFC 8785 cannot express (none arise from parsed JSON).
     #[error("the payload cannot be canonicalized (RFC 8785): {0}")]
     Canonicalize(String),
 }
@@ -95,13 +113,20 @@ pub fn canonical_json(value: &Value) -> Result<String, FingerprintError> {
     serde_json_canonicalizer::to_string(value).map_err(|e| FingerprintError::Canonicalize(e.to_string()))
 }
 
-/// The fingerprint of `payload`, or of the fields `fields` (JSON pointers) names.
+/// The fingerprint of `payload`, or of the fields `fields` (JSON pointers, RFC 6901)
+/// names: 64 lowercase hex digits of SHA-256 over RFC 8785 canonical JSON of the input with
+/// every string in NFC (see the module docs).
+///
+/// An input whose strings are all NFC already (every ASCII text is) is hashed as it is,
+/// without a copy.
 ///
 /// # Errors
-/// A [`FingerprintError`] for malformed, repeated or too many pointers.
+/// A [`FingerprintError`] for malformed, repeated (after NFC) or too many pointers, a
+/// pointer that names nothing, or member names equal after NFC.
 pub fn fingerprint(payload: &Value, fields: Option<&[String]>) -> Result<Fingerprint, FingerprintError> {
+    let payload = nfc_value(payload)?;
     let canonical = match fields {
-        None => canonical_json(payload)?,
+        None => canonical_json(&payload)?,
         Some(fields) => {
             if fields.is_empty() {
                 return Err(FingerprintError::NoFields);
@@ -115,11 +140,12 @@ pub fn fingerprint(payload: &Value, fields: Option<&[String]>) -> Result<Fingerp
                 if !(f.is_empty() || f.starts_with('/')) {
                     return Err(FingerprintError::BadPointer(f.clone()));
                 }
-                if !seen.insert(f.as_str()) {
-                    return Err(FingerprintError::DuplicateField(f.clone()));
+                let f = nfc(f);
+                if !seen.insert(f.clone()) {
+                    return Err(FingerprintError::DuplicateField(f.into_owned()));
                 }
-                let v = payload.pointer(f).ok_or_else(|| FingerprintError::FieldNotFound(f.clone()))?;
-                subset.insert(f.clone(), v.clone());
+                let v = payload.pointer(&f).ok_or_else(|| FingerprintError::FieldNotFound(f.to_string()))?;
+                subset.insert(f.into_owned(), v.clone());
             }
             canonical_json(&Value::Object(subset))?
         }
@@ -127,100 +153,50 @@ pub fn fingerprint(payload: &Value, fields: Option<&[String]>) -> Result<Fingerp
     Ok(Fingerprint(sha256_hex(canonical.as_bytes())))
 }
 
-/// A JSON payload parsed with duplicate member names refused (I-JSON, RFC 7493 §2.3).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(transparent)]
-pub struct Payload(pub Value);
-
-impl<'de> Deserialize<'de> for Payload {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        StrictValue.deserialize(d).map(Payload)
-    }
+/// Whether `s` is in NFC. ASCII is checked a word at a time; other text by the quick check
+/// of UAX #15 §9, which decides most text without normalizing it; neither allocates.
+fn is_nfc(s: &str) -> bool {
+    s.is_ascii() || unicode_normalization::is_nfc(s)
 }
 
-/// Largest integer magnitude a double holds exactly: 2^53 (I-JSON, RFC 7493 §2.2).
-pub const MAX_EXACT_INTEGER: u64 = 1 << 53;
-
-fn too_big<E: de::Error>(shown: impl fmt::Display) -> E {
-    E::custom(format_args!(
-        "the number {shown} is beyond ±2^53, which JSON numbers cannot carry exactly (I-JSON, RFC 7493 §2.2); send it as a string"
-    ))
+/// `s` in NFC, borrowed when it is already.
+fn nfc(s: &str) -> Cow<'_, str> {
+    if is_nfc(s) { Cow::Borrowed(s) } else { Cow::Owned(s.nfc().collect()) }
 }
 
-/// Builds a `serde_json::Value`, failing on a repeated member name or an inexact number.
-struct StrictValue;
-
-impl<'de> DeserializeSeed<'de> for StrictValue {
-    type Value = Value;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for StrictValue {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
-        if v.unsigned_abs() > MAX_EXACT_INTEGER {
-            return Err(too_big(v));
+/// `v` with every string and member name in NFC: `v` itself when it is already, else a
+/// normalized copy.
+///
+/// # Errors
+/// [`FingerprintError::DuplicateMember`] for member names of one object equal after NFC.
+fn nfc_value(v: &Value) -> Result<Cow<'_, Value>, FingerprintError> {
+    fn all_nfc(v: &Value) -> bool {
+        match v {
+            Value::String(s) => is_nfc(s),
+            Value::Array(items) => items.iter().all(all_nfc),
+            Value::Object(members) => members.iter().all(|(k, v)| is_nfc(k) && all_nfc(v)),
+            Value::Null | Value::Bool(_) | Value::Number(_) => true,
         }
-        Ok(Value::from(v))
     }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
-        if v > MAX_EXACT_INTEGER {
-            return Err(too_big(v));
-        }
-        Ok(Value::from(v))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
-        // A literal with a fraction or exponent is parsed to the nearest double first:
-        // 9007199254740993.0 arrives as 2^53 already, so 2^53 itself is refused here.
-        if v.abs() >= MAX_EXACT_INTEGER as f64 {
-            return Err(too_big(v));
-        }
-        serde_json::Number::from_f64(v).map(Value::Number).ok_or_else(|| E::custom("a number that is not finite"))
-    }
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::String(v.to_owned()))
-    }
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_none<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
-        d.deserialize_any(StrictValue)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut items = Vec::new();
-        while let Some(v) = seq.next_element_seed(StrictValue)? {
-            items.push(v);
-        }
-        Ok(Value::Array(items))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut out = Map::new();
-        while let Some(k) = map.next_key::<String>()? {
-            if out.contains_key(&k) {
-                return Err(de::Error::custom(format_args!(
-                    "duplicate member name {k:?} in the payload (I-JSON, RFC 7493 §2.3)"
-                )));
+    fn normalized(v: &Value) -> Result<Value, FingerprintError> {
+        Ok(match v {
+            Value::String(s) => Value::String(nfc(s).into_owned()),
+            Value::Array(items) => Value::Array(items.iter().map(normalized).collect::<Result<_, _>>()?),
+            Value::Object(members) => {
+                let mut out = Map::new();
+                for (k, v) in members {
+                    let k = nfc(k).into_owned();
+                    if out.contains_key(&k) {
+                        return Err(FingerprintError::DuplicateMember(k));
+                    }
+                    out.insert(k, normalized(v)?);
+                }
+                Value::Object(out)
             }
-            let v = map.next_value_seed(StrictValue)?;
-            out.insert(k, v);
-        }
-        Ok(Value::Object(out))
+            Value::Null | Value::Bool(_) | Value::Number(_) => v.clone(),
+        })
     }
+    if all_nfc(v) { Ok(Cow::Borrowed(v)) } else { normalized(v).map(Cow::Owned) }
 }
 
 #[cfg(test)]
@@ -232,6 +208,7 @@ mod tests {
     }
 
     use super::*;
+    use crate::Payload;
     use serde_json::json;
 
     fn fp(s: &str) -> Fingerprint {
@@ -274,23 +251,6 @@ mod tests {
     }
 
     #[test]
-    fn numbers_beyond_2_pow_53_are_refused() {
-        for text in
-            ["9007199254740993", "-9007199254740993", "1795999717611524801", "1e300", "123456789012345678901234567890"]
-        {
-            let e = serde_json::from_str::<Payload>(&format!(r#"{{"id":{text}}}"#)).unwrap_err();
-            assert!(e.to_string().contains("2^53"), "{text}: {e}");
-        }
-        for text in ["9007199254740993.0", "9007199254740992.5", "9007199254740992.0", "1e16"] {
-            let e = serde_json::from_str::<Payload>(&format!(r#"{{"id":{text}}}"#)).unwrap_err();
-            assert!(e.to_string().contains("2^53"), "{text}: {e}");
-        }
-        for ok in ["9007199254740992", "-9007199254740992", "1.5", "0", "9007199254740991.0"] {
-            assert!(serde_json::from_str::<Payload>(&format!(r#"{{"id":{ok}}}"#)).is_ok(), "{ok}");
-        }
-    }
-
-    #[test]
     fn rejects_bad_fields() {
         let v = json!({"a": 1});
         assert!(matches!(fingerprint(&v, Some(&["to".into()])), Err(FingerprintError::BadPointer(_))));
@@ -300,8 +260,141 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_members_are_refused() {
-        let e = serde_json::from_str::<Payload>(r#"{"a":1,"b":{"c":1,"c":2}}"#).unwrap_err();
-        assert!(e.to_string().contains("duplicate member name \"c\""), "{e}");
+    fn zero_and_minus_zero_are_one_number() {
+        assert_eq!(fp(r#"{"n":0}"#), fp(r#"{"n":-0}"#));
+        assert_eq!(fp(r#"{"n":0}"#), fp(r#"{"n":-0.0e5}"#));
+        assert_ne!(fp(r#"{"n":0}"#), fp(r#"{"n":5e-324}"#));
+    }
+
+    /// The issue's pair, and its neighbours: canonically equivalent text is one fingerprint.
+    #[test]
+    fn canonically_equivalent_text_fingerprints_alike() {
+        for (composed, decomposed) in [
+            // ü as U+00FC, and as u + U+0308 COMBINING DIAERESIS.
+            (r#"{"city":"Zürich"}"#, "{\"city\":\"Zu\u{0308}rich\"}"),
+            // Precomposed Hangul syllables, and conjoining jamo.
+            ("[\"\u{D55C}\u{AD6D}\"]", "[\"\u{1112}\u{1161}\u{11AB}\u{1100}\u{116E}\u{11A8}\"]"),
+            // U+00C5, and U+212B ANGSTROM SIGN (a singleton: NFC never keeps it) or A + ring.
+            ("\"\u{00C5}\"", "\"\u{212B}\""),
+            ("\"\u{00C5}\"", "\"A\u{030A}\""),
+            // Member names, at any depth, and values inside arrays.
+            (
+                "{\"Z\u{00FC}rich\":{\"caf\u{00E9}\":[\"\u{00E9}\"]}}",
+                "{\"Zu\u{0308}rich\":{\"cafe\u{0301}\":[\"e\u{0301}\"]}}",
+            ),
+            // JSON escapes are decoded first.
+            (r#"{"w":"caf\u00e9"}"#, r#"{"w":"cafe\u0301"}"#),
+            // Combining marks in either order (canonical ordering by combining class).
+            ("\"\u{1E0B}\u{0323}\"", "\"d\u{0307}\u{0323}\""),
+        ] {
+            assert_eq!(fp(composed), fp(decomposed), "{composed} vs {decomposed}");
+        }
+        // What a client computes: NFC, then RFC 8785, then SHA-256.
+        assert_eq!(fp("{\"city\":\"Zu\u{0308}rich\"}").0, sha256_hex("{\"city\":\"Z\u{00FC}rich\"}".as_bytes()));
+    }
+
+    #[test]
+    fn other_text_stays_other() {
+        // Compatibility equivalents (NFKC) are not canonical equivalents.
+        assert_ne!(fp("\"\u{FB01}le\""), fp("\"file\""));
+        assert_ne!(fp("\"\u{FF11}\""), fp("\"1\""));
+        assert_ne!(fp(r#"{"city":"Zürich"}"#), fp(r#"{"city":"Zurich"}"#));
+        assert_ne!(fp(r#"{"city":"Zürich"}"#), fp(r#"{"City":"Zürich"}"#));
+    }
+
+    #[test]
+    fn member_names_equal_after_nfc_are_duplicates() {
+        for (text, name) in [
+            ("{\"Z\u{00FC}rich\":1,\"Zu\u{0308}rich\":1}", "Z\u{00FC}rich"),
+            ("[{\"a\":{\"\u{212B}\":1,\"\u{00C5}\":2}}]", "\u{00C5}"),
+        ] {
+            let v = serde_json::from_str::<Payload>(text).unwrap().0;
+            assert_eq!(fingerprint(&v, None), Err(FingerprintError::DuplicateMember(name.into())), "{text}");
+            // Also when only other fields are fingerprinted: never one kept silently.
+            let e = fingerprint(&json!({"x": 1, "p": v}), Some(&["/x".to_string()]));
+            assert_eq!(e, Err(FingerprintError::DuplicateMember(name.into())), "{text}");
+        }
+    }
+
+    #[test]
+    fn pointers_name_members_in_either_form() {
+        let nfc_name = json!({"Z\u{00FC}rich": "x", "trace": 1});
+        let nfd_name = json!({"Zu\u{0308}rich": "x", "trace": 2});
+        let by_nfd = vec!["/Zu\u{0308}rich".to_string()];
+        let by_nfc = vec!["/Z\u{00FC}rich".to_string()];
+        let a = fingerprint(&nfc_name, Some(&by_nfd)).unwrap();
+        assert_eq!(a, fingerprint(&nfd_name, Some(&by_nfc)).unwrap());
+        assert_eq!(a, fingerprint(&nfc_name, Some(&by_nfc)).unwrap());
+        assert_ne!(a, fingerprint(&json!({"Z\u{00FC}rich": "y"}), Some(&by_nfc)).unwrap());
+        let twice = vec!["/Z\u{00FC}rich".to_string(), "/Zu\u{0308}rich".to_string()];
+        assert_eq!(
+            fingerprint(&nfc_name, Some(&twice)),
+            Err(FingerprintError::DuplicateField("/Z\u{00FC}rich".into()))
+        );
+        // Nested: each reference token is normalized, escapes (~1 for '/') still apply.
+        let nested = json!({"a/\u{00E9}": [{"\u{212B}": true}]});
+        assert!(fingerprint(&nested, Some(&["/a~1e\u{0301}/0/\u{00C5}".to_string()])).is_ok());
+    }
+
+    /// The fast path: NFC input (all ASCII text is) is fingerprinted without a copy.
+    #[test]
+    fn nfc_input_is_not_copied() {
+        for v in [json!({"to": "a", "n": [1, "b"]}), json!({"Z\u{00FC}rich": ["\u{D55C}\u{AD6D}", "\u{65E5}\u{672C}"]})]
+        {
+            assert!(matches!(nfc_value(&v), Ok(Cow::Borrowed(_))), "{v}");
+        }
+        assert!(matches!(nfc_value(&json!(["x", "Zu\u{0308}rich"])), Ok(Cow::Owned(_))));
+        assert!(matches!(nfc_value(&json!({"\u{212B}": 1})), Ok(Cow::Owned(_))));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+        use unicode_normalization::UnicodeNormalization;
+
+        /// Text rich in what normalization changes: letters that compose, combining marks
+        /// of several classes, Hangul, singletons, and anything else.
+        fn text() -> impl Strategy<Value = String> {
+            let pieces = prop_oneof![
+                "[a-zA-Z0-9 ]",
+                "[\u{00C0}-\u{017F}]",
+                "[\u{0300}-\u{036F}]",
+                "[\u{0591}-\u{05C7}]",
+                "[\u{1100}-\u{11FF}]",
+                "[\u{AC00}-\u{D7A3}]",
+                "[\u{2126}\u{212A}\u{212B}\u{1E00}-\u{1EFF}]",
+                any::<char>().prop_map(String::from),
+            ];
+            proptest::collection::vec(pieces, 0..12).prop_map(|v| v.concat())
+        }
+
+        proptest! {
+            /// A string in NFC, NFD or as generated fingerprints alike, as a value and as a
+            /// member name, at any depth.
+            #[test]
+            fn nfc_and_nfd_forms_fingerprint_alike(s in text(), t in text()) {
+                let forms = |s: &str| [s.to_string(), s.nfc().collect::<String>(), s.nfd().collect::<String>()];
+                let [a, b, c] = forms(&s);
+                let [x, _, z] = forms(&t);
+                let one = fingerprint(&json!({ a.clone(): [x.clone()], "k": {"v": b.clone()} }), None).unwrap();
+                let two = fingerprint(&json!({ c.clone(): [z.clone()], "k": {"v": c.clone()} }), None).unwrap();
+                prop_assert_eq!(one, two);
+                // Pointers in any form name the member in any form.
+                let field = vec![format!("/{}", c.replace('~', "~0").replace('/', "~1"))];
+                let by_nfd = fingerprint(&json!({ a: x }), Some(&field)).unwrap();
+                let field = vec![format!("/{}", b.replace('~', "~0").replace('/', "~1"))];
+                prop_assert_eq!(by_nfd, fingerprint(&json!({ c: z }), Some(&field)).unwrap());
+            }
+
+            /// The fingerprint is the hash of the RFC 8785 text of the NFC input, and
+            /// equal fingerprints mean equal NFC text.
+            #[test]
+            fn fingerprint_is_nfc_then_rfc8785_then_sha256(s in text(), t in text()) {
+                let nfc_text = canonical_json(&json!([s.nfc().collect::<String>()])).unwrap();
+                prop_assert_eq!(fingerprint(&json!([s.clone()]), None).unwrap().0, sha256_hex(nfc_text.as_bytes()));
+                let same = fingerprint(&json!([s.clone()]), None) == fingerprint(&json!([t.clone()]), None);
+                prop_assert_eq!(same, s.nfc().eq(t.nfc()));
+            }
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! idem-core: the pure domain of idem. No I/O, no async.
 //!
 //! - [`key`]: idempotency key rules (length, charset, no personal data).
-//! - [`fingerprint`]: SHA-256 over RFC 8785 canonical JSON.
+//! - [`fingerprint`]: SHA-256 over RFC 8785 canonical JSON of NFC text.
+//! - [`payload`]: parsing a client's JSON value (I-JSON: no duplicate members, exact numbers).
+//! - [`json_number`]: which number literals an IEEE 754 double carries exactly.
 //! - [`state`]: the states and their legal transitions (DESIGN.md §2).
 //! - [`decision`]: the decision table of DESIGN.md §3 ([`decide`]) and acquire plans.
 //! - [`completion`]: fenced completions and their plans.
@@ -17,7 +19,9 @@ pub mod clock;
 pub mod completion;
 pub mod decision;
 pub mod fingerprint;
+pub mod json_number;
 pub mod key;
+pub mod payload;
 pub mod reconcile;
 pub mod record;
 pub mod retention;
@@ -27,8 +31,9 @@ pub mod state;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use completion::{CompleteError, CompletionPlan, Outcome, plan_completion};
 pub use decision::{AcquireInput, AcquirePlan, Decision, decide, plan_acquire, plan_lease_expiry};
-pub use fingerprint::{Fingerprint, FingerprintError, Payload, fingerprint};
+pub use fingerprint::{Fingerprint, FingerprintError, fingerprint};
 pub use key::{IdempotencyKey, KeyError};
+pub use payload::Payload;
 pub use reconcile::{Lookup, ResolveError, plan_reconciliation, plan_resolution};
 pub use record::{Actor, EventKind, OperationEvent, OperationRecord};
 pub use retention::{Retention, Tombstone, is_expired, plan_late_arrival};

@@ -26,13 +26,16 @@ pub struct AcquireBody {
     /// The action (the kind of side effect): 1-128 characters of `[A-Za-z0-9_.:-]`.
     #[schema(example = "send_confirmation")]
     pub action: String,
-    /// The payload that defines the intent. Kept with the record; its fingerprint
-    /// (SHA-256 of RFC 8785 canonical JSON) binds the key. Duplicate member names are
-    /// refused. Default `null`.
+    /// The payload that defines the intent. Kept with the record as received; its
+    /// fingerprint (NFC of every string, then RFC 8785 canonical JSON, then SHA-256) binds
+    /// the key. Refused (400): duplicate member names, also names equal after NFC (I-JSON,
+    /// RFC 7493 §2.3), and number literals an IEEE 754 double does not carry exactly or
+    /// beyond ±2^53 (`1e-400`, `4e-324`, `9007199254740993`: send them as strings).
+    /// Default `null`.
     #[schema(value_type = Object)]
     pub payload: Option<idem_core::Payload>,
     /// JSON pointers (RFC 6901) of the payload fields that define the intent; when given,
-    /// only they are fingerprinted.
+    /// only they are fingerprinted. Compared in NFC, like the payload's member names.
     #[schema(example = json!(["/to", "/template"]))]
     pub fingerprint_fields: Option<Vec<String>>,
     /// Lease length in ms (100-3600000, default 30000).
@@ -69,7 +72,8 @@ pub struct OperationView {
     /// PENDING, EXECUTING, SUCCEEDED, FAILED or UNKNOWN.
     #[schema(example = "EXECUTING")]
     pub state: String,
-    /// SHA-256 hex of the canonical payload (or its named fields).
+    /// SHA-256 hex of the RFC 8785 canonical payload (or its named fields) with every
+    /// string in NFC.
     pub fingerprint: String,
     /// The payload as first received.
     #[schema(value_type = Object)]
@@ -212,9 +216,11 @@ pub struct CompleteBody {
     pub outcome: String,
     /// Evidence of the side effect (required for `succeeded`, at most 512 bytes).
     pub provider_ref: Option<String>,
-    /// Result to store and replay (`succeeded`, `final_failure`).
+    /// Result to store and replay (`succeeded`, `final_failure`), kept as received. The
+    /// payload's rules apply (400): no duplicate member names, no number literal an IEEE 754
+    /// double does not carry exactly (send such numbers as strings).
     #[schema(value_type = Option<Object>)]
-    pub result: Option<Value>,
+    pub result: Option<idem_core::Payload>,
     /// Error class (required for the failures): 1-64 characters of `[A-Za-z0-9_.-]`.
     pub error_class: Option<String>,
     /// Human-readable message (failures and `unknown`).

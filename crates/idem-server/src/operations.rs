@@ -180,7 +180,7 @@ fn with_rid(p: Problem, caller: &Caller) -> Problem {
         (status = 201, description = "Lease granted: perform the side effect, then complete with the fencing token", body = OperationView),
         (status = 200, description = "Replay of a SUCCEEDED or FAILED operation; header `Idempotent-Replayed: true`", body = OperationView),
         (status = 202, description = "Outcome UNKNOWN: reconciliation pending, nothing executed", body = OperationView),
-        (status = 400, description = "Malformed request, missing or invalid key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed request, missing or invalid key, a payload with duplicate member names (also after NFC) or a number an IEEE 754 double does not carry exactly", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "In progress (another lease), or the next attempt is not due; header `Retry-After`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Late arrival: the key's operation completed and its record was removed after its retention window (default 24 h after completion); a tombstone remembers it (default 30 days after completion) and nothing executes. After the tombstone is gone the key is new again.", body = Problem, content_type = "application/problem+json"),
@@ -408,7 +408,7 @@ fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
             extra("message", b.message.is_some())?;
             Ok(Outcome::Succeeded {
                 provider_ref: need("provider_ref (the evidence)", b.provider_ref.clone())?,
-                result: b.result,
+                result: b.result.map(|r| r.0),
             })
         }
         "retryable_failure" => {
@@ -426,7 +426,7 @@ fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
             Ok(Outcome::FinalFailure {
                 error_class: need("error_class", b.error_class.clone())?,
                 message: b.message,
-                result: b.result,
+                result: b.result.map(|r| r.0),
             })
         }
         "unknown" => {
@@ -449,7 +449,7 @@ fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
     request_body = CompleteBody,
     responses(
         (status = 200, description = "The updated record (or the unchanged one, for an identical repeat)", body = OperationView),
-        (status = 400, description = "Malformed request or outcome", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed request or outcome, or a `result` with duplicate member names or a number an IEEE 754 double does not carry exactly", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such operation in the caller's tenant", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Stale fencing token, already final, or not executing; nothing changed", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Late: the operation completed and its record was removed after its retention window (a tombstone remains); nothing recorded", body = Problem, content_type = "application/problem+json"),

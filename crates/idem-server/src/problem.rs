@@ -24,7 +24,7 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "invalid-request",
         "The request is malformed",
-        "The body is not valid JSON, has unknown or duplicate fields, a field has the wrong type or is out of range, or a query parameter is invalid. Nothing was recorded.",
+        "The body is not valid JSON, has unknown or duplicate fields (member names equal after Unicode NFC are duplicates), a field has the wrong type or is out of range, a number in a payload or result is not exactly an IEEE 754 double or is beyond ±2^53 (send it as a string), or a query parameter is invalid. Nothing was recorded.",
     ),
     (
         "missing-idempotency-key",

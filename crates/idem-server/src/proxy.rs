@@ -239,6 +239,15 @@ async fn client_of(state: &ProxyState, headers: &HeaderMap) -> Result<(String, S
 }
 
 /// The fingerprint of a request (see the module docs).
+///
+/// A JSON body is read as the API reads a payload ([`idem_core::Payload`], then
+/// [`fingerprint`]): strings count in NFC, and a body with duplicate member names or a
+/// number literal an IEEE 754 double does not carry exactly is refused — else
+/// `{"amount":1e-400}` would share the fingerprint of `{"amount":0}` and be answered with
+/// that request's stored response. The body is forwarded as received either way.
+///
+/// # Errors
+/// The reason, for a 400 `invalid-request`: a JSON body idem cannot fingerprint faithfully.
 pub fn request_fingerprint(
     config: &ProxyConfig,
     method: &Method,

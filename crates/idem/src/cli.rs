@@ -343,7 +343,9 @@ pub struct AcquireArgs {
     /// Action (kind of side effect), e.g. send_confirmation.
     #[arg(long)]
     pub action: String,
-    /// Payload as JSON text.
+    /// Payload as JSON text. Refused: duplicate member names, and numbers an IEEE 754
+    /// double does not carry exactly or beyond ±2^53 (1e-400, 4e-324: send them as
+    /// strings). Its fingerprint reads text in NFC, so composed and decomposed forms match.
     #[arg(long, conflicts_with = "payload_file")]
     pub payload: Option<String>,
     /// Payload read from a JSON file (`-` for stdin).
@@ -389,7 +391,8 @@ pub struct CompleteArgs {
     /// Provider's reference (required for succeeded).
     #[arg(long)]
     pub provider_ref: Option<String>,
-    /// Result to store and replay, as JSON text.
+    /// Result to store and replay, as JSON text (the payload's rules: no duplicate member
+    /// names, numbers exact as IEEE 754 doubles).
     #[arg(long)]
     pub result: Option<String>,
     /// Error class (required for failures).

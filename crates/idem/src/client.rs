@@ -163,12 +163,17 @@ fn read_payload(args: &AcquireArgs) -> anyhow::Result<Option<Value>> {
         (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
         (None, None) => return Ok(None),
     };
-    // Parsed with the server's rules (no duplicate member names, no numbers beyond 2^53),
-    // so what is sent is exactly what was written.
-    let v: idem_core::Payload = serde_json::from_str(&text).context(
-        "the payload is not valid JSON for idem (JSON text, no duplicate member names, no number beyond 2^53)",
-    )?;
-    Ok(Some(v.0))
+    client_json(&text, "the payload").map(Some)
+}
+
+/// `text` parsed with the server's rules for a payload or a result ([`idem_core::Payload`]:
+/// no duplicate member names, no number literal a double does not carry exactly), so what
+/// is sent is exactly what was written and a refusal is local, naming the member or number.
+fn client_json(text: &str, what: &str) -> anyhow::Result<Value> {
+    let v: idem_core::Payload = serde_json::from_str(text).with_context(|| {
+        format!("{what} is not valid JSON for idem (JSON text, no duplicate member names, numbers exact as IEEE 754 doubles within ±2^53)")
+    })?;
+    Ok(v.0)
 }
 
 pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
@@ -228,7 +233,7 @@ pub async fn complete(args: CompleteArgs) -> anyhow::Result<ExitCode> {
         body["provider_ref"] = json!(r);
     }
     if let Some(r) = &args.result {
-        body["result"] = serde_json::from_str(r).context("--result is not valid JSON")?;
+        body["result"] = client_json(r, "--result")?;
     }
     if let Some(c) = &args.error_class {
         body["error_class"] = json!(c);

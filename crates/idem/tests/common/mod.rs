@@ -181,6 +181,21 @@ impl Server {
         Resp::read(r).await
     }
 
+    /// POST of `body` exactly as given (`Content-Type: application/json`): for JSON text a
+    /// `Value` cannot carry, such as the number literal `1e-400`.
+    pub async fn post_raw(&self, api_key: &str, path: &str, body: &str) -> Resp {
+        let r = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(api_key)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        Resp::read(r).await
+    }
+
     pub async fn get(&self, api_key: &str, path: &str) -> Resp {
         let r = self.http.get(self.url(path)).bearer_auth(api_key).send().await.unwrap();
         Resp::read(r).await
