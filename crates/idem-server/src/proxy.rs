@@ -121,6 +121,7 @@ impl ProxyLookup {
                 absent_statuses: vec![404],
                 absent_after_ms: absent_after.as_millis() as i64,
             }),
+            provider_deduplicates: false,
             retry: Default::default(),
             lease_ms: None,
         };
