@@ -27,8 +27,8 @@ use crate::connector::{Connector, OperationCtx, ambiguous, final_failure, retrya
 use crate::http_status::{Answer, classify};
 use async_trait::async_trait;
 use idem_core::{Lookup, Outcome};
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::Method;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use std::time::Duration;
 

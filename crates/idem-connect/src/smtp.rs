@@ -431,7 +431,8 @@ mod tests {
             .unwrap();
             let outcome = SmtpConnector::new("mail", &c).unwrap().execute(&op("k", payload.clone())).await;
             assert_eq!(outcome.name(), want, "RCPT {rcpt}, after the dot {after_dot:?}: {outcome:?}");
-            if let Outcome::RetryableFailure { error_class, .. } | Outcome::FinalFailure { error_class, .. } = &outcome {
+            if let Outcome::RetryableFailure { error_class, .. } | Outcome::FinalFailure { error_class, .. } = &outcome
+            {
                 assert_eq!(Some(error_class.as_str()), class, "{outcome:?}");
             }
         }

@@ -611,7 +611,11 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
                 let outcome = if status.is_success() {
                     Outcome::Succeeded { provider_ref: format!("http {}", status.as_u16()), result: stored }
                 } else {
-                    Outcome::FinalFailure { error_class: format!("http_{}", status.as_u16()), message: None, result: stored }
+                    Outcome::FinalFailure {
+                        error_class: format!("http_{}", status.as_u16()),
+                        message: None,
+                        result: stored,
+                    }
                 };
                 (outcome, rebuild(status, &headers, bytes))
             }

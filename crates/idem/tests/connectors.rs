@@ -182,7 +182,11 @@ async fn a_5xx_after_the_provider_acted_is_found_by_the_lookup() {
         provider.script(&key, vec![Step::EffectThenStatus(status), Step::Ok]);
         s.post(ADMIN_KEY, "/v1/operations", &trigger(&key, "orders", json!({"sku": "B"}), 0)).await;
         let rec = s.wait_for(&key, 10, |r| r["state"] != "EXECUTING" && r["state"] != "UNKNOWN").await;
-        assert_eq!((rec["state"].as_str(), rec["evidence_source"].as_str()), (Some("SUCCEEDED"), Some("lookup")), "{rec}");
+        assert_eq!(
+            (rec["state"].as_str(), rec["evidence_source"].as_str()),
+            (Some("SUCCEEDED"), Some("lookup")),
+            "{rec}"
+        );
         assert!(rec["provider_ref"].as_str().unwrap().starts_with("ord-"), "{rec}");
         assert_eq!(rec["attempt"], 1, "{status}");
         assert_eq!((provider.calls(&key), provider.effects(&key)), (1, 1), "{status}: exactly one order");
@@ -221,7 +225,11 @@ async fn a_provider_that_deduplicates_is_retried_and_proven_statuses_keep_their_
         provider.script(&key, vec![first.clone(), Step::Ok]);
         s.post(ADMIN_KEY, "/v1/operations", &trigger(&key, "orders", json!({"i": i}), 0)).await;
         let rec = s.wait_for(&key, 15, |r| r["state"] == "SUCCEEDED").await;
-        assert_eq!((rec["attempt"].as_i64(), rec["evidence_source"].as_str()), (Some(2), Some("connector")), "{first:?}");
+        assert_eq!(
+            (rec["attempt"].as_i64(), rec["evidence_source"].as_str()),
+            (Some(2), Some("connector")),
+            "{first:?}"
+        );
         assert_eq!(events_of(&rec, "completed")[0]["error_class"], class, "{first:?}: {rec}");
         assert_eq!(provider.calls(&key), 2, "{first:?}: retried once");
         assert_eq!(provider.effects(&key), 1, "{first:?}: one order");

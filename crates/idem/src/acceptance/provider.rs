@@ -54,7 +54,9 @@ impl std::str::FromStr for Step {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || {
-            format!("unknown provider step {s:?}: ok, slow:MS, NNN[:RETRY_AFTER_S], effect_then_hang, effect_then_NNN, hang")
+            format!(
+                "unknown provider step {s:?}: ok, slow:MS, NNN[:RETRY_AFTER_S], effect_then_hang, effect_then_NNN, hang"
+            )
         };
         match s {
             "ok" => Ok(Step::Ok),
