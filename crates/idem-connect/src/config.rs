@@ -20,6 +20,7 @@
 //! headers = { Authorization = { env = "ORDERS_TOKEN", prefix = "Bearer " } }
 //! provider_ref = { json_pointer = "/id" }     # or { header = "Location" }
 //! lookup = { url = "https://orders.example.com/v1/orders?client_reference={idempotency_key}", found_pointer = "/0/id" }
+//! provider_deduplicates = false  # true only if the provider answers a repeated Idempotency-Key with the first result
 //! retry = { base_ms = 1000, cap_ms = 30000, max_attempts = 5, budget_per_s = 5, budget_burst = 10 }
 //!
 //! [connectors.mail]
@@ -367,11 +368,32 @@ pub struct HttpConfig {
     pub provider_ref: Option<ProviderRefConfig>,
     /// How to look an operation up.
     pub lookup: Option<HttpLookupConfig>,
+    /// The provider deduplicates by the `Idempotency-Key` idem sends (`tenant:key`): it
+    /// answers a repeated key with the first request's result instead of acting again (as
+    /// Stripe does; IETF httpapi Idempotency-Key draft). Then an answer that leaves open
+    /// whether it acted — HTTP 500, 502, 504 and other 5xx, a timeout or a reset after the
+    /// request was sent — is retried, and its 409 ("the first request is still in
+    /// progress", draft §2.7) too. Default false: such answers make the outcome UNKNOWN,
+    /// settled by the lookup or an operator (DESIGN.md §4). Setting it for a provider that
+    /// does not deduplicate can cause duplicate side effects.
+    #[serde(default, deserialize_with = "provider_deduplicates")]
+    pub provider_deduplicates: bool,
     /// Retry policy and budget.
     #[serde(default)]
     pub retry: RetryConfig,
     /// Lease per attempt (ms); default timeout + 10 s.
     pub lease_ms: Option<i64>,
+}
+
+/// `provider_deduplicates`, with an error that names the field: inside `[connectors.NAME]`
+/// (a tagged enum) the TOML error alone would not.
+fn provider_deduplicates<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    <bool as Deserialize>::deserialize(d).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "provider_deduplicates must be true or false ({e}): true only when the provider answers a repeated \
+             Idempotency-Key with the first request's result"
+        ))
+    })
 }
 
 fn default_method() -> String {
@@ -612,6 +634,21 @@ mod tests {
         assert!(check_template("f", "http://x/o/{key}?t={tenant}&i={idempotency_key}").is_ok());
         assert!(check_template("f", "ftp://x/{key}").is_err());
         assert!(check_template("f", "http://x/{key").is_err());
+    }
+
+    #[test]
+    fn provider_deduplicates_is_a_flag_and_its_errors_name_it() {
+        let http = |extra: &str| format!("[connectors.orders]\nkind = \"http\"\nurl = \"http://x/\"\n{extra}");
+        let c = Config::parse(&http("")).unwrap();
+        let ConnectorConfig::Http(h) = &c.connectors["orders"] else { panic!() };
+        assert!(!h.provider_deduplicates, "off unless declared");
+        let c = Config::parse(&http("provider_deduplicates = true\n")).unwrap();
+        let ConnectorConfig::Http(h) = &c.connectors["orders"] else { panic!() };
+        assert!(h.provider_deduplicates);
+        let e = Config::parse(&http("provider_deduplicates = \"yes\"\n")).unwrap_err();
+        assert!(e.message.contains("provider_deduplicates must be true or false"), "{e}");
+        let e = Config::parse(&http("provider_dedupe = true\n")).unwrap_err();
+        assert!(e.message.contains("provider_deduplicates"), "the known fields are listed: {e}");
     }
 
     #[test]

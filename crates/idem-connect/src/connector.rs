@@ -1,9 +1,13 @@
 //! The connector contract (DESIGN.md §7): perform a side effect, and look it up afterwards.
 //!
-//! Outcomes are classified, never guessed (DESIGN.md §4): a failure *before* anything
-//! reached the provider is retryable; a failure *after* the request may have reached it is
-//! UNKNOWN, to be settled by [`Connector::lookup`]. Connectors never retry themselves:
-//! exactly one layer retries, the executor, on the durable schedule.
+//! Outcomes are classified by what the answer proves, never guessed (DESIGN.md §4): a
+//! failure *before* anything reached the provider, or an answer that says it did not
+//! process the request, is retryable; a failure or an answer that leaves open whether the
+//! provider acted (a timeout, a reset, an HTTP 500/502/504) is ambiguous — UNKNOWN, to be
+//! settled by [`Connector::lookup`] or an operator — unless the provider deduplicates by
+//! the idempotency key idem sends, which makes another attempt safe ([`ambiguous`]).
+//! Connectors never retry themselves: exactly one layer retries, the executor, on the
+//! durable schedule.
 
 use async_trait::async_trait;
 use idem_core::fingerprint::sha256_hex;
@@ -59,6 +63,13 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
     /// The longest one `execute` can take (ms), from its timeouts. An attempt does not
     /// start unless at least this much of its lease is left.
     fn max_call_ms(&self) -> i64;
+
+    /// Whether [`Connector::lookup`] can ever find anything (a lookup is configured). When
+    /// not, the reconciler flags an UNKNOWN operation for review at once instead of asking
+    /// `max_lookups` times.
+    fn can_look_up(&self) -> bool {
+        true
+    }
 }
 
 /// `retryable_failure` with a class and message.
@@ -69,6 +80,23 @@ pub fn retryable(class: &str, message: impl Into<String>, retry_after_ms: Option
 /// `final_failure` with a class and message.
 pub fn final_failure(class: &str, message: impl Into<String>) -> Outcome {
     Outcome::FinalFailure { error_class: class.into(), message: Some(message.into()), result: None }
+}
+
+/// An ambiguous answer (the provider may have acted, DESIGN.md §4): UNKNOWN, or, when the
+/// provider deduplicates by the idempotency key idem sends, an
+/// [`Outcome::AmbiguousRetryable`] with `class` (another attempt is safe; UNKNOWN once the
+/// attempts run out).
+pub fn ambiguous(
+    provider_deduplicates: bool,
+    class: &str,
+    message: impl Into<String>,
+    retry_after_ms: Option<i64>,
+) -> Outcome {
+    if provider_deduplicates {
+        Outcome::AmbiguousRetryable { error_class: class.into(), message: Some(message.into()), retry_after_ms }
+    } else {
+        unknown(message)
+    }
 }
 
 /// `unknown` with a message.

@@ -1,24 +1,34 @@
 //! The HTTP connector (reqwest): sends the payload as JSON to a configured URL with the
 //! operation's key in `Idempotency-Key`, and looks operations up by a URL template.
 //!
-//! Classification (DESIGN.md §4):
+//! Classification, by what the answer proves (DESIGN.md §4; the status table is in
+//! [`crate::http_status`]):
 //! - 2xx ⇒ succeeded; the provider's reference comes from a JSON pointer or a header
 //!   (falling back to the `Idempotency-Key` sent, which the provider accepted);
-//! - 408, 425, 429, 500, 502, 503, 504 ⇒ retryable, `Retry-After` (delta-seconds) honoured;
-//! - other 4xx ⇒ final (`validation`, `auth`, `not_found`, `conflict`, `client_error`);
-//!   other 5xx ⇒ final (`server_error`);
 //! - connection refused or DNS failure (nothing was sent) ⇒ retryable (`connect`);
-//! - a timeout or reset after the connection was made ⇒ UNKNOWN: the request may have
-//!   been processed.
+//! - 408, 425, 429, 503 (the provider says it did not process the request) ⇒ retryable
+//!   (`unavailable`, `rate_limited`), `Retry-After` (delta-seconds) honoured;
+//! - other 4xx, and 501, 505, 511 ⇒ final (`validation`, `auth`, `not_found`, `conflict`,
+//!   `too_large`, `client_error`, `server_error`);
+//! - 500, 502, 504 and every other 5xx, a timeout or a reset after the request was sent ⇒
+//!   ambiguous: the provider may have acted, so the outcome is UNKNOWN and the reconciler
+//!   asks the lookup (or, without one, an operator reviews it) — unless the connector
+//!   declares `provider_deduplicates = true`: the provider answers a repeated
+//!   `Idempotency-Key` with the first request's result, so these are retried
+//!   ([`Outcome::AmbiguousRetryable`], class `server_error`, `timeout` or `connection`;
+//!   UNKNOWN if the attempts run out), and its 409 means "still in progress" (retried,
+//!   `in_progress`);
+//! - a redirect (never followed) ⇒ UNKNOWN.
 //!
 //! The client never retries or follows redirects by itself: exactly one layer retries.
 
 use crate::config::{ConfigError, HeaderValueConfig, HttpConfig, check_template, interpolate};
-use crate::connector::{Connector, OperationCtx, final_failure, retryable, unknown};
+use crate::connector::{Connector, OperationCtx, ambiguous, final_failure, retryable, unknown};
+use crate::http_status::{Answer, classify};
 use async_trait::async_trait;
 use idem_core::{Lookup, Outcome};
+use reqwest::Method;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
-use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -35,6 +45,7 @@ pub struct HttpConnector {
     lookup: Option<crate::config::HttpLookupConfig>,
     lease_ms: i64,
     max_call_ms: i64,
+    provider_deduplicates: bool,
 }
 
 /// Replaces `{key}`, `{tenant}`, `{idempotency_key}` with percent-encoded values.
@@ -60,24 +71,6 @@ fn fill(template: &str, op: &OperationCtx) -> String {
 fn retry_after_ms(headers: &HeaderMap) -> Option<i64> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     v.trim().parse::<i64>().ok().filter(|s| *s >= 0).map(|s| s.saturating_mul(1000).min(86_400_000))
-}
-
-/// The error class of a final 4xx/5xx answer.
-pub fn final_class(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        400 | 422 => "validation",
-        401 | 403 => "auth",
-        404 | 410 => "not_found",
-        409 => "conflict",
-        413 => "too_large",
-        400..=499 => "client_error",
-        _ => "server_error",
-    }
-}
-
-/// Whether a status is worth retrying (RFC 9110 semantics; 425 Too Early, 429 rate limit).
-pub fn is_retryable_status(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 425 | 429 | 500 | 502 | 503 | 504)
 }
 
 impl HttpConnector {
@@ -177,6 +170,7 @@ impl HttpConnector {
             lookup,
             lease_ms,
             max_call_ms: c.timeout_ms as i64,
+            provider_deduplicates: c.provider_deduplicates,
         })
     }
 
@@ -192,18 +186,24 @@ impl HttpConnector {
     }
 }
 
-/// Classifies a transport error: before the request left ⇒ retryable, after ⇒ UNKNOWN.
+/// Classifies a transport error: before the request left ⇒ retryable; after ⇒ ambiguous
+/// (UNKNOWN, or retried when the provider deduplicates: `provider_deduplicates`).
 /// The URL is left out of the message: it may carry a token interpolated from `${VAR}`.
-fn classify_error(e: reqwest::Error) -> Outcome {
+fn classify_error(e: reqwest::Error, provider_deduplicates: bool) -> Outcome {
     let e = e.without_url();
     if e.is_connect() {
         retryable("connect", format!("could not connect, nothing was sent: {e}"), None)
     } else if e.is_builder() {
         final_failure("invalid_request", format!("the request could not be built: {e}"))
     } else if e.is_timeout() {
-        unknown(format!("timed out after the request was sent: {e}"))
+        ambiguous(provider_deduplicates, "timeout", format!("timed out after the request was sent: {e}"), None)
     } else {
-        unknown(format!("the connection failed after the request was sent: {e}"))
+        ambiguous(
+            provider_deduplicates,
+            "connection",
+            format!("the connection failed after the request was sent: {e}"),
+            None,
+        )
     }
 }
 
@@ -220,37 +220,44 @@ impl Connector for HttpConnector {
         let resp = match request.send().await {
             Ok(r) => r,
             Err(e) => {
-                let outcome = classify_error(e);
+                let outcome = classify_error(e, self.provider_deduplicates);
                 tracing::warn!(connector = %self.name, outcome = outcome.name(), "HTTP attempt failed");
                 return outcome;
             }
         };
         let status = resp.status();
         let headers = resp.headers().clone();
-        if status.is_success() {
-            // The provider accepted; a body we cannot read does not undo that.
-            let body: Value = resp.json().await.unwrap_or(Value::Null);
-            let provider_ref = self.provider_ref(&headers, &body, op.provider_key());
-            return Outcome::Succeeded {
-                provider_ref,
-                result: Some(serde_json::json!({"status": status.as_u16(), "body": body})),
-            };
-        }
-        let text = resp.text().await.unwrap_or_default();
-        let snippet: String = text.chars().take(300).collect();
-        if status.is_redirection() {
+        // The status decides; a body we cannot read (cut off, not JSON) does not undo it.
+        let bytes = resp.bytes().await.unwrap_or_default();
+        let snippet = || String::from_utf8_lossy(&bytes).chars().take(300).collect::<String>();
+        match classify(status.as_u16(), self.provider_deduplicates) {
+            Answer::Succeeded => {
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let provider_ref = self.provider_ref(&headers, &body, op.provider_key());
+                Outcome::Succeeded {
+                    provider_ref,
+                    result: Some(serde_json::json!({"status": status.as_u16(), "body": body})),
+                }
+            }
+            Answer::NotProcessed { class } => {
+                retryable(class, format!("HTTP {status}: {}", snippet()), retry_after_ms(&headers))
+            }
+            Answer::Ambiguous { class } => ambiguous(
+                self.provider_deduplicates,
+                class,
+                format!("HTTP {status} after the request was sent; the provider may have acted: {}", snippet()),
+                retry_after_ms(&headers),
+            ),
             // A 303 after a POST often means "created, look here"; 307/308 mean "not
             // processed". Without following it, nobody knows: ask the lookup.
-            return unknown(format!("HTTP {status}: a redirect, not followed; the provider may have acted"));
-        }
-        if is_retryable_status(status) {
-            let class = if status.as_u16() == 429 { "rate_limited" } else { "unavailable" };
-            return retryable(class, format!("HTTP {status}: {snippet}"), retry_after_ms(&headers));
-        }
-        Outcome::FinalFailure {
-            error_class: final_class(status).into(),
-            message: Some(format!("HTTP {status}: {snippet}")),
-            result: Some(serde_json::json!({"status": status.as_u16()})),
+            Answer::Redirect => {
+                unknown(format!("HTTP {status}: a redirect, not followed; the provider may have acted"))
+            }
+            Answer::Refused { class } => Outcome::FinalFailure {
+                error_class: class.into(),
+                message: Some(format!("HTTP {status}: {}", snippet())),
+                result: Some(serde_json::json!({"status": status.as_u16()})),
+            },
         }
     }
 
@@ -311,23 +318,15 @@ impl Connector for HttpConnector {
     fn max_call_ms(&self) -> i64 {
         self.max_call_ms
     }
+
+    fn can_look_up(&self) -> bool {
+        self.lookup.is_some()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn statuses_are_classified() {
-        for s in [408, 425, 429, 500, 502, 503, 504] {
-            assert!(is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
-        }
-        for s in [400, 401, 403, 404, 409, 422, 501] {
-            assert!(!is_retryable_status(StatusCode::from_u16(s).unwrap()), "{s}");
-        }
-        assert_eq!(final_class(StatusCode::UNPROCESSABLE_ENTITY), "validation");
-        assert_eq!(final_class(StatusCode::FORBIDDEN), "auth");
-    }
 
     #[test]
     fn templates_are_filled_percent_encoded() {

@@ -3,6 +3,7 @@
 //! - [`config`]: the TOML connector configuration, secrets and `${VAR}` overrides.
 //! - [`connector`]: the `Connector` contract (execute, lookup) and outcome helpers.
 //! - [`http`], [`smtp`]: the HTTP/webhook and SMTP (+ IMAP lookup) connectors.
+//! - [`http_status`]: what an HTTP status proves about a side effect (connector and proxy).
 //! - [`budget`]: per-connector retry budgets (token buckets).
 //! - [`registry`]: the configured connectors by name.
 //! - [`executor`]: runs attempts and the durable retry loop.
@@ -16,6 +17,7 @@ pub mod config;
 pub mod connector;
 pub mod executor;
 pub mod http;
+pub mod http_status;
 pub mod reconciler;
 pub mod registry;
 pub mod smtp;

@@ -5,7 +5,8 @@
 //! `plan_reconciliation`: found ⇒ SUCCEEDED with the provider's reference
 //! (`evidence_source = "lookup"`), absent ⇒ PENDING (the executor tries again), anything
 //! else ⇒ stays UNKNOWN, looked up again with backoff, flagged `needs_review` after the
-//! connector's `max_lookups`. An operation the caller executed itself (no connector) has
+//! connector's `max_lookups`. An operation the caller executed itself (no connector), or
+//! one whose connector has no lookup configured ([`crate::Connector::can_look_up`]), has
 //! nobody to ask: it is flagged for review at once.
 
 use crate::executor::ctx_of;
@@ -43,6 +44,15 @@ impl Reconciler {
                 1,
             ),
             Some(name) => match self.registry.get(name) {
+                // Asking again would get the same "no lookup": review now, not after
+                // `max_lookups` backoffs.
+                Some(entry) if !entry.connector.can_look_up() => (
+                    Lookup::Inconclusive {
+                        why: format!("connector {name:?} has no lookup configured: an operator must resolve it"),
+                    },
+                    entry.policy.clone(),
+                    1,
+                ),
                 Some(entry) => (entry.connector.lookup(&ctx_of(rec)).await, entry.policy.clone(), entry.max_lookups),
                 // A lookup-only name (the proxy's) without a configured lookup: nobody to
                 // ask, so an operator decides, as for the caller's own effects.

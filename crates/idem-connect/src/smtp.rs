@@ -9,9 +9,13 @@
 //! - before the message body was sent (connect, EHLO, STARTTLS, AUTH, MAIL, RCPT, DATA):
 //!   4xx or a lost connection ⇒ retryable (the server holds nothing); 5xx ⇒ final
 //!   (`validation` for a refused recipient, `auth`, `rejected`);
-//! - after the body and its final `.` were sent: 2xx ⇒ succeeded (evidence: the
-//!   Message-ID), 4xx ⇒ retryable, 5xx ⇒ final, a lost connection or a timeout ⇒
-//!   UNKNOWN — the server may have accepted the message.
+//! - after the body and its final `.` were sent, the reply is what proves the outcome: a
+//!   server takes responsibility for a message only with a 2xx to the final `.`, and must
+//!   answer a failure it did not take with a failure reply (RFC 5321 §4.1.1.4, §6.1). So
+//!   2xx ⇒ succeeded (evidence: the Message-ID), 4xx ⇒ retryable, 5xx ⇒ final (`rejected`)
+//!   — unlike an HTTP 5xx, such a reply proves the message was not taken. Any other reply
+//!   (a 3xx, which lettre counts as positive), a lost connection or a timeout ⇒ UNKNOWN —
+//!   the server may have accepted the message.
 //!
 //! Payload: `{"to": "a@example.com" | ["a@…", …], "subject": "…", "text": "…",
 //! "from": "…" (optional, default from the config)}`. A payload that is not a valid message
@@ -27,6 +31,7 @@ use lettre::transport::smtp::authentication::{Credentials, Mechanism};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
 use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
 use lettre::transport::smtp::extension::ClientId;
+use lettre::transport::smtp::response::Severity;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -217,6 +222,14 @@ impl SmtpConnector {
             .await
             .map_err(|_| unknown("no reply within the timeout after the message was sent"))?
             .map_err(|e| classify(Phase::Body, &e))?;
+        // Only a 2xx to the final `.` is an acceptance (RFC 5321 §6.1); lettre also lets a
+        // 3xx through, which proves neither acceptance nor refusal.
+        if reply.code().severity != Severity::PositiveCompletion {
+            return Err(unknown(format!(
+                "the server answered {} to the message, neither an acceptance nor a refusal",
+                reply.code()
+            )));
+        }
         let _ = conn.quit().await;
         Ok(reply.message().collect::<Vec<_>>().join(" "))
     }
@@ -270,6 +283,10 @@ impl Connector for SmtpConnector {
 
     fn max_call_ms(&self) -> i64 {
         SMTP_STEPS * self.timeout.as_millis() as i64
+    }
+
+    fn can_look_up(&self) -> bool {
+        self.imap.is_some()
     }
 }
 
@@ -348,6 +365,77 @@ mod tests {
         other_tenant.tenant = "globex".into();
         assert_ne!(a, message_id(&other_tenant, "example.org"));
         assert!(a.starts_with("<idem.") && a.ends_with("@example.org>"));
+    }
+
+    /// A scripted SMTP server on loopback: accepts the envelope, then answers the message's
+    /// final `.` with `after_dot` (`None`: closes the connection instead). `rcpt` is its
+    /// reply to RCPT. Returns its port.
+    async fn scripted_smtp(rcpt: &'static str, after_dot: Option<&'static str>) -> u16 {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            let (r, mut w) = sock.into_split();
+            let mut lines = BufReader::new(r).lines();
+            w.write_all(b"220 scripted ESMTP\r\n").await.unwrap();
+            let mut in_data = false;
+            while let Ok(Some(line)) = lines.next_line().await {
+                let reply = if in_data {
+                    if line != "." {
+                        continue;
+                    }
+                    in_data = false;
+                    match after_dot {
+                        Some(r) => r,
+                        None => return, // the connection drops after the message was sent
+                    }
+                } else {
+                    match line.get(..4).unwrap_or("").to_ascii_uppercase().as_str() {
+                        "EHLO" | "HELO" | "MAIL" => "250 ok",
+                        "RCPT" => rcpt,
+                        "DATA" => {
+                            in_data = true;
+                            "354 go ahead"
+                        }
+                        "QUIT" => "221 bye",
+                        _ => "500 unknown command",
+                    }
+                };
+                w.write_all(format!("{reply}\r\n").as_bytes()).await.unwrap();
+            }
+        });
+        port
+    }
+
+    /// Issue 11 item 2, the SMTP analogue: each reply is classified by what it proves.
+    /// A negative reply to the final `.` proves the message was not taken (RFC 5321 §6.1);
+    /// a 3xx there proves nothing and must not count as delivered; a lost connection after
+    /// the `.` leaves it open.
+    #[tokio::test]
+    async fn replies_are_classified_by_what_they_prove() {
+        let payload = serde_json::json!({"to": "c@example.org", "subject": "Hi", "text": "Body"});
+        let cases: [(&str, Option<&str>, &str, Option<&str>); 6] = [
+            ("250 ok", Some("250 2.0.0 queued as 1"), "succeeded", None),
+            ("250 ok", Some("451 4.3.0 try again later"), "retryable_failure", Some("smtp_transient")),
+            ("250 ok", Some("554 5.7.1 rejected"), "final_failure", Some("rejected")),
+            ("250 ok", Some("354 go on"), "unknown", None),
+            ("250 ok", None, "unknown", None),
+            ("550 5.1.1 no such user", None, "final_failure", Some("validation")),
+        ];
+        for (rcpt, after_dot, want, class) in cases {
+            let port = scripted_smtp(rcpt, after_dot).await;
+            let c: SmtpConfig = toml::from_str(&format!(
+                "host = \"127.0.0.1\"\nport = {port}\ntls = \"none\"\nfrom = \"idem@example.org\"\ntimeout_ms = 2000\n"
+            ))
+            .unwrap();
+            let outcome = SmtpConnector::new("mail", &c).unwrap().execute(&op("k", payload.clone())).await;
+            assert_eq!(outcome.name(), want, "RCPT {rcpt}, after the dot {after_dot:?}: {outcome:?}");
+            if let Outcome::RetryableFailure { error_class, .. } | Outcome::FinalFailure { error_class, .. } = &outcome
+            {
+                assert_eq!(Some(error_class.as_str()), class, "{outcome:?}");
+            }
+        }
     }
 
     #[test]

@@ -17,6 +17,9 @@
 //!   ([`CompleteError::AlreadyFinal`]).
 //! - A retryable failure goes back to PENDING with `next_attempt_at` from the
 //!   [`RetryPolicy`], or to FAILED once `max_attempts` attempts were made.
+//! - An ambiguous answer from a provider that deduplicates by the idempotency key
+//!   ([`Outcome::AmbiguousRetryable`]) is scheduled the same way, but when the attempts run
+//!   out it becomes UNKNOWN, never FAILED: the provider may have acted (DESIGN.md §4).
 
 use crate::State;
 use crate::record::{Actor, EventKind, OperationEvent, OperationRecord};
@@ -51,6 +54,12 @@ pub enum Outcome {
     /// The side effect did not happen and may be tried again (after `retry_after_ms` if the
     /// provider said so, e.g. HTTP `Retry-After`).
     RetryableFailure { error_class: String, message: Option<String>, retry_after_ms: Option<i64> },
+    /// The provider may have acted (e.g. HTTP 500/502/504 or a timeout after the request
+    /// was sent), but it deduplicates by the idempotency key idem sends, so another attempt
+    /// is safe (DESIGN.md §4). Scheduled like a retryable failure (`retry_after_ms` is a
+    /// floor); when the attempts run out the operation becomes UNKNOWN, not FAILED, since
+    /// the effect may exist. Reported by idem's connectors only, not accepted over the API.
+    AmbiguousRetryable { error_class: String, message: Option<String>, retry_after_ms: Option<i64> },
     /// The side effect did not happen and never will (validation, auth, not found).
     FinalFailure { error_class: String, message: Option<String>, result: Option<Value> },
     /// The worker cannot tell whether the side effect happened (timeout after sending).
@@ -63,6 +72,7 @@ impl Outcome {
         match self {
             Outcome::Succeeded { .. } => "succeeded",
             Outcome::RetryableFailure { .. } => "retryable_failure",
+            Outcome::AmbiguousRetryable { .. } => "ambiguous_retryable",
             Outcome::FinalFailure { .. } => "final_failure",
             Outcome::Unknown { .. } => "unknown",
         }
@@ -94,7 +104,8 @@ impl Outcome {
                     return Err(CompleteError::Invalid("provider_ref must not contain control characters".into()));
                 }
             }
-            Outcome::RetryableFailure { error_class, retry_after_ms, .. } => {
+            Outcome::RetryableFailure { error_class, retry_after_ms, .. }
+            | Outcome::AmbiguousRetryable { error_class, retry_after_ms, .. } => {
                 if !class_ok(error_class) {
                     return Err(CompleteError::Invalid(format!(
                         "error_class must be 1-{MAX_ERROR_CLASS_LEN} characters of [A-Za-z0-9_.-]"
@@ -127,6 +138,7 @@ impl Outcome {
     fn message(&self) -> Option<&str> {
         match self {
             Outcome::RetryableFailure { message, .. }
+            | Outcome::AmbiguousRetryable { message, .. }
             | Outcome::FinalFailure { message, .. }
             | Outcome::Unknown { message } => message.as_deref(),
             Outcome::Succeeded { .. } => None,
@@ -216,6 +228,7 @@ pub fn plan_completion(
         State::Pending => {
             // A repeat of the retryable failure that made it PENDING (same lease, same class).
             let repeat = matches!(outcome, Outcome::RetryableFailure { error_class, .. }
+                | Outcome::AmbiguousRetryable { error_class, .. }
                 if rec.error_class.as_deref() == Some(error_class.as_str()));
             if repeat {
                 return Ok(CompletionPlan { record: rec.clone(), changed: false, event: None });
@@ -260,20 +273,30 @@ pub fn plan_completion(
             next.completed_at = Some(now_ms);
             ev.error_class = Some(error_class.clone());
         }
-        Outcome::RetryableFailure { error_class, message, retry_after_ms } => {
+        Outcome::RetryableFailure { error_class, message, retry_after_ms }
+        | Outcome::AmbiguousRetryable { error_class, message, retry_after_ms } => {
             next.error_class = Some(error_class.clone());
             next.error_message = message.as_deref().map(clip_message);
             ev.error_class = Some(error_class.clone());
             let wait = policy.delay_ms(rec.attempt_count, jitter, *retry_after_ms);
             let elapsed_out = policy.max_elapsed_ms.is_some_and(|max| now_ms + wait - rec.created_at > max);
             if rec.attempt_count >= policy.max_attempts || elapsed_out {
-                next.state = State::Failed;
-                next.completed_at = Some(now_ms);
                 reason.push_str(&if elapsed_out {
                     format!("; retry time limit reached after {} attempts", rec.attempt_count)
                 } else {
                     format!("; retry limit reached after {} attempts", rec.attempt_count)
                 });
+                if matches!(outcome, Outcome::AmbiguousRetryable { .. }) {
+                    // The provider may have acted: FAILED would claim it did not.
+                    if rec.state == State::Unknown {
+                        return Ok(CompletionPlan { record: rec.clone(), changed: false, event: None });
+                    }
+                    next.state = State::Unknown;
+                    reason.push_str("; the provider may have acted, so the outcome is UNKNOWN");
+                } else {
+                    next.state = State::Failed;
+                    next.completed_at = Some(now_ms);
+                }
             } else {
                 next.state = State::Pending;
                 next.next_attempt_at = Some(now_ms + wait);
@@ -380,6 +403,34 @@ mod tests {
         let mut last = rec.clone();
         last.attempt_count = RetryPolicy::default().max_attempts;
         assert_eq!(done(&last, 1, o, 100).unwrap().record.state, State::Failed);
+    }
+
+    /// Issue 11 item 2: an ambiguous answer (HTTP 504 after the request was sent) from a
+    /// provider that deduplicates by the key is retried like a retryable failure, but when
+    /// the attempts run out it is UNKNOWN — the provider may have acted — never FAILED.
+    #[test]
+    fn an_ambiguous_answer_retried_to_the_limit_is_unknown_not_failed() {
+        let rec = acquired();
+        let o = Outcome::AmbiguousRetryable {
+            error_class: "server_error".into(),
+            message: Some("HTTP 504".into()),
+            retry_after_ms: Some(1500),
+        };
+        let p = done(&rec, 1, o.clone(), 100).unwrap();
+        assert_eq!((p.record.state, p.record.next_attempt_at), (State::Pending, Some(1600)));
+        assert!(!done(&p.record, 1, o.clone(), 200).unwrap().changed, "a repeat is idempotent");
+        let mut last = rec.clone();
+        last.attempt_count = RetryPolicy::default().max_attempts;
+        let p = done(&last, 1, o.clone(), 100).unwrap();
+        assert_eq!(p.record.state, State::Unknown);
+        assert_eq!((p.record.completed_at, p.record.error_class.as_deref()), (None, Some("server_error")));
+        assert!(p.event.unwrap().reason.unwrap().contains("may have acted"));
+        assert!(!done(&p.record, 1, o, 300).unwrap().changed, "a repeat on the UNKNOWN record changes nothing");
+        // The time limit ends it the same way.
+        let timed = RetryPolicy { max_elapsed_ms: Some(50), ..RetryPolicy::default() };
+        let o = Outcome::AmbiguousRetryable { error_class: "timeout".into(), message: None, retry_after_ms: None };
+        let p = plan_completion(&rec, 1, &o, &Actor::default(), &timed, 0.5, 100).unwrap();
+        assert_eq!(p.record.state, State::Unknown);
     }
 
     #[test]

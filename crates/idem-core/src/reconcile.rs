@@ -4,7 +4,10 @@
 //! Reconciliation ([`plan_reconciliation`]) moves a record only on evidence:
 //! - [`Lookup::Found`] ⇒ SUCCEEDED with the provider's reference, `verified_at` and
 //!   `evidence_source = "lookup"`;
-//! - [`Lookup::Absent`] (the provider proves it did not happen) ⇒ PENDING, eligible again;
+//! - [`Lookup::Absent`] (the provider proves it did not happen) ⇒ PENDING, eligible again —
+//!   or FAILED once the operation's attempts or retry time are used up (`policy`'s
+//!   `max_attempts`, `max_elapsed_ms`), so an attempt that keeps ending UNKNOWN (a timeout,
+//!   an HTTP 504) is not retried without end;
 //! - [`Lookup::Inconclusive`] ⇒ stays UNKNOWN, the attempt logged, the next lookup
 //!   scheduled with backoff; after `max_lookups` the record is flagged `needs_review`;
 //! - [`Lookup::TooEarly`] ⇒ stays as it is; asked again later, not counted.
@@ -35,8 +38,8 @@ pub enum Lookup {
 /// Plans the reconciliation of `rec` with the provider's answer `lookup`, at `now_ms`.
 ///
 /// Applies to UNKNOWN records and to EXECUTING records whose lease expired (the worker may
-/// have acted). `policy` spaces out inconclusive lookups; `max_lookups` inconclusive
-/// answers flag the record for review. Returns `None` when the record is in no state to be
+/// have acted). `policy` spaces out inconclusive lookups and bounds the attempts an absent
+/// answer allows; `max_lookups` inconclusive answers flag the record for review. Returns `None` when the record is in no state to be
 /// reconciled (a valid lease, or already settled) — nothing is written then.
 pub fn plan_reconciliation(
     rec: &OperationRecord,
@@ -72,11 +75,23 @@ pub fn plan_reconciliation(
             ev.reason = Some(format!("lookup found the side effect: provider_ref {provider_ref}"));
         }
         Lookup::Absent => {
-            next.state = State::Pending;
-            next.next_attempt_at = Some(now_ms);
             next.lookup_attempts = 0;
             next.needs_review = false;
-            ev.reason = Some("lookup proved the side effect absent: eligible for another attempt".into());
+            let elapsed_out = policy.max_elapsed_ms.is_some_and(|max| now_ms - rec.created_at > max);
+            if rec.attempt_count >= policy.max_attempts || elapsed_out {
+                next.state = State::Failed;
+                next.next_attempt_at = None;
+                next.completed_at = Some(now_ms);
+                ev.reason = Some(format!(
+                    "lookup proved the side effect absent; retry {} reached after {} attempts",
+                    if elapsed_out { "time limit" } else { "limit" },
+                    rec.attempt_count
+                ));
+            } else {
+                next.state = State::Pending;
+                next.next_attempt_at = Some(now_ms);
+                ev.reason = Some("lookup proved the side effect absent: eligible for another attempt".into());
+            }
         }
         Lookup::TooEarly { why, retry_in_ms } => {
             next.state = rec.state;
@@ -268,6 +283,24 @@ mod tests {
         let (p, _) = rec(&unknown(), Lookup::Absent, 50).unwrap();
         assert_eq!((p.state, p.next_attempt_at), (State::Pending, Some(50)));
         assert_eq!(p.fencing_token, 1, "no grant yet: the next acquire grants token 2");
+    }
+
+    /// An attempt that keeps ending UNKNOWN (e.g. a provider that answers 500 and never
+    /// acts, proven absent each time) is not retried without end: absence after the last
+    /// allowed attempt (or past the retry time limit) is FAILED.
+    #[test]
+    fn absent_after_the_last_attempt_is_failed_not_another_attempt() {
+        let mut last = unknown();
+        last.attempt_count = RetryPolicy::default().max_attempts;
+        let (f, ev) = rec(&last, Lookup::Absent, 50).unwrap();
+        assert_eq!((f.state, f.completed_at, f.next_attempt_at), (State::Failed, Some(50), None));
+        assert!(ev.reason.unwrap().contains("retry limit reached after 8 attempts"));
+        let timed = RetryPolicy { max_elapsed_ms: Some(100), ..RetryPolicy::default() };
+        let r = unknown();
+        let early = plan_reconciliation(&r, &Lookup::Absent, &Actor::system(), &timed, 3, 0.5, 100).unwrap().0;
+        assert_eq!(early.state, State::Pending);
+        let late = plan_reconciliation(&r, &Lookup::Absent, &Actor::system(), &timed, 3, 0.5, 101).unwrap().0;
+        assert_eq!(late.state, State::Failed);
     }
 
     #[test]

@@ -223,9 +223,9 @@ fn lookup_label(l: &Lookup) -> &'static str {
 
 fn error_class(o: &Outcome) -> String {
     match o {
-        Outcome::RetryableFailure { error_class, .. } | Outcome::FinalFailure { error_class, .. } => {
-            bounded_label("error_class", error_class)
-        }
+        Outcome::RetryableFailure { error_class, .. }
+        | Outcome::AmbiguousRetryable { error_class, .. }
+        | Outcome::FinalFailure { error_class, .. } => bounded_label("error_class", error_class),
         _ => String::new(),
     }
 }

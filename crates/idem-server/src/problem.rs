@@ -71,7 +71,7 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "outcome-unknown",
         "The outcome is unknown",
-        "A request with this idempotency key reached the upstream, but no complete answer came back (timeout or reset). It may or may not have taken effect, so it is not forwarded again until an operator resolves the operation (POST /_idem/v1/operations/{principal}%2F{key}/resolve).",
+        "idem proxy: a request with this idempotency key reached the upstream, and no complete answer came back (timeout or reset) or the upstream answered a status that does not prove it did nothing (by default every 5xx but 501, 503, 505 and 511; `--outcome-unknown-statuses`). It may or may not have taken effect, so it is not forwarded again until the upstream's lookup (`--lookup-url`) or an operator settles the operation (POST /_idem/v1/operations/{principal}%2F{key}/resolve). The first request gets this problem with the upstream's status (504 for a timeout, 502 for a reset), its retries get it with 409.",
     ),
     (
         "upstream-unreachable",

@@ -11,16 +11,24 @@
 //!   is 422 (draft §2.7);
 //! - the first request is forwarded, with its key; a duplicate while it is in flight is
 //!   409 (draft §2.7);
-//! - the upstream's final answer — 2xx and 4xx except 408/425/429 — is stored (status,
-//!   selected headers, body up to a limit) and replayed byte-for-byte with
-//!   `Idempotent-Replayed: true`; 408/425/429 and 5xx are passed on but not stored, and the
-//!   key is released for a retry;
-//! - a timeout or a reset after the request reached the upstream is UNKNOWN: 504/502 with
-//!   a problem saying the outcome is unknown; later retries get 409 `outcome-unknown` until
+//! - the upstream's final answer — 2xx, 3xx and 4xx except 408/425/429 — is stored
+//!   (status, selected headers, body up to a limit) and replayed byte-for-byte with
+//!   `Idempotent-Replayed: true`;
+//! - an answer that does not prove the upstream did nothing — by default every 5xx but
+//!   501, 503, 505 and 511 (DESIGN.md §4, `idem_connect::http_status`), per route
+//!   `--outcome-unknown-statuses` ([`OutcomeUnknownStatuses`]) — and a timeout or a reset
+//!   after the request reached the upstream are UNKNOWN: the client gets a problem
+//!   `outcome-unknown` with the upstream's status (or 504 for a timeout, 502 for a reset;
+//!   the upstream's own body is not passed on, since the problem must tell the client
+//!   that a retry will not be forwarded); later retries get 409 `outcome-unknown` until
 //!   the upstream's lookup (`--lookup-url`, [`ProxyLookup`]) finds it (then they get a 200
 //!   naming the evidence) or proves it absent (then the next retry is forwarded), or an
 //!   operator resolves it (`/_idem/v1/operations/{principal}%2F{key}/resolve`) — the proxy
-//!   never forwards that request again on its own.
+//!   never forwards that request again on its own. (409, not the API's 202: to a plain
+//!   HTTP client a 2xx for its POST would read as success.);
+//! - 408/425/429, and the 5xx not counted as outcome-unknown (503, and any status a route
+//!   leaves out of its list), are passed on but not stored, and the key is released for
+//!   the client's retry.
 //!
 //! Keys are scoped by the authenticated client: the idem API key in `Idem-Api-Key` (its
 //! principal), or a configured trusted header naming the principal. The proxy's own API
@@ -72,6 +80,121 @@ pub struct ProxyConfig {
     pub timeout: Duration,
     /// How clients are told apart.
     pub auth: ClientAuth,
+    /// Upstream statuses after which the outcome is UNKNOWN, per route.
+    pub outcome_unknown: OutcomeUnknownStatuses,
+}
+
+/// Which upstream statuses leave a request's outcome unknown, per route (path prefix).
+///
+/// Default for every route: the 5xx that do not prove the upstream did nothing, i.e. all
+/// but 501, 503, 505 and 511 ([`idem_connect::http_status::ambiguous_server_errors`];
+/// DESIGN.md §4). 500 is among them: an application's 500 is as often thrown after its
+/// write as before it, and a second charge costs more than a key held until the lookup or
+/// an operator settles it. A route may narrow or widen the list (e.g. to `502,504`, or
+/// `none` for the old behaviour: every 5xx passed on and released for a retry).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutcomeUnknownStatuses {
+    /// The statuses of every path no route names.
+    pub default: Vec<u16>,
+    /// `(path prefix, statuses)`; the longest prefix a path starts with wins.
+    pub routes: Vec<(String, Vec<u16>)>,
+}
+
+impl Default for OutcomeUnknownStatuses {
+    fn default() -> Self {
+        OutcomeUnknownStatuses { default: idem_connect::http_status::ambiguous_server_errors(), routes: Vec::new() }
+    }
+}
+
+impl OutcomeUnknownStatuses {
+    /// The statuses that leave the outcome of a request to `path` unknown.
+    pub fn for_path(&self, path: &str) -> &[u16] {
+        self.routes
+            .iter()
+            .filter(|(prefix, _)| path.starts_with(prefix.as_str()))
+            .max_by_key(|(prefix, _)| prefix.len())
+            .map_or(&self.default, |(_, statuses)| statuses)
+    }
+
+    /// Parses the values of `--outcome-unknown-statuses`: each `LIST` (for every route) or
+    /// `PREFIX=LIST` (for paths starting with `PREFIX`, which starts with `/`), where `LIST`
+    /// is comma-separated statuses in 500–599, or `none`. No values: the default.
+    ///
+    /// # Errors
+    /// A one-line message naming the bad value.
+    pub fn parse(values: &[String]) -> Result<Self, String> {
+        let mut out = OutcomeUnknownStatuses::default();
+        let mut default_given = false;
+        for value in values {
+            let (prefix, list) = match value.split_once('=') {
+                Some((p, l)) => (Some(p.trim()), l),
+                None => (None, value.as_str()),
+            };
+            let statuses = if list.trim() == "none" {
+                Vec::new()
+            } else {
+                list.split(',')
+                    .map(|s| match s.trim().parse::<u16>() {
+                        Ok(code) if (500..=599).contains(&code) => Ok(code),
+                        _ => Err(format!(
+                            "{value:?}: {:?} is not a 5xx status (only a server or gateway error can leave the outcome unknown; `none` for no status)",
+                            s.trim()
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            match prefix {
+                None if default_given => return Err(format!("{value:?}: the list for every route is given twice")),
+                None => {
+                    default_given = true;
+                    out.default = statuses;
+                }
+                Some(p) if !p.starts_with('/') => {
+                    return Err(format!("{value:?}: a route is a path prefix starting with /, e.g. /payments=502,504"));
+                }
+                Some(p) if out.routes.iter().any(|(q, _)| q == p) => {
+                    return Err(format!("{value:?}: route {p} is given twice"));
+                }
+                Some(p) => out.routes.push((p.to_owned(), statuses)),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What the proxy does with an upstream answer (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpstreamAnswer {
+    /// Final: stored and replayed.
+    Store,
+    /// Proves nothing happened (or the route says to treat it so): passed on, key released.
+    Release,
+    /// The upstream may have acted: UNKNOWN, never forwarded again on its own.
+    Unknown,
+}
+
+/// Classifies an upstream status under a route's outcome-unknown statuses.
+fn upstream_answer(status: StatusCode, outcome_unknown: &[u16]) -> UpstreamAnswer {
+    if outcome_unknown.contains(&status.as_u16()) {
+        UpstreamAnswer::Unknown
+    } else if matches!(status.as_u16(), 408 | 425 | 429) || status.is_server_error() {
+        UpstreamAnswer::Release
+    } else {
+        UpstreamAnswer::Store
+    }
+}
+
+/// The answer to a request whose outcome became unknown: problem `outcome-unknown` with
+/// `status`, saying `what` happened and that the request will not be forwarded again.
+fn unknown_outcome_problem(status: StatusCode, what: &str) -> Response {
+    problem(
+        status,
+        "outcome-unknown",
+        format!(
+            "{what}; the upstream may have acted, so the outcome is unknown and this request will not be forwarded again \
+             (the upstream's lookup or an operator settles it)"
+        ),
+    )
 }
 
 /// The tenant the proxy keeps the requests of an API-key client of tenant `t` in:
@@ -121,6 +244,7 @@ impl ProxyLookup {
                 absent_statuses: vec![404],
                 absent_after_ms: absent_after.as_millis() as i64,
             }),
+            provider_deduplicates: false,
             retry: Default::default(),
             lease_ms: None,
         };
@@ -329,8 +453,9 @@ fn forwardable(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// A policy that releases the key at once after a 429/5xx: the client's retry is
-/// forwarded again (the client, not the proxy, decides when to retry).
+/// A policy that releases the key at once after a 408/425/429 or a 5xx that proves
+/// nothing was done: the client's retry is forwarded again (the client, not the proxy,
+/// decides when to retry).
 fn release_policy() -> RetryPolicy {
     RetryPolicy { base_ms: 1, cap_ms: 1, max_attempts: i64::MAX, max_elapsed_ms: None }
 }
@@ -451,7 +576,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
             return problem(
                 StatusCode::CONFLICT,
                 "outcome-unknown",
-                "an earlier request with this key reached the upstream and its outcome is unknown; it will not be forwarded again until an operator resolves it",
+                "an earlier request with this key reached the upstream and its outcome is unknown; it will not be forwarded again until the upstream's lookup or an operator settles it",
             );
         }
         Decision::Mismatch => {
@@ -470,29 +595,40 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         }
     }
     let token = out.record.fencing_token;
+    let outcome_unknown = state.config.outcome_unknown.for_path(parts.uri.path());
     let (outcome, response) = match forward(&state, &parts.method, &path_and_query, &parts.headers, body).await {
-        Ok((status, headers, bytes)) => {
-            let retryable = matches!(status.as_u16(), 408 | 425 | 429) || status.is_server_error();
-            let outcome = if retryable {
+        Ok((status, headers, bytes)) => match upstream_answer(status, outcome_unknown) {
+            UpstreamAnswer::Unknown => (
+                Outcome::Unknown {
+                    message: Some(format!("the upstream answered {status} after it received the request")),
+                },
+                unknown_outcome_problem(
+                    status,
+                    &format!("the upstream answered {status}, which does not prove it did nothing"),
+                ),
+            ),
+            UpstreamAnswer::Release => (
                 Outcome::RetryableFailure {
                     error_class: format!("http_{}", status.as_u16()),
                     message: None,
                     retry_after_ms: Some(0),
-                }
-            } else if status.is_success() {
-                Outcome::Succeeded {
-                    provider_ref: format!("http {}", status.as_u16()),
-                    result: Some(stored_answer(&state.config, status, &headers, &bytes)),
-                }
-            } else {
-                Outcome::FinalFailure {
-                    error_class: format!("http_{}", status.as_u16()),
-                    message: None,
-                    result: Some(stored_answer(&state.config, status, &headers, &bytes)),
-                }
-            };
-            (outcome, rebuild(status, &headers, bytes))
-        }
+                },
+                rebuild(status, &headers, bytes),
+            ),
+            UpstreamAnswer::Store => {
+                let stored = Some(stored_answer(&state.config, status, &headers, &bytes));
+                let outcome = if status.is_success() {
+                    Outcome::Succeeded { provider_ref: format!("http {}", status.as_u16()), result: stored }
+                } else {
+                    Outcome::FinalFailure {
+                        error_class: format!("http_{}", status.as_u16()),
+                        message: None,
+                        result: stored,
+                    }
+                };
+                (outcome, rebuild(status, &headers, bytes))
+            }
+        },
         Err(ForwardError::NotSent(e)) => (
             Outcome::RetryableFailure {
                 error_class: "connect".into(),
@@ -507,12 +643,9 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         ),
         Err(ForwardError::Unknown { timeout, message }) => (
             Outcome::Unknown { message: Some(message.clone()) },
-            problem(
+            unknown_outcome_problem(
                 if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY },
-                "outcome-unknown",
-                format!(
-                    "the request reached the upstream but no complete answer came back ({message}); the outcome is unknown and the request will not be forwarded again"
-                ),
+                &format!("the request reached the upstream but no complete answer came back ({message})"),
             ),
         ),
     };
@@ -593,4 +726,45 @@ fn rebuild(status: StatusCode, headers: &HeaderMap, bytes: Bytes) -> Response {
         }
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[&str]) -> Result<OutcomeUnknownStatuses, String> {
+        OutcomeUnknownStatuses::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn outcome_unknown_statuses_per_route() {
+        let d = parse(&[]).unwrap();
+        assert!(d.for_path("/charges").contains(&504) && d.for_path("/x").contains(&500));
+        assert!(!d.for_path("/charges").contains(&503), "503 proves the upstream did not act");
+        let c = parse(&["502,504", "/search=none", "/pay=500, 502,504", "/pay/refunds=504"]).unwrap();
+        assert_eq!(c.for_path("/charges"), &[502, 504]);
+        assert_eq!(c.for_path("/search?q=1"), &[] as &[u16]);
+        assert_eq!(c.for_path("/pay/1"), &[500, 502, 504]);
+        assert_eq!(c.for_path("/pay/refunds/9"), &[504], "the longest prefix wins");
+        for bad in [&["404"][..], &["5xx"], &["pay=504"], &["504", "502"], &["/a=504", "/a=502"], &["600"]] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse(&["404"]).unwrap_err().contains("not a 5xx status"));
+    }
+
+    #[test]
+    fn upstream_answers_are_stored_released_or_unknown() {
+        let unknown = OutcomeUnknownStatuses::default();
+        let a = |s: u16| upstream_answer(StatusCode::from_u16(s).unwrap(), &unknown.default);
+        for s in [500, 502, 504, 507, 524] {
+            assert_eq!(a(s), UpstreamAnswer::Unknown, "{s}");
+        }
+        for s in [503, 501, 429, 408, 425] {
+            assert_eq!(a(s), UpstreamAnswer::Release, "{s}");
+        }
+        for s in [200, 201, 303, 404, 422] {
+            assert_eq!(a(s), UpstreamAnswer::Store, "{s}");
+        }
+        assert_eq!(upstream_answer(StatusCode::GATEWAY_TIMEOUT, &[]), UpstreamAnswer::Release, "a route's none");
+    }
 }

@@ -181,6 +181,15 @@ pub struct ProxyArgs {
     /// Upstream timeout in milliseconds; after it the outcome is UNKNOWN (never re-sent).
     #[arg(long, default_value_t = 30_000)]
     pub timeout_ms: u64,
+    /// Upstream statuses after which a request's outcome is UNKNOWN, like a timeout: the
+    /// client gets problem outcome-unknown and its retries 409, never forwarded again
+    /// until the lookup or an operator settles it. LIST is comma-separated 5xx statuses or
+    /// `none`; PREFIX=LIST sets it for paths starting with PREFIX (the longest matching
+    /// prefix wins), e.g. --outcome-unknown-statuses /search=none. Repeatable. Default:
+    /// every 5xx but 501, 503, 505 and 511, which prove the upstream did not act. Statuses
+    /// left out are passed on and released for the client's retry.
+    #[arg(long = "outcome-unknown-statuses", value_name = "[PREFIX=]LIST")]
+    pub outcome_unknown_statuses: Vec<String>,
     /// Trust this header (set by a gateway in front) to name the client, instead of an
     /// idem API key in Idem-Api-Key.
     #[arg(long)]

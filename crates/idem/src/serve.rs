@@ -81,7 +81,10 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
     };
     let mut registry = idem_connect::Registry::from_config(&connect)?;
     if let Some(l) = lookup {
-        registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, idem_core::RetryPolicy::default(), 5);
+        // The proxy's client decides when to retry: a request its lookup proved absent is
+        // forwarded again however often that happened (no attempt limit on its behalf).
+        let policy = idem_core::RetryPolicy { max_attempts: i64::MAX, ..Default::default() };
+        registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, policy, 5);
     }
     let registry = Arc::new(registry);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -140,6 +143,8 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
             Some(h) => idem_server::proxy::ClientAuth::TrustedHeader(header(h)?),
             None => idem_server::proxy::ClientAuth::ApiKey,
         },
+        outcome_unknown: idem_server::proxy::OutcomeUnknownStatuses::parse(&args.outcome_unknown_statuses)
+            .map_err(|e| anyhow::anyhow!("--outcome-unknown-statuses {e}"))?,
     };
     let lookup: Option<Arc<dyn idem_connect::Connector>> = match &args.lookup_url {
         Some(url) => Some(Arc::new(idem_server::proxy::ProxyLookup::new(

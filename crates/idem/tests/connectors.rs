@@ -139,6 +139,120 @@ async fn s6_retryable_failures_back_off_then_succeed() {
     assert_eq!(rec["attempt"], 4);
 }
 
+/// The orders connector without its lookup line.
+fn without_lookup(config: &str) -> String {
+    config.lines().filter(|l| !l.starts_with("lookup")).collect::<Vec<_>>().join("\n")
+}
+
+/// Issue 11 item 2: the provider creates the order, then its gateway answers 504 (and the
+/// neighbours 502, 500). That does not prove nothing happened: without a lookup the
+/// operation is UNKNOWN and flagged for review at once, and never sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_after_the_provider_acted_is_unknown_and_reviewed_never_resent() {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &without_lookup(&orders_config(addr, "")));
+    for status in [504, 502, 500] {
+        let key = format!("ORD-{status}:create-order");
+        provider.script(&key, vec![Step::EffectThenStatus(status), Step::Ok]);
+        let t0 = s.post(ADMIN_KEY, "/v1/operations", &trigger(&key, "orders", json!({"sku": "A"}), 3_000)).await;
+        assert_eq!((t0.status.as_u16(), t0.body["state"].as_str()), (202, Some("UNKNOWN")), "{status}: {t0:?}");
+        let started = std::time::Instant::now();
+        let rec = s.wait_for(&key, 10, |r| r["needs_review"] == true).await;
+        assert!(started.elapsed() < Duration::from_secs(5), "{status}: flagged for review promptly");
+        assert_eq!(rec["state"], "UNKNOWN", "{status}");
+        assert!(rec["error"]["message"].as_str().unwrap().contains(&format!("HTTP {status}")), "{rec}");
+        assert_eq!(events_of(&rec, "reconciled").len(), 1, "no lookup to ask: review at once");
+        let again = s.post(ADMIN_KEY, "/v1/operations", &trigger(&key, "orders", json!({"sku": "A"}), 0)).await;
+        assert_eq!(again.status, 202, "{status}: a re-trigger sends nothing: {again:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await; // the executor's poll runs meanwhile
+        assert_eq!((provider.calls(&key), provider.effects(&key)), (1, 1), "{status}: exactly one order");
+    }
+}
+
+/// The same answers with a lookup configured: the reconciler finds the order the 504 hid,
+/// SUCCEEDED with evidence from the lookup, one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_5xx_after_the_provider_acted_is_found_by_the_lookup() {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(Backend::Postgres).await;
+    let s = Server::start_with_config(&db.url, &orders_config(addr, ""));
+    for status in [504, 502, 500] {
+        let key = format!("ORD-{status}:create-order");
+        provider.script(&key, vec![Step::EffectThenStatus(status), Step::Ok]);
+        s.post(ADMIN_KEY, "/v1/operations", &trigger(&key, "orders", json!({"sku": "B"}), 0)).await;
+        let rec = s.wait_for(&key, 10, |r| r["state"] != "EXECUTING" && r["state"] != "UNKNOWN").await;
+        assert_eq!(
+            (rec["state"].as_str(), rec["evidence_source"].as_str()),
+            (Some("SUCCEEDED"), Some("lookup")),
+            "{rec}"
+        );
+        assert!(rec["provider_ref"].as_str().unwrap().starts_with("ord-"), "{rec}");
+        assert_eq!(rec["attempt"], 1, "{status}");
+        assert_eq!((provider.calls(&key), provider.effects(&key)), (1, 1), "{status}: exactly one order");
+    }
+    // A provider that answers 500 every time and never acts: each attempt ends UNKNOWN, the
+    // lookup proves it absent, and the next attempt runs — but no more than max_attempts (4).
+    let key = "ORD-500-always:create-order";
+    provider.script(key, vec![Step::Status(500, None); 10]);
+    s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({}), 0)).await;
+    let rec = s.wait_for(key, 20, |r| r["state"] == "FAILED").await;
+    assert_eq!((provider.calls(key), provider.effects(key), rec["attempt"].as_i64()), (4, 0, Some(4)), "{rec}");
+}
+
+/// With `provider_deduplicates = true` (and a provider that does deduplicate by the
+/// Idempotency-Key), the same answers, and a reply lost to a timeout, are retried: the
+/// provider answers the retry with the first order. 503 and 429 are retried as before;
+/// 501 proves nothing was done and is final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_deduplicates_is_retried_and_proven_statuses_keep_their_class() {
+    let (provider, addr) = start_provider().await;
+    provider.set_deduplicates(true);
+    let db = Db::new(Backend::Sqlite).await;
+    let config = without_lookup(&orders_config(addr, "")) + "\nprovider_deduplicates = true\n";
+    let s = Server::start_with_config(&db.url, &config);
+    let cases = [
+        (Step::EffectThenStatus(504), "server_error"),
+        (Step::EffectThenStatus(502), "server_error"),
+        (Step::EffectThenStatus(500), "server_error"),
+        (Step::EffectThenHang, "timeout"),
+        (Step::Status(503, None), "unavailable"),
+        (Step::Status(429, None), "rate_limited"),
+    ];
+    for (i, (first, class)) in cases.into_iter().enumerate() {
+        let key = format!("DD-{i}:create-order");
+        let created_first = matches!(first, Step::EffectThenStatus(_) | Step::EffectThenHang);
+        provider.script(&key, vec![first.clone(), Step::Ok]);
+        s.post(ADMIN_KEY, "/v1/operations", &trigger(&key, "orders", json!({"i": i}), 0)).await;
+        let rec = s.wait_for(&key, 15, |r| r["state"] == "SUCCEEDED").await;
+        assert_eq!(
+            (rec["attempt"].as_i64(), rec["evidence_source"].as_str()),
+            (Some(2), Some("connector")),
+            "{first:?}"
+        );
+        assert_eq!(events_of(&rec, "completed")[0]["error_class"], class, "{first:?}: {rec}");
+        assert_eq!(provider.calls(&key), 2, "{first:?}: retried once");
+        assert_eq!(provider.effects(&key), 1, "{first:?}: one order");
+        if created_first {
+            assert_eq!(rec["provider_ref"], provider.order_ids(&key)[0], "the first order, answered again: {rec}");
+        }
+    }
+    // Ambiguous to the last attempt: UNKNOWN (the provider may have acted), never FAILED.
+    let key = "DD-504-always:create-order";
+    provider.script(key, vec![Step::Status(504, None); 10]);
+    s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({}), 0)).await;
+    let rec = s.wait_for(key, 15, |r| r["needs_review"] == true).await;
+    assert_eq!((rec["state"].as_str(), rec["attempt"].as_i64()), (Some("UNKNOWN"), Some(4)), "{rec}");
+    assert_eq!(provider.calls(key), 4, "max_attempts calls");
+
+    let key = "DD-501:create-order";
+    provider.script(key, vec![Step::Status(501, None), Step::Ok]);
+    let r = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({}), 3_000)).await;
+    assert_eq!((r.status.as_u16(), r.body["state"].as_str()), (201, Some("FAILED")), "{r:?}");
+    assert_eq!(r.body["error"]["class"], "server_error");
+    assert_eq!(provider.calls(key), 1, "501: not retried");
+}
+
 /// C1: the server dies mid-attempt before the provider acted; after restart the lease
 /// expires into UNKNOWN, the lookup proves absence, and the operation runs exactly once more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,17 +350,12 @@ async fn operators_resolve_reviewed_operations_with_a_reason() {
     let key = "INQ-009:confirmation:v1";
     provider.script(key, vec![Step::Hang]);
     let db = Db::new(Backend::Sqlite).await;
-    // No lookup configured: every lookup is inconclusive, so it is flagged after 2.
-    let config = orders_config(addr, ", max_lookups = 2")
-        .lines()
-        .filter(|l| !l.starts_with("lookup"))
-        .collect::<Vec<_>>()
-        .join("\n");
-    let s = Server::start_with_config(&db.url, &config);
+    // No lookup configured: nobody to ask, so it is flagged at the first reconciliation.
+    let s = Server::start_with_config(&db.url, &without_lookup(&orders_config(addr, ", max_lookups = 2")));
     s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({}), 2_000)).await;
     let rec = s.wait_for(key, 15, |r| r["needs_review"] == true).await;
     assert_eq!(rec["state"], "UNKNOWN");
-    assert_eq!(events_of(&rec, "reconciled").len(), 2);
+    assert_eq!(events_of(&rec, "reconciled").len(), 1);
     let queue = s.get(ADMIN_KEY, "/v1/operations?needs_review=true").await.body;
     assert_eq!(queue["items"][0]["key"], key);
 
@@ -264,7 +373,7 @@ async fn operators_resolve_reviewed_operations_with_a_reason() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["state"], "UNKNOWN");
-    assert_eq!(v["lookup_attempts"], 3);
+    assert_eq!(v["lookup_attempts"], 2);
     let out = cli(&["ops", "resolve", key, "--to", "succeeded", "--reason", "looked"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("evidence"));

@@ -77,6 +77,9 @@ async fn start_upstream() -> (Upstream, String) {
                 std::future::pending::<()>().await;
             }),
         )
+        .route("/acts_then/{status}", post(acts_then))
+        .route("/legacy/acts_then/{status}", post(acts_then))
+        .route("/narrow/acts_then/{status}", post(acts_then))
         .route(
             "/die",
             post(|State(u): State<Upstream>| async move {
@@ -92,6 +95,16 @@ async fn start_upstream() -> (Upstream, String) {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     (up, format!("http://{addr}/"))
+}
+
+/// The upstream acts (counts the request as done), then its gateway answers `status`.
+async fn acts_then(
+    State(u): State<Upstream>,
+    uri: axum::http::Uri,
+    axum::extract::Path(status): axum::extract::Path<u16>,
+) -> axum::response::Response {
+    u.hit(uri.path());
+    (StatusCode::from_u16(status).unwrap(), format!("gateway error {status}")).into_response()
 }
 
 async fn send(
@@ -260,6 +273,81 @@ async fn the_proxy_replays_refuses_and_never_resends_the_unknown() {
     let (s, h, _) = send(&p, "/hang", Some("hang-1"), ADMIN_KEY, "{}").await;
     assert_eq!((s, h["idempotent-replayed"].to_str().unwrap()), (200, "true"));
     assert_eq!(up.count("/hang"), 1);
+}
+
+/// Issue 11 item 2 through the proxy: the upstream acts, then answers 504 (502, 500). That
+/// does not prove it did nothing, so the outcome is UNKNOWN like a timeout: the client gets
+/// problem outcome-unknown with the upstream's status, its retry 409, and the request is
+/// never forwarded again. A 503 is still released for the retry, and a route configured
+/// with `--outcome-unknown-statuses` gets the list it names (`none`: the old behaviour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_5xx_from_the_upstream_is_never_forwarded_again() {
+    let (up, upstream) = start_upstream().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let routes = ["--outcome-unknown-statuses", "/legacy=none", "--outcome-unknown-statuses", "/narrow=502,504"];
+    let p = Server::start_proxy(&db.url, &upstream, &routes);
+    let operator = p.create_key("default.proxy", "operator");
+    for status in [504, 502, 500] {
+        let (path, key) = (format!("/acts_then/{status}"), format!("amb-{status}"));
+        let (s, h, b) = send(&p, &path, Some(&key), ADMIN_KEY, "{}").await;
+        assert_eq!(s, status, "the upstream's status: {b}");
+        assert_eq!(h["content-type"], "application/problem+json", "{b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(v["type"], "/problems/outcome-unknown", "{b}");
+        assert!(v["detail"].as_str().unwrap().contains("will not be forwarded again"), "{b}");
+        let (s, _, b) = send(&p, &path, Some(&key), ADMIN_KEY, "{}").await;
+        assert_eq!(s, 409, "{b}");
+        assert!(b.contains("outcome-unknown"), "{b}");
+        assert_eq!(up.count(&path), 1, "{status}: one upstream effect, the retry was not forwarded");
+        // No lookup configured: the reconciler flags it for an operator.
+        let start = std::time::Instant::now();
+        loop {
+            let rec = p.get(&operator, &format!("/_idem/v1/operations/bootstrap%2F{key}")).await.body;
+            assert_eq!(rec["state"], "UNKNOWN", "{rec}");
+            if rec["needs_review"] == true {
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10), "never flagged for review: {rec}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // 503 proves the upstream did not process it: passed on, and the retry is forwarded.
+    assert_eq!(send(&p, "/flaky", Some("flaky-2"), ADMIN_KEY, "{}").await.0, 503);
+    assert_eq!(send(&p, "/flaky", Some("flaky-2"), ADMIN_KEY, "{}").await.0, 201);
+    assert_eq!(up.count("/flaky"), 2);
+
+    // A route with `none`: every 5xx passed on as the upstream sent it, the retry forwarded.
+    let (s, h, b) = send(&p, "/legacy/acts_then/504", Some("legacy-1"), ADMIN_KEY, "{}").await;
+    assert_eq!((s, b.as_str()), (504, "gateway error 504"));
+    assert_ne!(h["content-type"], "application/problem+json");
+    assert_eq!(send(&p, "/legacy/acts_then/504", Some("legacy-1"), ADMIN_KEY, "{}").await.0, 504);
+    assert_eq!(up.count("/legacy/acts_then/504"), 2, "forwarded again, as before");
+    // A route narrowed to 502 and 504: its 500 is released, its 504 is unknown.
+    send(&p, "/narrow/acts_then/500", Some("narrow-500"), ADMIN_KEY, "{}").await;
+    send(&p, "/narrow/acts_then/500", Some("narrow-500"), ADMIN_KEY, "{}").await;
+    assert_eq!(up.count("/narrow/acts_then/500"), 2);
+    send(&p, "/narrow/acts_then/504", Some("narrow-504"), ADMIN_KEY, "{}").await;
+    assert_eq!(send(&p, "/narrow/acts_then/504", Some("narrow-504"), ADMIN_KEY, "{}").await.0, 409);
+    assert_eq!(up.count("/narrow/acts_then/504"), 1);
+}
+
+/// A bad `--outcome-unknown-statuses` stops the proxy at start-up with one line naming it.
+#[test]
+fn a_bad_outcome_unknown_list_fails_at_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    for (bad, says) in [("404", "not a 5xx status"), ("payments=504", "path prefix"), ("5o4", "not a 5xx status")] {
+        let out = std::process::Command::new(common::idem_bin())
+            .args(["proxy", "--upstream", "http://127.0.0.1:9/", "--listen", "127.0.0.1:0", "--database-url"])
+            .arg(dir.path().join("p.db"))
+            .args(["--outcome-unknown-statuses", bad])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
+        assert!(err.contains("--outcome-unknown-statuses") && err.contains(says), "{bad}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
 }
 
 #[derive(Clone, Default)]

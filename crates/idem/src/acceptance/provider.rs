@@ -12,9 +12,13 @@
 //! | `slow:MS` | creates an order after MS ms | as `ok` |
 //! | `NNN` or `NNN:S` (e.g. `503:1`) | none | status NNN, `Retry-After: S` if given |
 //! | `effect_then_hang` | creates an order | never answers (the reply is "lost") |
+//! | `effect_then_NNN` (e.g. `effect_then_504`) | creates an order | status NNN, as a gateway that failed after the provider acted |
 //! | `hang` | none | never answers |
 //!
-//! An unscripted call is `ok`. During an outage ([`Provider::outage`]) every call is 503. `GET /orders?client_reference=R` lists the orders created
+//! An unscripted call is `ok`. A deduplicating provider ([`Provider::set_deduplicates`], as
+//! Stripe does with `Idempotency-Key`) answers a call whose `Idempotency-Key` already
+//! created an order with that order (`201`, `Idempotent-Replayed: true`) and creates
+//! nothing, whatever the script says (the call is counted, the script not consumed). During an outage ([`Provider::outage`]) every call is 503. `GET /orders?client_reference=R` lists the orders created
 //! for `R` (the lookup). Control: `POST /_control/script {"key", "steps": [...]}`,
 //! `GET /_control/stats?key=K` → `{"calls", "effects"}`, `POST /_control/reset`.
 
@@ -40,6 +44,8 @@ pub enum Step {
     Status(u16, Option<u64>),
     /// Create the order, then never answer.
     EffectThenHang,
+    /// Create the order, then answer with a status (a gateway's 504 after the provider acted).
+    EffectThenStatus(u16),
     /// Never answer, no effect.
     Hang,
 }
@@ -47,7 +53,11 @@ pub enum Step {
 impl std::str::FromStr for Step {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("unknown provider step {s:?}: ok, slow:MS, NNN[:RETRY_AFTER_S], effect_then_hang, hang");
+        let bad = || {
+            format!(
+                "unknown provider step {s:?}: ok, slow:MS, NNN[:RETRY_AFTER_S], effect_then_hang, effect_then_NNN, hang"
+            )
+        };
         match s {
             "ok" => Ok(Step::Ok),
             "effect_then_hang" => Ok(Step::EffectThenHang),
@@ -55,6 +65,12 @@ impl std::str::FromStr for Step {
             _ => {
                 if let Some(ms) = s.strip_prefix("slow:") {
                     return ms.parse().map(Step::Slow).map_err(|_| bad());
+                }
+                if let Some(code) = s.strip_prefix("effect_then_") {
+                    return match code.parse::<u16>() {
+                        Ok(c) if (100..=599).contains(&c) => Ok(Step::EffectThenStatus(c)),
+                        _ => Err(bad()),
+                    };
                 }
                 let (code, ra) = match s.split_once(':') {
                     Some((c, r)) => (c, Some(r.parse::<u64>().map_err(|_| bad())?)),
@@ -86,6 +102,7 @@ struct Inner {
     calls: HashMap<String, u64>,
     outage_until: Option<std::time::Instant>,
     outage_calls: u64,
+    deduplicates: bool,
 }
 
 /// The provider's shared state.
@@ -112,6 +129,11 @@ impl Provider {
         self.lock().scripts.insert(key.to_owned(), steps.into());
     }
 
+    /// Makes the provider deduplicate by `Idempotency-Key` (see the module docs), or not.
+    pub fn set_deduplicates(&self, on: bool) {
+        self.lock().deduplicates = on;
+    }
+
     /// Calls received for `key`.
     pub fn calls(&self, key: &str) -> u64 {
         self.lock().calls.get(key).copied().unwrap_or(0)
@@ -120,6 +142,11 @@ impl Provider {
     /// Orders created for `key` (side effects).
     pub fn effects(&self, key: &str) -> usize {
         self.lock().orders.iter().filter(|o| op_key(&o.client_reference) == key).count()
+    }
+
+    /// Ids (`ord-N`) of the orders created for `key`, oldest first.
+    pub fn order_ids(&self, key: &str) -> Vec<String> {
+        self.lock().orders.iter().filter(|o| op_key(&o.client_reference) == key).map(|o| o.id.clone()).collect()
     }
 
     /// Answers every `POST /orders` with 503 (no effect) for `d`, counting those calls.
@@ -175,6 +202,12 @@ async fn create_order(State(p): State<Provider>, headers: HeaderMap) -> Response
     let step = {
         let mut inner = p.lock();
         *inner.calls.entry(key.clone()).or_default() += 1;
+        let first = inner.orders.iter().find(|o| o.client_reference == reference).cloned();
+        if let Some(order) = first.filter(|_| inner.deduplicates) {
+            let mut r = created(order);
+            r.headers_mut().insert("idempotent-replayed", axum::http::HeaderValue::from_static("true"));
+            return r;
+        }
         if inner.outage_until.is_some_and(|t| std::time::Instant::now() < t) {
             inner.outage_calls += 1;
             Step::Status(503, None)
@@ -201,6 +234,11 @@ async fn create_order(State(p): State<Provider>, headers: HeaderMap) -> Response
         Step::EffectThenHang => {
             p.create(&reference);
             std::future::pending::<Response>().await
+        }
+        Step::EffectThenStatus(code) => {
+            p.create(&reference);
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::GATEWAY_TIMEOUT);
+            (status, Json(json!({"error": format!("scripted {code} after the order was created")}))).into_response()
         }
         Step::Hang => std::future::pending::<Response>().await,
     }
@@ -266,6 +304,8 @@ mod tests {
         assert_eq!("503:1".parse::<Step>().unwrap(), Step::Status(503, Some(1)));
         assert_eq!("422".parse::<Step>().unwrap(), Step::Status(422, None));
         assert_eq!("slow:200".parse::<Step>().unwrap(), Step::Slow(200));
+        assert_eq!("effect_then_504".parse::<Step>().unwrap(), Step::EffectThenStatus(504));
+        assert!("effect_then_x".parse::<Step>().is_err());
         assert!("teapot".parse::<Step>().is_err());
         assert!("999".parse::<Step>().is_err());
     }

@@ -3,7 +3,7 @@
 //! expected, what happened, the evidence, and PASS / FAIL / SKIP.
 //!
 //! File format (TOML; `scenarios/acceptance.toml` encodes S1–S8, C1–C2 of the retry
-//! scenarios):
+//! scenarios, and S4b: an error answer after the provider acted):
 //!
 //! ```toml
 //! connector = "orders"                 # the idem connector that points at the provider
