@@ -327,6 +327,7 @@ mod tests {
             lease_ms: 1000,
             redo_safe: false,
             connector: None,
+            holder: None,
             actor: Actor::default(),
         };
         plan_acquire(None, &input, 0).record
