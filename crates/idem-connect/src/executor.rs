@@ -175,6 +175,7 @@ impl Executor {
                     lease_ms: entry.connector.lease_ms(),
                     redo_safe: rec.redo_safe,
                     connector: rec.connector.clone(),
+                    holder: None,
                     actor: Actor::executor(),
                 };
                 let out = self.store.acquire(input).await?;

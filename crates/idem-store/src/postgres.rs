@@ -15,7 +15,7 @@
 
 use crate::keys::{ApiKeyInfo, Role, hash_secret};
 use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
-use crate::{ReconcileOutcome, ReconcileRequest, ResolveRequest};
+use crate::{ReconcileOutcome, ReconcileRequest, RenewRequest, ResolveRequest};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -511,6 +511,16 @@ impl Store for PgStore {
             )
             .await
         })
+    }
+
+    async fn renew(&self, req: RenewRequest) -> Result<OperationRecord, StoreError> {
+        let renewed = retrying!(self, |conn| ops::renew_once(conn, &req, self.clock.now_ms()).await);
+        match &renewed {
+            // The completion that usually follows starts from this node's cache.
+            Ok(rec) => self.cache.put(rec),
+            Err(_) => self.cache.forget(&req.tenant, &req.key),
+        }
+        renewed
     }
 
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {
