@@ -146,6 +146,7 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .route("/v1/operations", post(operations::acquire).get(operations::list))
         .route("/v1/operations/{key}", get(operations::get_one))
         .route("/v1/operations/{key}/complete", post(operations::complete))
+        .route("/v1/operations/{key}/renew", post(operations::renew))
         .route("/v1/operations/{key}/resolve", post(review::resolve))
         .route("/v1/operations/{key}/reconcile", post(review::reconcile))
         .route("/v1/keys", post(keys::create).get(keys::list))

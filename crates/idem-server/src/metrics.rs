@@ -8,7 +8,7 @@
 //!
 //! | metric | type | labels | source |
 //! |---|---|---|---|
-//! | `idem_acquires_total` | counter | `decision` = acquired, replay, in_progress, retry_not_due, unknown, mismatch, late | every answered trigger (API and proxy) |
+//! | `idem_acquires_total` | counter | `decision` = acquired, already_held, replay, in_progress, retry_not_due, unknown, mismatch, late | every answered trigger (API and proxy) |
 //! | `idem_completions_total` | counter | `action`, `outcome`, `error_class` | every applied completion (workers and connectors) |
 //! | `idem_connector_attempts_total`, `idem_connector_retries_total` | counter | `connector` | calls a connector made (idem-connect) |
 //! | `idem_reconciliations_total` | counter | `result` = found, absent, inconclusive, too_early | recorded lookups |
@@ -173,6 +173,7 @@ pub async fn serve(State(state): State<AppState>, headers: axum::http::HeaderMap
 pub fn decision_label(d: &Decision) -> &'static str {
     match d {
         Decision::Acquire => "acquired",
+        Decision::AlreadyHeld => "already_held",
         Decision::Replay => "replay",
         Decision::InProgress { .. } => "in_progress",
         Decision::RetryNotDue { .. } => "retry_not_due",
@@ -267,6 +268,10 @@ impl Store for MeteredStore {
                 .increment(1);
         }
         Ok(out)
+    }
+
+    async fn renew(&self, req: idem_store::RenewRequest) -> Result<OperationRecord, StoreError> {
+        self.0.renew(req).await
     }
 
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {

@@ -230,7 +230,7 @@ pub struct Resp {
 }
 
 impl Resp {
-    async fn read(r: reqwest::Response) -> Resp {
+    pub async fn read(r: reqwest::Response) -> Resp {
         let status = r.status();
         let headers = r.headers().clone();
         let text = r.text().await.unwrap();
