@@ -115,6 +115,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     ),
     ("contention", "Too much contention on this key", "Concurrent writers kept changing the record; retry shortly."),
     (
+        "clock-uncertain",
+        "This node does not know the ledger's time closely enough",
+        "On PostgreSQL every node judges leases, retries and retention on the database's clock, read over the network. This node's last reading (half its round trip plus 100 ppm drift since) is less certain than `--max-clock-uncertainty-ms`, so it reports not ready until a new reading succeeds.",
+    ),
+    (
         "unavailable",
         "The store is unavailable",
         "The database did not answer; nothing is known to have been recorded for this request. Retry.",

@@ -29,8 +29,11 @@ mod ops {
 mod key_listener;
 
 mod batch;
+mod clock;
 mod connections;
 mod fast;
+
+pub use clock::{ClockStatus, DEFAULT_MAX_UNCERTAINTY_MS, DatabaseClock};
 
 /// The hot path's writes, each kind through its own [`batch::Batcher`]:
 /// - `claims`: acquires of new keys ([`fast::insert_or_read`]);

@@ -136,6 +136,13 @@ pub struct ServeArgs {
     /// How often expired leases are turned into UNKNOWN, in milliseconds.
     #[arg(long, env = "IDEM_SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub sweep_interval_ms: u64,
+    /// PostgreSQL: every node judges leases, retries and retention on the database's
+    /// clock, read every 15 s and carried forward on the node's monotonic clock. Beyond
+    /// this uncertainty (half the reading's round trip plus 100 ppm drift since), in
+    /// milliseconds, the node logs a warning and /readyz answers 503. Unused on SQLite
+    /// (one machine, one clock).
+    #[arg(long, env = "IDEM_MAX_CLOCK_UNCERTAINTY_MS", default_value_t = idem_store::postgres::DEFAULT_MAX_UNCERTAINTY_MS, value_parser = clap::value_parser!(i64).range(1..=60_000))]
+    pub max_clock_uncertainty_ms: i64,
     /// Secret of the admin key (tenant "default") to create on first start; without it a
     /// key is generated and printed once. 32-256 printable characters.
     #[arg(long, env = "IDEM_BOOTSTRAP_KEY", hide_env_values = true)]
