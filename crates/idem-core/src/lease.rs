@@ -131,11 +131,8 @@ pub fn plan_renewal(
     if !(MIN_LEASE_MS..=MAX_LEASE_MS).contains(&lease_ms) {
         return Err(RenewError::InvalidLease(lease_ms));
     }
-    if let Some(c) = &rec.connector
-        && !c.starts_with("lookup:")
-        && actor.principal != crate::record::EXECUTOR_PRINCIPAL
-    {
-        return Err(RenewError::ConnectorOwned { connector: c.clone() });
+    if let Some(c) = rec.executor_only(actor) {
+        return Err(RenewError::ConnectorOwned { connector: c.to_owned() });
     }
     if fencing_token != rec.fencing_token {
         return Err(RenewError::StaleToken { presented: fencing_token, current: rec.fencing_token });

@@ -79,6 +79,14 @@ impl OperationRecord {
     pub fn lease_valid_at(&self, now_ms: i64) -> bool {
         self.state == State::Executing && self.lease_expires_at.is_some_and(|t| t > now_ms)
     }
+
+    /// The connector whose executor alone may act on this operation's lease (complete or
+    /// renew it), when `actor` is not idem's executor; `None` when `actor` may. A
+    /// lookup-only connector (`lookup:…`, the proxy's) is performed, and completed, by its
+    /// caller.
+    pub fn executor_only(&self, actor: &Actor) -> Option<&str> {
+        self.connector.as_deref().filter(|c| !c.starts_with("lookup:") && actor.principal != EXECUTOR_PRINCIPAL)
+    }
 }
 
 /// One row of the append-only `operation_events` log: a trigger or a transition.

@@ -521,26 +521,29 @@ pub async fn complete(
             policy: None,
         })
         .await;
-    let out = match done {
-        Ok(out) => out,
-        Err(StoreError::NotFound) => {
-            return Err(missing_or_late(&state, &caller, key.as_str(), "this completion was not recorded").await);
-        }
-        Err(e) => return Err(with_rid(store_problem(e), &caller)),
-    };
-    Ok((StatusCode::OK, axum::Json(OperationView::of(out.record))).into_response())
+    record_or_problem(&state, &caller, key.as_str(), "this completion was not recorded", done.map(|o| o.record)).await
 }
 
-/// The problem for a key without a record: 410 `late-arrival` when it was removed after
-/// its retention (a tombstone is left; `consequence` says what happened to this request),
-/// else 404.
-async fn missing_or_late(state: &AppState, caller: &Caller, key: &str, consequence: &str) -> Problem {
-    let p = match state.store.tombstone(&caller.tenant, key).await {
-        Ok(Some(t)) => late_arrival(t.final_state, Some(t.completed_at), consequence),
-        Ok(None) => Problem::not_found(),
+/// 200 with the record a worker's call (completion, renewal) left, or its problem: for a
+/// key without a record, 410 `late-arrival` when it was removed after its retention (a
+/// tombstone is left; `consequence` says what happened to this request), else 404.
+async fn record_or_problem(
+    state: &AppState,
+    caller: &Caller,
+    key: &str,
+    consequence: &str,
+    rec: Result<idem_core::OperationRecord, StoreError>,
+) -> Result<Response, Problem> {
+    let p = match rec {
+        Ok(rec) => return Ok(axum::Json(OperationView::of(rec)).into_response()),
+        Err(StoreError::NotFound) => match state.store.tombstone(&caller.tenant, key).await {
+            Ok(Some(t)) => late_arrival(t.final_state, Some(t.completed_at), consequence),
+            Ok(None) => Problem::not_found(),
+            Err(e) => store_problem(e),
+        },
         Err(e) => store_problem(e),
     };
-    with_rid(p, caller)
+    Err(with_rid(p, caller))
 }
 
 /// Renew the lease of `fencing_token` (a heartbeat): it then ends `lease_ms` from now.
@@ -577,13 +580,7 @@ pub async fn renew(
             actor: caller.actor(),
         })
         .await;
-    match renewed {
-        Ok(rec) => Ok(axum::Json(OperationView::of(rec)).into_response()),
-        Err(StoreError::NotFound) => {
-            Err(missing_or_late(&state, &caller, key.as_str(), "there is no lease to renew").await)
-        }
-        Err(e) => Err(with_rid(store_problem(e), &caller)),
-    }
+    record_or_problem(&state, &caller, key.as_str(), "there is no lease to renew", renewed).await
 }
 
 /// One operation with its event timeline.
