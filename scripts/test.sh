@@ -8,6 +8,8 @@
 #     connector's tests start on free loopback ports;
 #   - Chromium and chromedriver (Debian chromium, chromium-driver) for the admin page's
 #     browser test (screenshots land in $CARGO_TARGET_DIR/tmp/ui-screenshots);
+#   - libfaketime (Debian faketime), which runs one `idem serve` node of the clock-skew
+#     test with its wall clock 20 s ahead;
 #   - the Rust test runner is plain `cargo test`, then the `otel` feature's test
 #     (`cargo test --features idem/otel --test otel`).
 # Environment:
@@ -84,9 +86,20 @@ ensure_browser() {
   fi
 }
 
+ensure_faketime() {
+  # tests/clock_skew.rs starts one of two nodes under libfaketime (LD_PRELOAD), its wall
+  # clock 20 s ahead of the other's and of PostgreSQL's.
+  if ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+    log "installing faketime (Debian package)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+  fi
+}
+
 ensure_postgres
 ensure_mail_servers
 ensure_browser
+ensure_faketime
 drop_old_test_databases
 log "cargo test --workspace"
 out=$(mktemp)

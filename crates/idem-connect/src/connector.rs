@@ -32,6 +32,10 @@ pub struct OperationCtx {
     /// When the operation last changed state (epoch ms): for an UNKNOWN one, about when
     /// the attempt in doubt ended.
     pub updated_at: i64,
+    /// The ledger's clock when this context was made (epoch ms; on PostgreSQL the
+    /// database's, DESIGN.md §2 invariant 7): a lookup judges how long ago `updated_at`
+    /// was by it, never by this node's wall clock.
+    pub now_ms: i64,
 }
 
 impl OperationCtx {

@@ -12,7 +12,7 @@
 
 use crate::connector::OperationCtx;
 use crate::registry::Registry;
-use idem_core::{AcquireInput, Actor, Decision, OperationRecord};
+use idem_core::{AcquireInput, Actor, Clock, Decision, OperationRecord};
 use idem_store::{CompleteRequest, Store, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +22,13 @@ use tokio::sync::Semaphore;
 pub struct Executor {
     store: Arc<dyn Store>,
     registry: Arc<Registry>,
+    clock: Arc<dyn Clock>,
     slots: Arc<Semaphore>,
     poll_interval: Duration,
 }
 
-/// The context a connector sees for `rec`.
-pub fn ctx_of(rec: &OperationRecord) -> OperationCtx {
+/// The context a connector sees for `rec`, at `now_ms` on the ledger's clock.
+pub fn ctx_of(rec: &OperationRecord, now_ms: i64) -> OperationCtx {
     OperationCtx {
         tenant: rec.tenant.clone(),
         key: rec.key.clone(),
@@ -36,13 +37,21 @@ pub fn ctx_of(rec: &OperationRecord) -> OperationCtx {
         fencing_token: rec.fencing_token,
         attempt: rec.attempt_count,
         updated_at: rec.updated_at,
+        now_ms,
     }
 }
 
 impl Executor {
-    /// An executor with `concurrency` attempts in flight at most.
-    pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, concurrency: usize, poll_interval: Duration) -> Self {
-        Executor { store, registry, slots: Arc::new(Semaphore::new(concurrency.max(1))), poll_interval }
+    /// An executor with `concurrency` attempts in flight at most, judging leases on
+    /// `clock` (the ledger's: the one the store reads).
+    pub fn new(
+        store: Arc<dyn Store>,
+        registry: Arc<Registry>,
+        clock: Arc<dyn Clock>,
+        concurrency: usize,
+        poll_interval: Duration,
+    ) -> Self {
+        Executor { store, registry, clock, slots: Arc::new(Semaphore::new(concurrency.max(1))), poll_interval }
     }
 
     /// The registry this executor runs on.
@@ -60,8 +69,8 @@ impl Executor {
         let Some(name) = granted.connector.clone() else {
             return Ok(granted);
         };
-        let ctx = ctx_of(&granted);
-        let now = idem_core::Clock::now_ms(&idem_core::SystemClock);
+        let now = self.clock.now_ms();
+        let ctx = ctx_of(&granted, now);
         let (outcome, policy) = match self.registry.get(&name) {
             // Too little of the lease is left for a whole call (it waited for a free slot):
             // do not start; nothing was sent, so a retry is safe.
@@ -175,6 +184,7 @@ impl Executor {
                     lease_ms: entry.connector.lease_ms(),
                     redo_safe: rec.redo_safe,
                     connector: rec.connector.clone(),
+                    holder: None,
                     actor: Actor::executor(),
                 };
                 let out = self.store.acquire(input).await?;

@@ -301,7 +301,7 @@ impl Connector for HttpConnector {
         };
         // A provider may still be processing a request whose reply timed out: "not found"
         // proves absence only once the attempt has had time to settle.
-        let since = idem_core::Clock::now_ms(&idem_core::SystemClock) - op.updated_at;
+        let since = op.now_ms - op.updated_at;
         if absent && since < l.absent_after_ms {
             return Lookup::TooEarly {
                 why: format!("not found {since} ms after the attempt; absence counts after {} ms", l.absent_after_ms),
@@ -338,6 +338,7 @@ mod tests {
             fencing_token: 1,
             attempt: 1,
             updated_at: 0,
+            now_ms: 0,
         };
         assert_eq!(
             fill("http://p/o?ref={idempotency_key}&k={key}", &op),

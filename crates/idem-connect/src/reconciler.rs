@@ -11,7 +11,7 @@
 
 use crate::executor::ctx_of;
 use crate::registry::Registry;
-use idem_core::{Actor, Lookup, OperationRecord, RetryPolicy};
+use idem_core::{Actor, Clock, Lookup, OperationRecord, RetryPolicy};
 use idem_store::{ReconcileOutcome, ReconcileRequest, Store, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,13 +20,15 @@ use std::time::Duration;
 pub struct Reconciler {
     store: Arc<dyn Store>,
     registry: Arc<Registry>,
+    clock: Arc<dyn Clock>,
     interval: Duration,
 }
 
 impl Reconciler {
-    /// A reconciler over `store` with the connectors of `registry`.
-    pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, interval: Duration) -> Self {
-        Reconciler { store, registry, interval }
+    /// A reconciler over `store` with the connectors of `registry`; lookups judge the time
+    /// since an attempt on `clock` (the ledger's: the one the store reads).
+    pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, clock: Arc<dyn Clock>, interval: Duration) -> Self {
+        Reconciler { store, registry, clock, interval }
     }
 
     /// Looks `rec` up now and records the answer, on behalf of `actor`.
@@ -53,7 +55,11 @@ impl Reconciler {
                     entry.policy.clone(),
                     1,
                 ),
-                Some(entry) => (entry.connector.lookup(&ctx_of(rec)).await, entry.policy.clone(), entry.max_lookups),
+                Some(entry) => (
+                    entry.connector.lookup(&ctx_of(rec, self.clock.now_ms())).await,
+                    entry.policy.clone(),
+                    entry.max_lookups,
+                ),
                 // A lookup-only name (the proxy's) without a configured lookup: nobody to
                 // ask, so an operator decides, as for the caller's own effects.
                 None if name.starts_with("lookup:") => (

@@ -262,7 +262,7 @@ impl Connector for SmtpConnector {
         match tokio::time::timeout(self.timeout, imap_search(imap, password, &id)).await {
             Ok(Ok(true)) => Lookup::Found { provider_ref: id },
             Ok(Ok(false)) => {
-                let since = idem_core::Clock::now_ms(&idem_core::SystemClock) - op.updated_at;
+                let since = op.now_ms - op.updated_at;
                 if since < imap.delivery_grace_ms {
                     Lookup::TooEarly {
                         why: format!("{id} is not in {} yet; waiting out the delivery grace", imap.mailbox),
@@ -347,6 +347,7 @@ mod tests {
             fencing_token: 1,
             attempt: 1,
             updated_at: 0,
+            now_ms: 0,
         }
     }
 

@@ -196,13 +196,8 @@ pub fn plan_completion(
     now_ms: i64,
 ) -> Result<CompletionPlan, CompleteError> {
     outcome.validate()?;
-    // An executing connector's operations are completed by idem's executor only; a
-    // lookup-only one (`lookup:…`, the proxy's) is performed, and completed, by its caller.
-    if let Some(c) = &rec.connector
-        && !c.starts_with("lookup:")
-        && actor.principal != crate::record::EXECUTOR_PRINCIPAL
-    {
-        return Err(CompleteError::ConnectorOwned { connector: c.clone() });
+    if let Some(c) = rec.executor_only(actor) {
+        return Err(CompleteError::ConnectorOwned { connector: c.to_owned() });
     }
     if fencing_token != rec.fencing_token {
         return Err(CompleteError::StaleToken { presented: fencing_token, current: rec.fencing_token });
@@ -350,6 +345,7 @@ mod tests {
             lease_ms: 1000,
             redo_safe: false,
             connector: None,
+            holder: None,
             actor: Actor::default(),
         };
         plan_acquire(None, &input, 0).record

@@ -9,6 +9,7 @@
 //! here once (tests/interleavings.rs).
 
 use crate::State;
+use crate::lease::{HolderId, held_by};
 use crate::record::{Actor, EventKind, OperationEvent, OperationRecord};
 use serde_json::Value;
 
@@ -27,6 +28,11 @@ pub enum Decision {
     Acquire,
     /// SUCCEEDED or FAILED: answer with the stored result. HTTP 200 + `Idempotent-Replayed`.
     Replay,
+    /// The trigger's own principal and holder identity hold the valid lease (a resent
+    /// acquire whose reply was lost): its grant is returned unchanged — same fencing
+    /// token, lease end and attempt. HTTP 201 with the same body as the first answer
+    /// (DESIGN.md §2 invariant 6; see [`crate::lease`]).
+    AlreadyHeld,
     /// Another worker holds a valid lease. HTTP 409; retry after `retry_after_ms`.
     InProgress { retry_after_ms: i64 },
     /// PENDING whose next attempt is not due yet. HTTP 409 + `Retry-After`.
@@ -43,16 +49,19 @@ pub enum Decision {
     Late,
 }
 
-/// The table of DESIGN.md §3, for a trigger with `fingerprint` and `action` at `now_ms`.
+/// The table of DESIGN.md §3, for a trigger with `fingerprint` and `action` at `now_ms`,
+/// sent by `holder` (its principal and holder identity, when it names one).
 ///
 /// `existing` is the stored record, if any. The action and the connector count as part of
 /// the intent: the same key with another action or connector is a mismatch, like another
-/// fingerprint.
+/// fingerprint. A valid lease held by `holder` itself is [`Decision::AlreadyHeld`]; held by
+/// anyone else, [`Decision::InProgress`].
 pub fn decide(
     existing: Option<&OperationRecord>,
     fingerprint: &str,
     action: &str,
     connector: Option<&str>,
+    holder: Option<HolderId<'_>>,
     now_ms: i64,
 ) -> Decision {
     let Some(rec) = existing else {
@@ -66,6 +75,7 @@ pub fn decide(
             Some(at) if at > now_ms => Decision::RetryNotDue { retry_after_ms: at - now_ms },
             _ => Decision::Acquire,
         },
+        State::Executing if held_by(rec, holder, now_ms) => Decision::AlreadyHeld,
         State::Executing => match rec.lease_expires_at {
             Some(at) if at > now_ms => Decision::InProgress { retry_after_ms: at - now_ms },
             _ if rec.redo_safe => Decision::Acquire,
@@ -96,11 +106,22 @@ pub struct AcquireInput {
     /// Connector that executes the side effect (server-side execution); `None` = the
     /// caller performs it. Part of the intent, like the action.
     pub connector: Option<String>,
+    /// The lease holder identity the trigger names (1–128 characters of
+    /// `[A-Za-z0-9._:-]`, [`crate::lease::validate_holder`]), scoped to `actor.principal`;
+    /// `None` = anonymous (every other trigger is another worker). Kept on a grant of an
+    /// operation the caller performs (no connector); see [`crate::lease`].
+    pub holder: Option<String>,
     /// Who triggers, and through which request.
     pub actor: Actor,
 }
 
 impl AcquireInput {
+    /// The trigger as a lease would know it: its principal and holder identity, if it
+    /// names one.
+    pub fn holder_id(&self) -> Option<HolderId<'_>> {
+        self.holder.as_deref().map(|holder| HolderId { principal: &self.actor.principal, holder })
+    }
+
     /// The record a new key starts from: PENDING, no grant yet, created now.
     ///
     /// Its fencing token starts at the creation instant (epoch ms), so the first grant is
@@ -119,6 +140,7 @@ impl AcquireInput {
             state: State::Pending,
             attempt_count: 0,
             lease_owner: None,
+            lease_holder: None,
             lease_expires_at: None,
             fencing_token: now_ms.max(0),
             next_attempt_at: None,
@@ -157,11 +179,14 @@ pub struct AcquirePlan {
 /// Applies [`decide`] to `existing` and returns the plan to persist.
 ///
 /// For [`Decision::Acquire`] the returned record is EXECUTING with `attempt_count + 1`,
-/// `fencing_token + 1` and a lease of `input.lease_ms` from `now_ms`. For
+/// `fencing_token + 1`, a lease of `input.lease_ms` from `now_ms`, the trigger's principal
+/// as `lease_owner` and its holder identity as `lease_holder` (only when the caller
+/// performs the effect: a connector's lease is idem's executor's). For
 /// [`Decision::ExpireToUnknown`] it is UNKNOWN with the lease cleared. Otherwise it is the
 /// stored record unchanged. The version is bumped whenever the record changes.
 pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, now_ms: i64) -> AcquirePlan {
-    let decision = decide(existing, &input.fingerprint, &input.action, input.connector.as_deref(), now_ms);
+    let decision =
+        decide(existing, &input.fingerprint, &input.action, input.connector.as_deref(), input.holder_id(), now_ms);
     let mut record = existing.cloned().unwrap_or_else(|| input.new_record(now_ms));
     let from = existing.map(|r| r.state);
     let mut events = Vec::with_capacity(2);
@@ -180,6 +205,7 @@ pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, no
             record.attempt_count += 1;
             record.fencing_token += 1;
             record.lease_owner = Some(input.actor.principal.clone());
+            record.lease_holder = input.holder.clone().filter(|_| input.connector.is_none());
             record.lease_expires_at = Some(now_ms + input.lease_ms);
             record.next_attempt_at = None;
             let mut e = ev(EventKind::Acquired, &record);
@@ -208,6 +234,16 @@ pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, no
         Decision::Replay => {
             let mut e = ev(EventKind::Replayed, &record);
             e.reason = Some(format!("replayed the stored {} result", record.state));
+            events.push(e);
+            false
+        }
+        Decision::AlreadyHeld => {
+            let mut e = ev(EventKind::AlreadyHeld, &record);
+            e.reason = Some(format!(
+                "holder {:?} of principal {:?} acquired again during its lease (a resent request?): its grant returned unchanged",
+                input.holder.as_deref().unwrap_or_default(),
+                input.actor.principal
+            ));
             events.push(e);
             false
         }
@@ -284,6 +320,7 @@ mod tests {
             lease_ms: 1000,
             redo_safe: false,
             connector: None,
+            holder: None,
             actor: Actor { principal: "p".into(), request_id: None },
         }
     }
@@ -297,27 +334,27 @@ mod tests {
     #[test]
     fn the_table_of_design_section_3() {
         let now = 10_000;
-        assert_eq!(decide(None, "a", "send", None, now), Decision::Acquire);
+        assert_eq!(decide(None, "a", "send", None, None, now), Decision::Acquire);
         let mut pending = with_state(State::Pending);
         pending.next_attempt_at = Some(now + 500);
-        assert_eq!(decide(Some(&pending), "a", "send", None, now), Decision::RetryNotDue { retry_after_ms: 500 });
+        assert_eq!(decide(Some(&pending), "a", "send", None, None, now), Decision::RetryNotDue { retry_after_ms: 500 });
         pending.next_attempt_at = Some(now);
-        assert_eq!(decide(Some(&pending), "a", "send", None, now), Decision::Acquire);
+        assert_eq!(decide(Some(&pending), "a", "send", None, None, now), Decision::Acquire);
         let mut exec = with_state(State::Executing);
         exec.lease_expires_at = Some(now + 1);
-        assert_eq!(decide(Some(&exec), "a", "send", None, now), Decision::InProgress { retry_after_ms: 1 });
+        assert_eq!(decide(Some(&exec), "a", "send", None, None, now), Decision::InProgress { retry_after_ms: 1 });
         exec.lease_expires_at = Some(now);
-        assert_eq!(decide(Some(&exec), "a", "send", None, now), Decision::ExpireToUnknown);
+        assert_eq!(decide(Some(&exec), "a", "send", None, None, now), Decision::ExpireToUnknown);
         exec.redo_safe = true;
-        assert_eq!(decide(Some(&exec), "a", "send", None, now), Decision::Acquire);
+        assert_eq!(decide(Some(&exec), "a", "send", None, None, now), Decision::Acquire);
         for s in [State::Succeeded, State::Failed] {
-            assert_eq!(decide(Some(&with_state(s)), "a", "send", None, now), Decision::Replay);
+            assert_eq!(decide(Some(&with_state(s)), "a", "send", None, None, now), Decision::Replay);
         }
-        assert_eq!(decide(Some(&with_state(State::Unknown)), "a", "send", None, now), Decision::Unknown);
+        assert_eq!(decide(Some(&with_state(State::Unknown)), "a", "send", None, None, now), Decision::Unknown);
         for s in State::ALL {
-            assert_eq!(decide(Some(&with_state(s)), "b", "send", None, now), Decision::Mismatch);
-            assert_eq!(decide(Some(&with_state(s)), "a", "other", None, now), Decision::Mismatch);
-            assert_eq!(decide(Some(&with_state(s)), "a", "send", Some("mail"), now), Decision::Mismatch);
+            assert_eq!(decide(Some(&with_state(s)), "b", "send", None, None, now), Decision::Mismatch);
+            assert_eq!(decide(Some(&with_state(s)), "a", "other", None, None, now), Decision::Mismatch);
+            assert_eq!(decide(Some(&with_state(s)), "a", "send", Some("mail"), None, now), Decision::Mismatch);
         }
     }
 

@@ -7,6 +7,7 @@
 //! - [`state`]: the states and their legal transitions (DESIGN.md §2).
 //! - [`decision`]: the decision table of DESIGN.md §3 ([`decide`]) and acquire plans.
 //! - [`completion`]: fenced completions and their plans.
+//! - [`lease`]: lease holder identities and lease renewal (heartbeats).
 //! - [`reconcile`]: settling UNKNOWN by lookup evidence or operator resolution.
 //! - [`retention`]: retention windows, tombstones, late arrivals.
 //! - [`retry`]: the durable backoff schedule (full jitter).
@@ -21,6 +22,7 @@ pub mod decision;
 pub mod fingerprint;
 pub mod json_number;
 pub mod key;
+pub mod lease;
 pub mod payload;
 pub mod reconcile;
 pub mod record;
@@ -33,6 +35,7 @@ pub use completion::{CompleteError, CompletionPlan, Outcome, plan_completion};
 pub use decision::{AcquireInput, AcquirePlan, Decision, decide, plan_acquire, plan_lease_expiry};
 pub use fingerprint::{Fingerprint, FingerprintError, fingerprint};
 pub use key::{IdempotencyKey, KeyError};
+pub use lease::{HolderId, RenewError, plan_renewal};
 pub use payload::Payload;
 pub use reconcile::{Lookup, ResolveError, plan_reconciliation, plan_resolution};
 pub use record::{Actor, EventKind, OperationEvent, OperationRecord};

@@ -259,6 +259,7 @@ mod tests {
             lease_ms: 1000,
             redo_safe: false,
             connector: Some("mail".into()),
+            holder: None,
             actor: Actor::default(),
         };
         let mut r = plan_acquire(None, &input, 0).record;

@@ -27,6 +27,10 @@ pub struct OperationRecord {
     pub attempt_count: i64,
     /// Principal that holds (or last held) the lease.
     pub lease_owner: Option<String>,
+    /// Holder identity (within `lease_owner`) that holds or last held the lease, when the
+    /// trigger named one (see [`crate::lease`]); `None` for an anonymous trigger and for
+    /// connector operations.
+    pub lease_holder: Option<String>,
     /// When the current lease ends (epoch ms); `None` when no lease is held.
     pub lease_expires_at: Option<i64>,
     /// Fencing token of the latest grant; grows by one on every grant. A record starts at
@@ -75,6 +79,14 @@ impl OperationRecord {
     pub fn lease_valid_at(&self, now_ms: i64) -> bool {
         self.state == State::Executing && self.lease_expires_at.is_some_and(|t| t > now_ms)
     }
+
+    /// The connector whose executor alone may act on this operation's lease (complete or
+    /// renew it), when `actor` is not idem's executor; `None` when `actor` may. A
+    /// lookup-only connector (`lookup:…`, the proxy's) is performed, and completed, by its
+    /// caller.
+    pub fn executor_only(&self, actor: &Actor) -> Option<&str> {
+        self.connector.as_deref().filter(|c| !c.starts_with("lookup:") && actor.principal != EXECUTOR_PRINCIPAL)
+    }
 }
 
 /// One row of the append-only `operation_events` log: a trigger or a transition.
@@ -117,6 +129,9 @@ pub enum EventKind {
     Acquired,
     /// A trigger answered with the stored result (200).
     Replayed,
+    /// A trigger of the lease's own holder during its lease, answered with the grant it
+    /// holds (201, nothing changed).
+    AlreadyHeld,
     /// A trigger refused because another worker holds the lease (409).
     InProgress,
     /// A trigger refused because the retry is not due yet (409 + Retry-After).
@@ -127,6 +142,8 @@ pub enum EventKind {
     Mismatch,
     /// An expired lease turned the record UNKNOWN.
     LeaseExpired,
+    /// The holder of the current fencing token renewed its valid lease (heartbeat).
+    LeaseRenewed,
     /// A worker's completion was applied.
     Completed,
     /// A reconciliation lookup asked the provider what happened.
@@ -141,11 +158,13 @@ impl EventKind {
         match self {
             EventKind::Acquired => "acquired",
             EventKind::Replayed => "replayed",
+            EventKind::AlreadyHeld => "already_held",
             EventKind::InProgress => "in_progress",
             EventKind::RetryNotDue => "retry_not_due",
             EventKind::UnknownPending => "unknown_pending",
             EventKind::Mismatch => "mismatch",
             EventKind::LeaseExpired => "lease_expired",
+            EventKind::LeaseRenewed => "lease_renewed",
             EventKind::Completed => "completed",
             EventKind::Reconciled => "reconciled",
             EventKind::Resolved => "resolved",

@@ -137,6 +137,7 @@ mod tests {
             lease_ms: 1000,
             redo_safe: false,
             connector: None,
+            holder: None,
             actor: Actor::default(),
         }
     }

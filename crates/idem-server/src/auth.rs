@@ -24,6 +24,10 @@ pub struct Caller {
     pub role: Role,
     /// The request's id (`x-request-id`).
     pub request_id: Option<String>,
+    /// Whether `request_id` is the client's own `X-Request-Id` (kept by
+    /// [`crate::logging::sanitize_request_id`]) rather than one idem generated: only then
+    /// may it stand for the lease holder identity.
+    pub request_id_from_client: bool,
 }
 
 impl Caller {
@@ -65,6 +69,7 @@ impl FromRequestParts<AppState> for Caller {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         let rid = request_id(&parts.headers).map(str::to_owned);
+        let request_id_from_client = parts.extensions.get::<crate::logging::ClientRequestId>().is_some();
         let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
             return Err(unauthorized("missing Authorization: Bearer <api key>", rid.as_deref()));
         };
@@ -81,7 +86,13 @@ impl FromRequestParts<AppState> for Caller {
         match state.store.authenticate(secret).await {
             Ok(Some(info)) => {
                 tracing::Span::current().record("tenant", info.tenant.as_str());
-                Ok(Caller { tenant: info.tenant, principal: info.principal, role: info.role, request_id: rid })
+                Ok(Caller {
+                    tenant: info.tenant,
+                    principal: info.principal,
+                    role: info.role,
+                    request_id: rid,
+                    request_id_from_client,
+                })
             }
             Ok(None) => Err(unauthorized("unknown or revoked API key", rid.as_deref())),
             Err(e) => Err(crate::operations::store_problem(e).with_request_id(rid.as_deref()).into_response()),

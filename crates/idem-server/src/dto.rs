@@ -51,6 +51,26 @@ pub struct AcquireBody {
     /// performs it). With a connector, idem executes on a grant and answers 201 with the
     /// result if it finishes within `wait_ms`, else 202 with `Location`.
     pub connector: Option<String>,
+    /// The worker's lease holder identity (the etcd/Kubernetes term): 1-128 characters of
+    /// `[A-Za-z0-9._:-]`, scoped to the caller's principal. Default: the request's own
+    /// `X-Request-Id`, if the client sent one that idem kept (never one idem generated).
+    /// While the lease is valid, a trigger of the same principal and holder with the same
+    /// intent gets its grant back unchanged (201: same fencing token, lease end and
+    /// attempt), e.g. a request resent after its reply was lost; anyone else gets 409.
+    /// Ignored for connector operations (idem's executor holds their lease).
+    #[schema(example = "worker-7")]
+    pub holder: Option<String>,
+}
+
+/// `POST /v1/operations/{key}/renew`: a heartbeat of the worker holding `fencing_token`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RenewBody {
+    /// Token of the lease the worker holds.
+    pub fencing_token: i64,
+    /// The lease then ends this many ms after the renewal (100-3600000, default 30000),
+    /// counted on the ledger's clock (on PostgreSQL, the database's).
+    pub lease_ms: Option<i64>,
 }
 
 /// The last error of an operation.
@@ -85,6 +105,9 @@ pub struct OperationView {
     pub fencing_token: i64,
     /// Principal holding (or last holding) the lease.
     pub lease_owner: Option<String>,
+    /// Holder identity (within `lease_owner`) holding or last holding the lease, when the
+    /// trigger named one (`holder`, or its `X-Request-Id`).
+    pub lease_holder: Option<String>,
     /// End of the current lease.
     pub lease_expires_at: Option<String>,
     /// Earliest next attempt (PENDING).
@@ -135,6 +158,7 @@ impl OperationView {
             attempt: r.attempt_count,
             fencing_token: r.fencing_token,
             lease_owner: r.lease_owner,
+            lease_holder: r.lease_holder,
             lease_expires_at: opt_time(r.lease_expires_at),
             next_attempt_at: opt_time(r.next_attempt_at),
             provider_ref: r.provider_ref,
@@ -162,8 +186,9 @@ pub struct EventView {
     pub seq: i64,
     /// When.
     pub at: String,
-    /// `acquired`, `replayed`, `in_progress`, `retry_not_due`, `unknown_pending`,
-    /// `mismatch`, `lease_expired`, `completed`, `reconciled`, `resolved`.
+    /// `acquired`, `already_held`, `replayed`, `in_progress`, `retry_not_due`,
+    /// `unknown_pending`, `mismatch`, `lease_expired`, `lease_renewed`, `completed`,
+    /// `reconciled`, `resolved`.
     pub kind: String,
     /// Who (`system` for the lease sweeper).
     pub principal: String,

@@ -34,6 +34,7 @@ use idem_connect::{Executor, Reconciler, Registry};
 use idem_core::Clock;
 use idem_store::Store;
 use idem_store::keys::Role;
+use idem_store::postgres::DatabaseClock;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -46,8 +47,12 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub struct AppState {
     /// The ledger.
     pub store: Arc<dyn Store>,
-    /// Time source (the same one the store reads).
+    /// Time source: the ledger's clock, the same one the store reads (on PostgreSQL the
+    /// database's, [`idem_store::postgres::DatabaseClock`]; on SQLite the system clock).
     pub clock: Arc<dyn Clock>,
+    /// The database's clock when `clock` is one: its offset and uncertainty for
+    /// `/metrics`, and its bound for `/readyz`.
+    pub database_clock: Option<Arc<DatabaseClock>>,
     /// Runs connector-backed operations.
     pub executor: Arc<Executor>,
     /// Settles UNKNOWN operations by lookup.
@@ -74,16 +79,22 @@ impl AppState {
         let executor = Arc::new(Executor::new(
             store.clone(),
             registry.clone(),
+            clock.clone(),
             config.executor.concurrency,
             Duration::from_millis(config.executor.poll_interval_ms),
         ));
-        let reconciler =
-            Arc::new(Reconciler::new(store.clone(), registry, Duration::from_millis(config.reconciler.interval_ms)));
+        let reconciler = Arc::new(Reconciler::new(
+            store.clone(),
+            registry,
+            clock.clone(),
+            Duration::from_millis(config.reconciler.interval_ms),
+        ));
         AppState {
             store,
             clock,
             executor,
             reconciler,
+            database_clock: None,
             ui: Default::default(),
             gauges: Default::default(),
             metrics_token: None,
@@ -126,6 +137,9 @@ pub struct ServerConfig {
     /// The connectors built from `connect` (built before start-up, so a bad config fails
     /// before anything listens).
     pub registry: Arc<Registry>,
+    /// On PostgreSQL, the database's clock that the `clock` given to [`run`] is: `/readyz`
+    /// checks its uncertainty bound and `/metrics` shows its offset and uncertainty.
+    pub database_clock: Option<Arc<DatabaseClock>>,
 }
 
 /// The application's routes with their middleware: the API, `/metrics` and the admin page.
@@ -146,6 +160,7 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .route("/v1/operations", post(operations::acquire).get(operations::list))
         .route("/v1/operations/{key}", get(operations::get_one))
         .route("/v1/operations/{key}/complete", post(operations::complete))
+        .route("/v1/operations/{key}/renew", post(operations::renew))
         .route("/v1/operations/{key}/resolve", post(review::resolve))
         .route("/v1/operations/{key}/reconcile", post(review::reconcile))
         .route("/v1/keys", post(keys::create).get(keys::list))
@@ -192,16 +207,30 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Readiness: the database answers.
+/// Readiness: the database answers and, on PostgreSQL, this node knows the database's
+/// time within `--max-clock-uncertainty-ms`.
 #[utoipa::path(get, path = "/readyz", tag = "health", responses(
     (status = 200, description = "ready"),
-    (status = 503, description = "the database does not answer", body = problem::Problem, content_type = "application/problem+json")
+    (status = 503, description = "the database does not answer (`unavailable`), or this node cannot tell the database's time closely enough (`clock-uncertain`)", body = problem::Problem, content_type = "application/problem+json")
 ))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.store.ping().await {
-        Ok(()) => "ready\n".into_response(),
-        Err(e) => operations::store_problem(e).into_response(),
+    if let Err(e) = state.store.ping().await {
+        return operations::store_problem(e).into_response();
     }
+    if let Some(s) = state.database_clock.as_ref().map(|c| c.status())
+        && !s.within_bound()
+    {
+        return problem::Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "clock-uncertain",
+            format!(
+                "this node knows the database's time only within {} ms (bound {} ms; last reading {} ms ago)",
+                s.uncertainty_ms, s.max_uncertainty_ms, s.since_reading_ms
+            ),
+        )
+        .into_response();
+    }
+    "ready\n".into_response()
 }
 
 /// Creates the first admin key if the store has none (DESIGN.md §10): the given secret
@@ -338,6 +367,7 @@ async fn serve_with(
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
     metrics::handle();
     let mut state = AppState::new(store, clock, config.registry.clone(), &config.connect);
+    state.database_clock = config.database_clock.clone();
     state.metrics_token = config.metrics_token.as_deref().map(Arc::from);
     let store = state.store.clone();
     let app = app(state.clone(), config.max_body_bytes)?;

@@ -13,7 +13,9 @@
 //! A client may send its own `x-request-id` to correlate its logs with idem's event log;
 //! [`sanitize_request_id`] keeps it only when it is 1–128 characters of
 //! `[A-Za-z0-9._:-]` and otherwise lets idem generate one, so a request id never carries
-//! markup, quotes or kilobytes into logs and the event log.
+//! markup, quotes or kilobytes into logs and the event log. A kept one is marked
+//! [`ClientRequestId`]: only the client's own request id can name a lease holder (a
+//! resend of the same request carries the same one); a generated one never does.
 
 use axum::body::Body;
 use axum::http::{Request, Response};
@@ -84,24 +86,31 @@ pub fn trace_layer() -> IdemTraceLayer {
 }
 
 /// Longest client-supplied request id kept, in bytes.
-pub const MAX_REQUEST_ID_LEN: usize = 128;
+pub const MAX_REQUEST_ID_LEN: usize = idem_core::lease::MAX_HOLDER_LEN;
+
+/// Request extension: the `x-request-id` is the client's own (kept by
+/// [`sanitize_request_id`]), not one idem generated.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientRequestId;
 
 /// Middleware (outermost): drops an `x-request-id` that is empty, longer than
-/// [`MAX_REQUEST_ID_LEN`] or has a character outside `[A-Za-z0-9._:-]`; the request-id
-/// layer then generates a UUID for it.
+/// [`MAX_REQUEST_ID_LEN`] or has a character outside `[A-Za-z0-9._:-]` (the rule of a
+/// lease holder identity, `idem_core::lease::is_valid_holder`); the request-id layer then
+/// generates a UUID for it. A kept one is marked with [`ClientRequestId`].
 pub async fn sanitize_request_id(
     mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let ok = |v: &axum::http::HeaderValue| {
-        let b = v.as_bytes();
-        !b.is_empty()
-            && b.len() <= MAX_REQUEST_ID_LEN
-            && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
-    };
     let headers = req.headers_mut();
-    if headers.get_all("x-request-id").iter().count() > 1 || headers.get("x-request-id").is_some_and(|v| !ok(v)) {
-        headers.remove("x-request-id");
+    let mut values = headers.get_all("x-request-id").iter();
+    let kept = match (values.next(), values.next()) {
+        (Some(v), None) => idem_core::lease::is_valid_holder(v.as_bytes()),
+        _ => false,
+    };
+    if kept {
+        req.extensions_mut().insert(ClientRequestId);
+    } else {
+        req.headers_mut().remove("x-request-id");
     }
     next.run(req).await
 }

@@ -8,7 +8,7 @@
 //!
 //! | metric | type | labels | source |
 //! |---|---|---|---|
-//! | `idem_acquires_total` | counter | `decision` = acquired, replay, in_progress, retry_not_due, unknown, mismatch, late | every answered trigger (API and proxy) |
+//! | `idem_acquires_total` | counter | `decision` = acquired, already_held, replay, in_progress, retry_not_due, unknown, mismatch, late | every answered trigger (API and proxy) |
 //! | `idem_completions_total` | counter | `action`, `outcome`, `error_class` | every applied completion (workers and connectors) |
 //! | `idem_connector_attempts_total`, `idem_connector_retries_total` | counter | `connector` | calls a connector made (idem-connect) |
 //! | `idem_reconciliations_total` | counter | `result` = found, absent, inconclusive, too_early | recorded lookups |
@@ -20,6 +20,8 @@
 //! | `idem_operations` | gauge | `state` | records per state, all tenants (refreshed at most every 5 s) |
 //! | `idem_review_queue_depth` | gauge | | records flagged `needs_review` |
 //! | `idem_unknown_stale` | gauge | | UNKNOWN records unchanged for 15 minutes or more |
+//! | `idem_clock_offset_ms` | gauge | | PostgreSQL: the database's clock minus this node's wall clock at the last reading |
+//! | `idem_clock_uncertainty_ms` | gauge | | PostgreSQL: how far this node's idea of the database's time may be off now |
 //!
 //! `/metrics` needs no API key (Prometheus scrapers rarely carry one) unless
 //! `--metrics-token` is set, and then a `Bearer` token. Its labels name no tenant or key,
@@ -99,6 +101,14 @@ fn describe() {
     describe_gauge!("idem_operations", "Operation records per state, all tenants");
     describe_gauge!("idem_review_queue_depth", "Operations flagged for review, all tenants");
     describe_gauge!("idem_unknown_stale", "UNKNOWN operations unchanged for 15 minutes or more");
+    describe_gauge!(
+        "idem_clock_offset_ms",
+        "PostgreSQL: the database's clock minus this node's wall clock (ms), at the last reading"
+    );
+    describe_gauge!(
+        "idem_clock_uncertainty_ms",
+        "PostgreSQL: how far this node's reading of the database's clock may be off (ms)"
+    );
 }
 
 /// Drains histogram samples into their buckets every 5 s (the exporter's upkeep; without
@@ -164,6 +174,10 @@ pub async fn serve(State(state): State<AppState>, headers: axum::http::HeaderMap
             Err(e) => tracing::warn!(error = %e, "metrics: reading the counts failed"),
         }
     }
+    if let Some(s) = state.database_clock.as_ref().map(|c| c.status()) {
+        metrics::gauge!("idem_clock_offset_ms").set(s.offset_ms as f64);
+        metrics::gauge!("idem_clock_uncertainty_ms").set(s.uncertainty_ms as f64);
+    }
     let mut r = handle().render().into_response();
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"));
     r
@@ -173,6 +187,7 @@ pub async fn serve(State(state): State<AppState>, headers: axum::http::HeaderMap
 pub fn decision_label(d: &Decision) -> &'static str {
     match d {
         Decision::Acquire => "acquired",
+        Decision::AlreadyHeld => "already_held",
         Decision::Replay => "replay",
         Decision::InProgress { .. } => "in_progress",
         Decision::RetryNotDue { .. } => "retry_not_due",
@@ -267,6 +282,10 @@ impl Store for MeteredStore {
                 .increment(1);
         }
         Ok(out)
+    }
+
+    async fn renew(&self, req: idem_store::RenewRequest) -> Result<OperationRecord, StoreError> {
+        self.0.renew(req).await
     }
 
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {

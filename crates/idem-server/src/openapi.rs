@@ -1,7 +1,7 @@
 //! The OpenAPI 3.1 document served at `/openapi.json`, generated from the handlers'
 //! annotations (utoipa), so it cannot drift from the routes' types.
 
-use crate::dto::{AcquireBody, CompleteBody, ErrorView, EventView, OperationPage, OperationView};
+use crate::dto::{AcquireBody, CompleteBody, ErrorView, EventView, OperationPage, OperationView, RenewBody};
 use crate::problem::Problem;
 use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
@@ -15,7 +15,10 @@ use utoipa::{Modify, OpenApi};
         description = "idem makes side effects safe to retry. Acquire an idempotency key before a side effect, \
 perform it only when granted (201), then complete with the fencing token. Repeated triggers get the recorded \
 result (200 + `Idempotent-Replayed: true`), 409 while another worker holds the lease, 202 while the outcome is \
-UNKNOWN, and 422 when the key is reused with another payload. Status codes follow the IETF httpapi \
+UNKNOWN, and 422 when the key is reused with another payload. A lease has a holder identity (`holder`, by \
+default the request's `X-Request-Id`): the holder re-acquiring during its lease gets its own grant back (201), \
+and renews the lease with its fencing token (`POST /v1/operations/{key}/renew`, a heartbeat). Leases, retries \
+and retention are judged on one clock per ledger (on PostgreSQL, the database's). Status codes follow the IETF httpapi \
 Idempotency-Key draft; errors are RFC 9457 problem+json whose `type` is `/problems/<slug>`. Instants are \
 RFC 3339 UTC, durations milliseconds. Every /v1 call needs `Authorization: Bearer <api key>` and sees only \
 its tenant: another tenant's key is answered exactly like a missing one (404).\n\nRetention: a SUCCEEDED or \
@@ -28,6 +31,7 @@ Prometheus counters (no API key; no tenant data), and `/ui` is the admin page (H
     ),
     paths(
         crate::operations::acquire,
+        crate::operations::renew,
         crate::operations::complete,
         crate::operations::get_one,
         crate::operations::list,
@@ -40,7 +44,7 @@ Prometheus counters (no API key; no tenant data), and `/ui` is the admin page (H
         crate::readyz,
         crate::metrics::serve,
     ),
-    components(schemas(AcquireBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView)),
+    components(schemas(AcquireBody, RenewBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView)),
     modifiers(&BearerAuth),
     tags((name = "operations", description = "The ledger of side effects"), (name = "review", description = "Operator actions: reconcile now, resolve by hand (operator role)"), (name = "keys", description = "API keys of the caller's tenant (admin role)"), (name = "health", description = "Probes"))
 )]

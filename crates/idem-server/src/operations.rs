@@ -1,19 +1,19 @@
-//! `/v1/operations`: acquire, complete, get, list (DESIGN.md §3 and §10).
+//! `/v1/operations`: acquire, renew, complete, get, list (DESIGN.md §3 and §10).
 //!
 //! Handlers validate input, ask the store, and translate the decision into the status
 //! codes of DESIGN.md §3. They decide nothing about the protocol themselves.
 
 use crate::AppState;
 use crate::auth::Caller;
-use crate::dto::{AcquireBody, CompleteBody, EventView, ListQuery, OperationPage, OperationView};
+use crate::dto::{AcquireBody, CompleteBody, EventView, ListQuery, OperationPage, OperationView, RenewBody};
 use crate::json::{ApiJson, ApiQuery};
 use crate::problem::Problem;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idem_core::decision::{DEFAULT_LEASE_MS, MAX_LEASE_MS, MIN_LEASE_MS};
-use idem_core::{AcquireInput, CompleteError, Decision, IdempotencyKey, Outcome, fingerprint};
-use idem_store::{CompleteRequest, ListFilter, StoreError};
+use idem_core::{AcquireInput, CompleteError, Decision, IdempotencyKey, Outcome, RenewError, fingerprint};
+use idem_store::{CompleteRequest, ListFilter, RenewRequest, StoreError};
 use std::time::Duration;
 
 /// Longest `wait_ms` a caller may ask for.
@@ -27,6 +27,7 @@ pub fn store_problem(e: StoreError) -> Problem {
         StoreError::NotFound => Problem::not_found(),
         StoreError::Complete(c) => complete_problem(c),
         StoreError::Resolve(r) => resolve_problem(r),
+        StoreError::Renew(r) => renew_problem(r),
         StoreError::Contention => Problem::new(StatusCode::CONFLICT, "contention", e.to_string()),
         StoreError::Invalid(msg) => Problem::invalid(msg),
         StoreError::Database(_) | StoreError::Closed => {
@@ -60,6 +61,25 @@ fn complete_problem(e: CompleteError) -> Problem {
         }
         CompleteError::ConnectorOwned { .. } => Problem::new(StatusCode::CONFLICT, "connector-owned", detail),
         CompleteError::Invalid(_) => Problem::invalid(detail),
+    }
+}
+
+fn renew_problem(e: RenewError) -> Problem {
+    let detail = e.to_string();
+    match e {
+        RenewError::StaleToken { current, .. } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "stale-fencing-token", detail);
+            p.current_fencing_token = Some(current);
+            p
+        }
+        RenewError::LeaseExpired { .. } => Problem::new(StatusCode::CONFLICT, "lease-expired", detail),
+        RenewError::NotExecuting { state } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "operation-not-executing", detail);
+            p.state = Some(state.as_str().into());
+            p
+        }
+        RenewError::ConnectorOwned { .. } => Problem::new(StatusCode::CONFLICT, "connector-owned", detail),
+        RenewError::InvalidLease(_) => Problem::invalid(detail),
     }
 }
 
@@ -175,14 +195,17 @@ fn with_rid(p: Problem, caller: &Caller) -> Problem {
 #[utoipa::path(
     post, path = "/v1/operations", tag = "operations",
     request_body = AcquireBody,
-    params(("Idempotency-Key" = Option<String>, Header, description = "The key, if not in the body")),
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "The key, if not in the body"),
+        ("X-Request-Id" = Option<String>, Header, description = "The request's id (1-128 characters of `[A-Za-z0-9._:-]`; others are replaced by a generated one): unique per request, kept when the same request is resent. Recorded on the trigger's event, and the lease holder identity when the body names no `holder`"),
+    ),
     responses(
-        (status = 201, description = "Lease granted: perform the side effect, then complete with the fencing token", body = OperationView),
+        (status = 201, description = "Lease granted: perform the side effect, then complete with the fencing token. Also the answer to the lease's own holder (same principal and `holder`, by default the same `X-Request-Id`) while its lease is valid: the same grant, unchanged (same fencing token, `lease_expires_at` and attempt), e.g. for a request resent after its reply was lost", body = OperationView),
         (status = 200, description = "Replay of a SUCCEEDED or FAILED operation; header `Idempotent-Replayed: true`", body = OperationView),
         (status = 202, description = "Outcome UNKNOWN: reconciliation pending, nothing executed", body = OperationView),
         (status = 400, description = "Malformed request, missing or invalid key, a payload with duplicate member names (also after NFC) or a number an IEEE 754 double does not carry exactly", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "In progress (another lease), or the next attempt is not due; header `Retry-After`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "In progress (another worker's lease), or the next attempt is not due; header `Retry-After`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Late arrival: the key's operation completed and its record was removed after its retention window (default 24 h after completion); a tombstone remembers it (default 30 days after completion) and nothing executes. After the tombstone is gone the key is new again.", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with another payload or action", body = Problem, content_type = "application/problem+json"),
@@ -217,7 +240,7 @@ pub async fn acquire(
             Decision::Acquire if out.record.connector.is_some() => {
                 run_connector_attempt(&state, out.record.clone(), deadline, &caller).await?
             }
-            Decision::Acquire => (StatusCode::CREATED, axum::Json(view())).into_response(),
+            Decision::Acquire | Decision::AlreadyHeld => (StatusCode::CREATED, axum::Json(view())).into_response(),
             Decision::Replay => {
                 let mut r = (StatusCode::OK, axum::Json(view())).into_response();
                 r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
@@ -289,7 +312,8 @@ async fn retry_budget_refusal(state: &AppState, input: &AcquireInput) -> Option<
 }
 
 /// Polls the record while another worker's lease is valid, until `deadline` (reads only;
-/// the trigger after the wait is recorded as usual).
+/// the trigger after the wait is recorded as usual). The trigger's own lease (its holder)
+/// is not waited for.
 async fn wait_for_change(state: &AppState, input: &AcquireInput, deadline: tokio::time::Instant) {
     loop {
         let now = tokio::time::Instant::now();
@@ -297,7 +321,10 @@ async fn wait_for_change(state: &AppState, input: &AcquireInput, deadline: tokio
             return;
         }
         match state.store.get(&input.tenant, &input.key).await {
-            Ok(Some(r)) if r.fingerprint == input.fingerprint && r.lease_valid_at(state.clock.now_ms()) => {}
+            Ok(Some(r))
+                if r.fingerprint == input.fingerprint
+                    && r.lease_valid_at(state.clock.now_ms())
+                    && !idem_core::lease::held_by(&r, input.holder_id(), state.clock.now_ms()) => {}
             _ => return,
         }
         tokio::time::sleep(Duration::from_millis(WAIT_POLL_MS).min(deadline - now)).await;
@@ -376,6 +403,7 @@ fn acquire_input(
     };
     let fp = fingerprint(&payload, body.fingerprint_fields.as_deref()).map_err(|e| Problem::invalid(e.to_string()))?;
     Ok(AcquireInput {
+        holder: holder_of(caller, body.holder.as_deref())?,
         tenant: caller.tenant.clone(),
         key: key.to_string(),
         action: body.action.clone(),
@@ -386,6 +414,22 @@ fn acquire_input(
         connector,
         actor: caller.actor(),
     })
+}
+
+/// The trigger's lease holder identity: the body's `holder` (validated), else the
+/// client's own `X-Request-Id` (never one idem generated), else none.
+///
+/// # Errors
+/// 400 `invalid-request` for a `holder` that is not 1-128 characters of `[A-Za-z0-9._:-]`.
+fn holder_of(caller: &Caller, holder: Option<&str>) -> Result<Option<String>, Problem> {
+    match holder {
+        Some(h) => {
+            idem_core::lease::validate_holder(h).map_err(Problem::invalid)?;
+            Ok(Some(h.to_owned()))
+        }
+        None if caller.request_id_from_client => Ok(caller.request_id.clone()),
+        None => Ok(None),
+    }
 }
 
 fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
@@ -477,20 +521,66 @@ pub async fn complete(
             policy: None,
         })
         .await;
-    let out = match done {
-        Ok(out) => out,
-        // Removed after its retention: say so (410), as a late trigger is told.
-        Err(StoreError::NotFound) => {
-            let tomb = state.store.tombstone(&caller.tenant, key.as_str()).await;
-            let p = match tomb.map_err(|e| with_rid(store_problem(e), &caller))? {
-                Some(t) => late_arrival(t.final_state, Some(t.completed_at), "this completion was not recorded"),
-                None => Problem::not_found(),
-            };
-            return Err(with_rid(p, &caller));
-        }
-        Err(e) => return Err(with_rid(store_problem(e), &caller)),
+    record_or_problem(&state, &caller, key.as_str(), "this completion was not recorded", done.map(|o| o.record)).await
+}
+
+/// 200 with the record a worker's call (completion, renewal) left, or its problem: for a
+/// key without a record, 410 `late-arrival` when it was removed after its retention (a
+/// tombstone is left; `consequence` says what happened to this request), else 404.
+async fn record_or_problem(
+    state: &AppState,
+    caller: &Caller,
+    key: &str,
+    consequence: &str,
+    rec: Result<idem_core::OperationRecord, StoreError>,
+) -> Result<Response, Problem> {
+    let p = match rec {
+        Ok(rec) => return Ok(axum::Json(OperationView::of(rec)).into_response()),
+        Err(StoreError::NotFound) => match state.store.tombstone(&caller.tenant, key).await {
+            Ok(Some(t)) => late_arrival(t.final_state, Some(t.completed_at), consequence),
+            Ok(None) => Problem::not_found(),
+            Err(e) => store_problem(e),
+        },
+        Err(e) => store_problem(e),
     };
-    Ok((StatusCode::OK, axum::Json(OperationView::of(out.record))).into_response())
+    Err(with_rid(p, caller))
+}
+
+/// Renew the lease of `fencing_token` (a heartbeat): it then ends `lease_ms` from now.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/renew", tag = "operations",
+    params(("key" = String, Path, description = "Idempotency key (percent-encoded)")),
+    request_body = RenewBody,
+    responses(
+        (status = 200, description = "Renewed: the record with the new `lease_expires_at` (same fencing token and attempt)", body = OperationView),
+        (status = 400, description = "Malformed request, or `lease_ms` out of range", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such operation in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not renewed, nothing changed: `lease-expired` (the lease already ran out: complete with the token to report what happened), `stale-fencing-token` (another lease was granted), `operation-not-executing` (PENDING, SUCCEEDED or FAILED), `connector-owned`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Late: the operation completed and its record was removed after its retention window; nothing recorded", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn renew(
+    State(state): State<AppState>,
+    caller: Caller,
+    crate::json::ApiPath(raw_key): crate::json::ApiPath,
+    ApiJson(body): ApiJson<RenewBody>,
+) -> Result<Response, Problem> {
+    let key = parse_key(&raw_key).map_err(|p| with_rid(p, &caller))?;
+    let lease_ms = in_range("lease_ms", body.lease_ms, MIN_LEASE_MS, MAX_LEASE_MS, DEFAULT_LEASE_MS)
+        .map_err(|p| with_rid(p, &caller))?;
+    let renewed = state
+        .store
+        .renew(RenewRequest {
+            tenant: caller.tenant.clone(),
+            key: key.to_string(),
+            fencing_token: body.fencing_token,
+            lease_ms,
+            actor: caller.actor(),
+        })
+        .await;
+    record_or_problem(&state, &caller, key.as_str(), "there is no lease to renew", renewed).await
 }
 
 /// One operation with its event timeline.

@@ -51,7 +51,7 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "operation-in-progress",
         "The operation is in progress",
-        "Another worker holds the lease. Retry after `Retry-After` seconds, or pass `wait_ms`. IETF httpapi Idempotency-Key draft §2.7: 409.",
+        "Another worker holds the lease (another principal, another holder identity, or a trigger that names none). Retry after `Retry-After` seconds, or pass `wait_ms`. The lease's own holder (same principal and `holder`, or the same `X-Request-Id`) gets its grant back instead. IETF httpapi Idempotency-Key draft §2.7: 409.",
     ),
     (
         "retry-not-due",
@@ -86,7 +86,12 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "stale-fencing-token",
         "The lease was lost",
-        "The fencing token is not the operation's current one: another lease was granted, or the token never existed. The completion was ignored.",
+        "The fencing token is not the operation's current one: another lease was granted, or the token never existed. The completion or renewal was ignored.",
+    ),
+    (
+        "lease-expired",
+        "The lease expired",
+        "The lease of this fencing token ran out before the renewal arrived, and a renewal never revives a lease: the operation may already be UNKNOWN (or, for a redo_safe action, granted to another worker at any moment). Stop the work if you can, and complete with your token to report what happened: `succeeded` with evidence, a failure, or `unknown` (a late completion is accepted while no newer lease exists). Nothing was changed.",
     ),
     (
         "operation-final",
@@ -96,7 +101,7 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "operation-not-executing",
         "The operation is not executing",
-        "Only an EXECUTING operation (or an UNKNOWN one, by the holder of the last lease) can be completed; acquire it first.",
+        "Only an EXECUTING operation (or an UNKNOWN one, by the holder of the last lease) can be completed, and only an EXECUTING one renewed; acquire it first.",
     ),
     (
         "not-resolvable",
@@ -109,6 +114,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The resolution named the state it was decided from (`expected_state`), and the operation is in another state now (another operator, a late completion or a lookup came first). Nothing was changed; look at it again.",
     ),
     ("contention", "Too much contention on this key", "Concurrent writers kept changing the record; retry shortly."),
+    (
+        "clock-uncertain",
+        "This node does not know the ledger's time closely enough",
+        "On PostgreSQL every node judges leases, retries and retention on the database's clock, read over the network. This node's last reading (half its round trip plus 100 ppm drift since) is less certain than `--max-clock-uncertainty-ms`, so it reports not ready until a new reading succeeds.",
+    ),
     (
         "unavailable",
         "The store is unavailable",

@@ -540,6 +540,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         // Always the same, with or without --lookup-url: the connector is part of the
         // intent, and a config change must not turn retries into 422s.
         connector: Some(PROXY_LOOKUP.to_owned()),
+        holder: None,
         actor: actor.clone(),
     };
     crate::logging::record_key(&input.key);
@@ -571,6 +572,10 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
                 Problem::new(StatusCode::CONFLICT, "operation-in-progress", "a request with this key is in flight");
             p.retry_after_ms = Some(retry_after_ms);
             return p.into_response();
+        }
+        // The proxy names no holder (it forwards every request itself): never answered.
+        Decision::AlreadyHeld => {
+            return problem(StatusCode::CONFLICT, "operation-in-progress", "a request with this key is in flight");
         }
         Decision::Unknown | Decision::ExpireToUnknown => {
             return problem(

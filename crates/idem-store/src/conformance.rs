@@ -7,8 +7,8 @@
 //! and then panics itself.
 
 use crate::keys::Role;
-use crate::{CompleteRequest, ListFilter, Store, StoreError};
-use idem_core::{AcquireInput, Actor, Clock, CompleteError, Decision, ManualClock, Outcome, State};
+use crate::{CompleteRequest, ListFilter, RenewRequest, Store, StoreError};
+use idem_core::{AcquireInput, Actor, Clock, CompleteError, Decision, ManualClock, Outcome, RenewError, State};
 use serde_json::json;
 use std::future::Future;
 use std::pin::Pin;
@@ -55,6 +55,8 @@ cases!(
     every_trigger_is_logged,
     expired_records_leave_tombstones_that_refuse_late_arrivals,
     sweeping_never_removes_records_that_are_not_final,
+    the_same_holder_gets_its_grant_back_during_its_lease,
+    renewal_extends_a_valid_lease_and_nothing_else,
 );
 
 /// The first fencing token of a key created at the harness clock's start (1 000 000 ms):
@@ -115,6 +117,7 @@ fn input(h: &Harness, key: &str, fp: &str) -> AcquireInput {
         lease_ms: 1_000,
         redo_safe: false,
         connector: None,
+        holder: None,
         actor: actor("worker-a"),
     }
 }
@@ -525,4 +528,109 @@ async fn sweeping_never_removes_records_that_are_not_final(h: Harness) {
     for k in ["executing", "pending", "unknown", "forever"] {
         assert!(h.store.get(&h.tenant, k).await.unwrap().is_some(), "{k} was swept");
     }
+}
+
+/// A trigger of `key` by `principal` naming the holder identity `holder`.
+fn held_by(h: &Harness, key: &str, principal: &str, holder: Option<&str>) -> AcquireInput {
+    let mut i = input(h, key, "P1");
+    i.actor = Actor { principal: principal.into(), request_id: holder.map(str::to_owned) };
+    i.holder = holder.map(str::to_owned);
+    i
+}
+
+async fn the_same_holder_gets_its_grant_back_during_its_lease(h: Harness) {
+    let mine = || held_by(&h, "INV-88:send", "worker-a", Some("w7-attempt-1"));
+    let first = h.store.acquire(mine()).await.unwrap();
+    assert_eq!(first.decision, Decision::Acquire);
+    assert_eq!(first.record.lease_holder.as_deref(), Some("w7-attempt-1"));
+    h.clock.advance(300);
+    // The resent request (its reply was lost): the same grant, unchanged.
+    let again = h.store.acquire(mine()).await.unwrap();
+    assert_eq!(again.decision, Decision::AlreadyHeld);
+    assert_eq!(again.record, first.record, "same token, lease end, attempt, version");
+    assert_eq!(h.store.get(&h.tenant, "INV-88:send").await.unwrap().unwrap(), first.record, "nothing written");
+    // Anyone else is another worker: another holder, the same holder string of another
+    // principal, or a trigger that names no holder.
+    for other in [
+        held_by(&h, "INV-88:send", "worker-a", Some("w8-attempt-1")),
+        held_by(&h, "INV-88:send", "worker-b", Some("w7-attempt-1")),
+        held_by(&h, "INV-88:send", "worker-a", None),
+    ] {
+        let d = h.store.acquire(other).await.unwrap().decision;
+        assert_eq!(d, Decision::InProgress { retry_after_ms: 700 });
+    }
+    let kinds: Vec<String> =
+        h.store.events(&h.tenant, "INV-88:send").await.unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds,
+        ["acquired", "already_held", "in_progress", "in_progress", "in_progress"],
+        "every trigger logged"
+    );
+    // After the lease expired the old rules apply, holder or not.
+    h.clock.advance(700);
+    assert_eq!(h.store.acquire(mine()).await.unwrap().decision, Decision::ExpireToUnknown);
+    let mut safe = held_by(&h, "safe", "worker-a", Some("w7-attempt-1"));
+    safe.redo_safe = true;
+    let t = h.store.acquire(safe.clone()).await.unwrap().record.fencing_token;
+    h.clock.advance(1_000);
+    let regrant = h.store.acquire(safe).await.unwrap();
+    assert_eq!(regrant.decision, Decision::Acquire);
+    assert_eq!(
+        (regrant.record.fencing_token, regrant.record.attempt_count),
+        (t + 1, 2),
+        "a new grant, not the old one"
+    );
+}
+
+fn renewal(h: &Harness, key: &str, token: i64, lease_ms: i64) -> RenewRequest {
+    RenewRequest { tenant: h.tenant.clone(), key: key.into(), fencing_token: token, lease_ms, actor: actor("worker-a") }
+}
+
+async fn renewal_extends_a_valid_lease_and_nothing_else(h: Harness) {
+    let t = h.store.acquire(input(&h, "k", "P1")).await.unwrap().record.fencing_token;
+    h.clock.advance(900);
+    let renewed = h.store.renew(renewal(&h, "k", t, 2_000)).await.unwrap();
+    assert_eq!(renewed.lease_expires_at, Some(1_002_900), "now + lease_ms");
+    assert_eq!((renewed.state, renewed.fencing_token, renewed.attempt_count), (State::Executing, t, 1));
+    assert_eq!(h.store.get(&h.tenant, "k").await.unwrap().unwrap(), renewed);
+    // Past the original end (1 001 000) the lease still holds.
+    h.clock.advance(1_500);
+    let dup = h.store.acquire(input(&h, "k", "P1")).await.unwrap();
+    assert_eq!(dup.decision, Decision::InProgress { retry_after_ms: 500 });
+    h.store.expire_leases(1_000).await.unwrap();
+    assert_eq!(h.store.get(&h.tenant, "k").await.unwrap().unwrap().state, State::Executing);
+    // Another token renews nothing.
+    let err = h.store.renew(renewal(&h, "k", t + 5, 2_000)).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Renew(RenewError::StaleToken { presented, current }) if presented == t + 5 && current == t),
+        "{err}"
+    );
+    // An expired lease is never revived, whether or not the sweeper saw it yet.
+    h.clock.advance(500);
+    let err = h.store.renew(renewal(&h, "k", t, 2_000)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Renew(RenewError::LeaseExpired { expired_at: Some(1_002_900), .. })), "{err}");
+    assert_eq!(h.store.get(&h.tenant, "k").await.unwrap().unwrap(), renewed, "a refusal writes nothing");
+    h.store.expire_leases(1_000).await.unwrap();
+    let err = h.store.renew(renewal(&h, "k", t, 2_000)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Renew(RenewError::LeaseExpired { .. })), "UNKNOWN: {err}");
+    // The worker reports what happened instead (a late completion).
+    let done = h.store.complete(complete(&h, "k", t, success("m"))).await.unwrap().record;
+    assert_eq!(done.state, State::Succeeded);
+    let err = h.store.renew(renewal(&h, "k", t, 2_000)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Renew(RenewError::NotExecuting { state: State::Succeeded })), "{err}");
+    let kinds: Vec<String> = h.store.events(&h.tenant, "k").await.unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, ["acquired", "lease_renewed", "in_progress", "lease_expired", "completed"]);
+    // FAILED and PENDING records have no lease to renew either.
+    let failed = h.store.acquire(input(&h, "failed", "P1")).await.unwrap().record.fencing_token;
+    let fail = Outcome::FinalFailure { error_class: "validation".into(), message: None, result: None };
+    h.store.complete(complete(&h, "failed", failed, fail)).await.unwrap();
+    let err = h.store.renew(renewal(&h, "failed", failed, 2_000)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Renew(RenewError::NotExecuting { state: State::Failed })), "{err}");
+    let pending = h.store.acquire(input(&h, "pending", "P1")).await.unwrap().record.fencing_token;
+    let retry = Outcome::RetryableFailure { error_class: "unavailable".into(), message: None, retry_after_ms: None };
+    h.store.complete(complete(&h, "pending", pending, retry)).await.unwrap();
+    let err = h.store.renew(renewal(&h, "pending", pending, 2_000)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Renew(RenewError::NotExecuting { state: State::Pending })), "{err}");
+    let missing = h.store.renew(renewal(&h, "nope", 1, 2_000)).await.unwrap_err();
+    assert!(matches!(missing, StoreError::NotFound), "{missing}");
 }

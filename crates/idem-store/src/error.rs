@@ -1,6 +1,6 @@
 //! Store errors.
 
-use idem_core::{CompleteError, ResolveError};
+use idem_core::{CompleteError, RenewError, ResolveError};
 
 /// Why a store call failed. Logic refusals (stale token, final record) come back as
 /// [`StoreError::Complete`]; everything else is infrastructure.
@@ -12,6 +12,10 @@ pub enum StoreError {
     /// The completion was refused; nothing was written.
     #[error(transparent)]
     Complete(#[from] CompleteError),
+    /// The lease renewal was refused (expired, stale token, not executing); nothing was
+    /// written.
+    #[error(transparent)]
+    Renew(#[from] RenewError),
     /// The resolution was refused; nothing was written.
     #[error(transparent)]
     Resolve(#[from] ResolveError),

@@ -70,6 +70,22 @@ pub struct CompleteRequest {
     pub policy: Option<RetryPolicy>,
 }
 
+/// A lease holder's heartbeat: extend the valid lease of `fencing_token` (see
+/// `idem_core::lease`).
+#[derive(Debug, Clone)]
+pub struct RenewRequest {
+    /// Tenant of the caller.
+    pub tenant: String,
+    /// Idempotency key of the operation.
+    pub key: String,
+    /// Token of the lease the worker holds.
+    pub fencing_token: i64,
+    /// The lease ends this long after the renewal (ms, 100–3 600 000).
+    pub lease_ms: i64,
+    /// Who renews, and through which request.
+    pub actor: Actor,
+}
+
 /// The provider's answer about an UNKNOWN operation, to record.
 #[derive(Debug, Clone)]
 pub struct ReconcileRequest {
@@ -230,6 +246,15 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::NotFound`] for a missing key, [`StoreError::Complete`] when idem-core
     /// refuses it (stale token, final record); nothing is written then.
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError>;
+
+    /// Renews a valid lease atomically with its `lease_renewed` event: the lease of
+    /// `req.fencing_token` ends `req.lease_ms` after now (idem-core `plan_renewal`).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for a missing key, [`StoreError::Renew`] when idem-core
+    /// refuses it (the lease expired, another token is current, the record is not
+    /// EXECUTING); nothing is written then.
+    async fn renew(&self, req: RenewRequest) -> Result<OperationRecord, StoreError>;
 
     /// The record, or `None`.
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError>;

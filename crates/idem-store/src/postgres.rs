@@ -15,7 +15,7 @@
 
 use crate::keys::{ApiKeyInfo, Role, hash_secret};
 use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
-use crate::{ReconcileOutcome, ReconcileRequest, ResolveRequest};
+use crate::{ReconcileOutcome, ReconcileRequest, RenewRequest, ResolveRequest};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -29,8 +29,11 @@ mod ops {
 mod key_listener;
 
 mod batch;
+mod clock;
 mod connections;
 mod fast;
+
+pub use clock::{ClockStatus, DEFAULT_MAX_UNCERTAINTY_MS, DatabaseClock};
 
 /// The hot path's writes, each kind through its own [`batch::Batcher`]:
 /// - `claims`: acquires of new keys ([`fast::insert_or_read`]);
@@ -511,6 +514,16 @@ impl Store for PgStore {
             )
             .await
         })
+    }
+
+    async fn renew(&self, req: RenewRequest) -> Result<OperationRecord, StoreError> {
+        let renewed = retrying!(self, |conn| ops::renew_once(conn, &req, self.clock.now_ms()).await);
+        match &renewed {
+            // The completion that usually follows starts from this node's cache.
+            Ok(rec) => self.cache.put(rec),
+            Err(_) => self.cache.forget(&req.tenant, &req.key),
+        }
+        renewed
     }
 
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {

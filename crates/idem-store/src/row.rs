@@ -18,6 +18,7 @@ pub(crate) struct OperationRow {
     pub state: String,
     pub attempt_count: i64,
     pub lease_owner: Option<String>,
+    pub lease_holder: Option<String>,
     pub lease_expires_at: Option<i64>,
     pub fencing_token: i64,
     pub next_attempt_at: Option<i64>,
@@ -46,7 +47,7 @@ macro_rules! operation_columns {
     lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, \
     error_message, verified_at, evidence_source, needs_review, redo_safe, connector, lookup_attempts, \
          created_at, updated_at, \
-    completed_at, expires_at, version"
+    completed_at, expires_at, version, lease_holder"
     };
 }
 pub(crate) use operation_columns;
@@ -70,6 +71,7 @@ impl OperationRow {
             state: parse_state(&self.state)?,
             attempt_count: self.attempt_count,
             lease_owner: self.lease_owner,
+            lease_holder: self.lease_holder,
             lease_expires_at: self.lease_expires_at,
             fencing_token: self.fencing_token,
             next_attempt_at: self.next_attempt_at,
@@ -163,7 +165,7 @@ macro_rules! record_bind_columns {
         "tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, lease_expires_at, \
          fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
          evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, \
-         connector, lookup_attempts"
+         connector, lookup_attempts, lease_holder"
     };
 }
 pub(crate) use record_bind_columns;
@@ -214,7 +216,8 @@ pub(crate) fn bind_record<DB: sqlx::Database>(
         .push_bind(r.expires_at)
         .push_bind(r.version)
         .push_bind(r.connector.clone())
-        .push_bind(r.lookup_attempts);
+        .push_bind(r.lookup_attempts)
+        .push_bind(r.lease_holder.clone());
 }
 
 /// Binds every column of `e`, in [`event_bind_columns!`] order, on either backend.

@@ -88,8 +88,8 @@ macro_rules! sql_ops {
                 "INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
                  lease_owner, lease_expires_at, fencing_token, next_attempt_at, provider_ref, result, error_class, \
                  error_message, verified_at, evidence_source, needs_review, redo_safe, created_at, updated_at, \
-                 completed_at, expires_at, version, connector, lookup_attempts) \
-                 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26) \
+                 completed_at, expires_at, version, connector, lookup_attempts, lease_holder) \
+                 VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,$21,$22,$23,$24,$25,$26,$27) \
                  ON CONFLICT (tenant, op_key) DO NOTHING",
             )
             .bind(&r.tenant)
@@ -118,6 +118,7 @@ macro_rules! sql_ops {
             .bind(r.version)
             .bind(&r.connector)
             .bind(r.lookup_attempts)
+            .bind(&r.lease_holder)
             .execute(&mut *conn)
             .await?;
             Ok(done.rows_affected() == 1)
@@ -129,8 +130,8 @@ macro_rules! sql_ops {
                 "UPDATE operations SET state = $1, attempt_count = $2, lease_owner = $3, lease_expires_at = $4, \
                  fencing_token = $5, next_attempt_at = $6, provider_ref = $7, result = $8, error_class = $9, \
                  error_message = $10, verified_at = $11, evidence_source = $12, needs_review = $13, \
-                 updated_at = $14, completed_at = $15, expires_at = $16, version = $17, lookup_attempts = $18 \
-                 WHERE tenant = $19 AND op_key = $20 AND version = $21",
+                 updated_at = $14, completed_at = $15, expires_at = $16, version = $17, lookup_attempts = $18, \
+                 lease_holder = $19 WHERE tenant = $20 AND op_key = $21 AND version = $22",
             )
             .bind(r.state.as_str())
             .bind(r.attempt_count)
@@ -150,6 +151,7 @@ macro_rules! sql_ops {
             .bind(r.expires_at)
             .bind(r.version)
             .bind(r.lookup_attempts)
+            .bind(&r.lease_holder)
             .bind(&r.tenant)
             .bind(&r.key)
             .bind(read_version)
@@ -287,6 +289,19 @@ macro_rules! sql_ops {
             }
             append_event(conn, &ev).await?;
             Ok(Some($crate::ReconcileOutcome { record: next, changed: true }))
+        }
+
+        /// One try of a lease renewal; `None` = lost a race, retry.
+        pub(crate) async fn renew_once(conn: &mut $Conn, req: &$crate::RenewRequest, now_ms: i64) -> Result<Option<OperationRecord>, StoreError> {
+            let Some(rec) = load(conn, &req.tenant, &req.key).await? else {
+                return Err(StoreError::NotFound);
+            };
+            let (next, ev) = idem_core::plan_renewal(&rec, req.fencing_token, req.lease_ms, &req.actor, now_ms)?;
+            if !update_cas(conn, &next, rec.version).await? {
+                return Ok(None);
+            }
+            append_event(conn, &ev).await?;
+            Ok(Some(next))
         }
 
         /// One try of an operator's resolution; `None` = lost a race, retry.

@@ -16,7 +16,7 @@
 
 use crate::keys::{ApiKeyInfo, Role, hash_secret};
 use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
-use crate::{ReconcileOutcome, ReconcileRequest, ResolveRequest};
+use crate::{ReconcileOutcome, ReconcileRequest, RenewRequest, ResolveRequest};
 use async_trait::async_trait;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
@@ -43,6 +43,7 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 enum Command {
     Acquire(AcquireInput, Reply<AcquireOutcome>),
     Complete(CompleteRequest, Reply<CompleteOutcome>),
+    Renew(RenewRequest, Reply<OperationRecord>),
     ExpireLeases(i64, Reply<u64>),
     Sweep(i64, Reply<crate::SweepOutcome>),
     Reconcile(ReconcileRequest, Reply<ReconcileOutcome>),
@@ -193,6 +194,9 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
                 .await
                 .and_then(|o| o.ok_or(StoreError::Contention))
         ),
+        Command::Renew(req, reply) => {
+            guarded!(reply, ops::renew_once(conn, &req, now).await.and_then(|o| o.ok_or(StoreError::Contention)))
+        }
         Command::ExpireLeases(limit, reply) => {
             guarded!(reply, ops::expire_leases(conn, now, limit).await)
         }
@@ -283,6 +287,7 @@ fn fail(cmd: Command, e: StoreError) -> Pending {
     match cmd {
         Command::Acquire(_, r) => pending(r, Err(e)),
         Command::Complete(_, r) => pending(r, Err(e)),
+        Command::Renew(_, r) => pending(r, Err(e)),
         Command::ExpireLeases(_, r) => pending(r, Err(e)),
         Command::Sweep(_, r) => pending(r, Err(e)),
         Command::Reconcile(_, r) => pending(r, Err(e)),
@@ -414,6 +419,10 @@ impl Store for SqliteStore {
 
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
         self.send(|r| Command::Complete(req, r)).await
+    }
+
+    async fn renew(&self, req: RenewRequest) -> Result<OperationRecord, StoreError> {
+        self.send(|r| Command::Renew(req, r)).await
     }
 
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {

@@ -36,7 +36,7 @@ pub(crate) enum HotResult {
     Complete(Result<CompleteOutcome, StoreError>),
 }
 
-/// Rows per multi-row statement (SQLite allows 32 766 bound values; 26 columns × 500).
+/// Rows per multi-row statement (SQLite allows 32 766 bound values; 27 columns × 500).
 const CHUNK: usize = 500;
 
 type Key = (String, String);
@@ -49,7 +49,7 @@ const UPSERT_TAIL: &str = " ON CONFLICT (tenant, op_key) DO UPDATE SET state = e
      error_class = excluded.error_class, error_message = excluded.error_message, verified_at = excluded.verified_at, \
      evidence_source = excluded.evidence_source, needs_review = excluded.needs_review, \
      updated_at = excluded.updated_at, completed_at = excluded.completed_at, expires_at = excluded.expires_at, \
-     version = excluded.version, lookup_attempts = excluded.lookup_attempts";
+     version = excluded.version, lookup_attempts = excluded.lookup_attempts, lease_holder = excluded.lease_holder";
 const EVENTS_HEAD: &str = concat!("INSERT INTO operation_events (", crate::row::event_bind_columns!(), ") ");
 
 fn key_of(h: &Hot<'_>) -> Key {

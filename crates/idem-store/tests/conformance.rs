@@ -85,6 +85,7 @@ async fn fill(store: &dyn Store) {
             lease_ms: 60_000,
             redo_safe: false,
             connector: None,
+            holder: None,
             actor: Actor::default(),
         };
         let granted = store.acquire(input).await.unwrap();

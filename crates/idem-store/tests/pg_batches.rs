@@ -16,6 +16,7 @@ fn input(key: &str) -> AcquireInput {
         lease_ms: 60_000,
         redo_safe: false,
         connector: None,
+        holder: None,
         actor: Actor { principal: "w".into(), request_id: None },
     }
 }

@@ -25,6 +25,7 @@ fn input(key: &str, fingerprint: &str) -> AcquireInput {
         lease_ms: 1_000,
         redo_safe: false,
         connector: None,
+        holder: None,
         actor: Actor { principal: "w".into(), request_id: None },
     }
 }

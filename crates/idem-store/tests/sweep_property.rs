@@ -53,6 +53,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                     lease_ms: 500,
                     redo_safe: false,
                     connector: None,
+                    holder: None,
                     actor: Actor::default(),
                 };
                 input.actor.principal = "w".into();

@@ -63,6 +63,7 @@ fn input(key: String) -> AcquireInput {
         lease_ms: 30_000,
         redo_safe: false,
         connector: None,
+        holder: None,
         actor: Actor { principal: "bench".into(), request_id: None },
     }
 }

@@ -55,6 +55,13 @@ pub enum Command {
     /// finally, 11 = not finished yet (running, retry scheduled or UNKNOWN; poll with
     /// `idem ops get`).
     Acquire(AcquireArgs),
+    /// Renew the lease of a fencing token (a heartbeat): it then ends --lease-ms from now.
+    ///
+    /// Only a valid lease is renewed. A lease that already expired, another token, or an
+    /// operation that is not EXECUTING is refused (exit 1, one line naming the problem
+    /// type): after `lease-expired`, stop and `idem complete` with the token to report
+    /// what happened.
+    Renew(RenewArgs),
     /// Report the outcome of the attempt that holds a fencing token.
     Complete(CompleteArgs),
     /// Measure idem against naive baselines on this machine and print the table.
@@ -129,6 +136,13 @@ pub struct ServeArgs {
     /// How often expired leases are turned into UNKNOWN, in milliseconds.
     #[arg(long, env = "IDEM_SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub sweep_interval_ms: u64,
+    /// PostgreSQL: every node judges leases, retries and retention on the database's
+    /// clock, read every 15 s and carried forward on the node's monotonic clock. Beyond
+    /// this uncertainty (half the reading's round trip plus 100 ppm drift since), in
+    /// milliseconds, the node logs a warning and /readyz answers 503. Unused on SQLite
+    /// (one machine, one clock).
+    #[arg(long, env = "IDEM_MAX_CLOCK_UNCERTAINTY_MS", default_value_t = idem_store::postgres::DEFAULT_MAX_UNCERTAINTY_MS, value_parser = clap::value_parser!(i64).range(1..=60_000))]
+    pub max_clock_uncertainty_ms: i64,
     /// Secret of the admin key (tenant "default") to create on first start; without it a
     /// key is generated and printed once. 32-256 printable characters.
     #[arg(long, env = "IDEM_BOOTSTRAP_KEY", hide_env_values = true)]
@@ -375,6 +389,26 @@ pub struct AcquireArgs {
     /// Let idem perform the side effect with this configured connector.
     #[arg(long)]
     pub connector: Option<String>,
+    /// This worker's lease holder identity (1-128 of [A-Za-z0-9._:-], scoped to the API
+    /// key's principal): acquiring again with it while the lease is valid returns the same
+    /// grant (same token) instead of 409, e.g. after a lost reply.
+    #[arg(long)]
+    pub holder: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RenewArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Idempotency key.
+    pub key: String,
+    /// Fencing token from the acquire.
+    #[arg(long)]
+    pub token: i64,
+    /// The lease then ends this many milliseconds from now (100-3600000; the server's
+    /// default is 30000).
+    #[arg(long)]
+    pub lease_ms: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -1,6 +1,7 @@
-//! `idem ops …`, `idem acquire`, `idem complete`: HTTP calls to a running server.
+//! `idem ops …`, `idem acquire`, `idem renew`, `idem complete`: HTTP calls to a running
+//! server.
 
-use crate::cli::{AcquireArgs, CompleteArgs, OpsCommand, OutcomeArg, ServerArgs};
+use crate::cli::{AcquireArgs, CompleteArgs, OpsCommand, OutcomeArg, RenewArgs, ServerArgs};
 use crate::output;
 use anyhow::{Context, bail};
 use reqwest::{Method, StatusCode, Url};
@@ -197,6 +198,9 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = &args.connector {
         body["connector"] = json!(c);
     }
+    if let Some(h) = &args.holder {
+        body["holder"] = json!(h);
+    }
     let a = api.call(Method::POST, api.url(&["v1", "operations"])?, Some(body)).await?;
     let performed_by_idem = a.body.get("connector").is_some_and(Value::is_string);
     let code = match a.status.as_u16() {
@@ -218,6 +222,18 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
         crate::out!("{}", output::acquire_summary(a.status.as_u16(), &output::printable(&a.body)));
     }
     Ok(ExitCode::from(code))
+}
+
+pub async fn renew(args: RenewArgs) -> anyhow::Result<ExitCode> {
+    let api = Api::new(&args.server)?;
+    let mut body = json!({ "fencing_token": args.token });
+    if let Some(ms) = args.lease_ms {
+        body["lease_ms"] = json!(ms);
+    }
+    let a = api.call(Method::POST, api.url(&["v1", "operations", &args.key, "renew"])?, Some(body)).await?;
+    check(&a)?;
+    print(args.server.json, &a, output::renewal_summary);
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn complete(args: CompleteArgs) -> anyhow::Result<ExitCode> {

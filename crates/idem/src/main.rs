@@ -57,6 +57,7 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Keys(k) => keys::run(k).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Ops(o) => client::ops(o).await,
         cli::Command::Acquire(a) => client::acquire(a).await,
+        cli::Command::Renew(r) => client::renew(r).await,
         cli::Command::Complete(c) => client::complete(c).await,
         cli::Command::Scenarios(s) => scenarios(s).await,
         cli::Command::Bench(b) => bench::run(bench::BenchArgs {

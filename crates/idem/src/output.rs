@@ -95,6 +95,17 @@ pub fn operation_summary(v: &Value) -> String {
     .to_owned()
 }
 
+/// `KEY  EXECUTING  token T  lease until 2026-11-30T09:00:30.000Z` (after a renewal).
+pub fn renewal_summary(v: &Value) -> String {
+    format!(
+        "{}  {}  token {}  lease until {}",
+        s(v, "key"),
+        s(v, "state"),
+        n(v, "fencing_token"),
+        s(v, "lease_expires_at")
+    )
+}
+
 /// The record's fields, then its event timeline.
 pub fn operation_with_events(v: &Value) -> String {
     let mut out = String::new();
@@ -104,6 +115,7 @@ pub fn operation_with_events(v: &Value) -> String {
         "state",
         "fingerprint",
         "lease_owner",
+        "lease_holder",
         "lease_expires_at",
         "next_attempt_at",
         "provider_ref",

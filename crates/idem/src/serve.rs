@@ -87,7 +87,20 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, policy, 5);
     }
     let registry = Arc::new(registry);
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    // One clock for the whole ledger (DESIGN.md §2 invariant 7): on PostgreSQL the
+    // database's, for the store and everything else in the process that needs "now".
+    let database_clock = match idem_store::parse_database_url(&args.db.database_url)? {
+        idem_store::DatabaseUrl::Postgres(url) => Some(
+            idem_store::postgres::DatabaseClock::connect(url, args.max_clock_uncertainty_ms)
+                .await
+                .with_context(|| format!("cannot read the clock of the database {}", redact(url)))?,
+        ),
+        idem_store::DatabaseUrl::Sqlite(_) => None,
+    };
+    let clock: Arc<dyn Clock> = match &database_clock {
+        Some(c) => c.clone(),
+        None => Arc::new(SystemClock),
+    };
     let store_config = idem_store::StoreConfig { retention: connect.retention()?, ..Default::default() };
     let store = idem_store::open(&args.db.database_url, clock.clone(), store_config)
         .await
@@ -100,6 +113,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         metrics_token: args.metrics_token.filter(|t| !t.is_empty()),
         connect,
         registry,
+        database_clock,
     };
     Ok(Prepared { _lock: lock, store, clock, config })
 }

@@ -507,6 +507,7 @@ fn operation_page(
         ("Attempts", v.attempt.to_string()),
         ("Fencing token", v.fencing_token.to_string()),
         ("Lease owner", opt(&v.lease_owner)),
+        ("Lease holder", opt(&v.lease_holder)),
         ("Lease expires", opt(&v.lease_expires_at)),
         ("Next attempt", opt(&v.next_attempt_at)),
         ("Lookups", v.lookup_attempts.to_string()),

@@ -176,6 +176,7 @@ impl FromRequestParts<AppState> for UiUser {
                         principal: info.principal,
                         role: info.role,
                         request_id: crate::auth::request_id(&parts.headers).map(str::to_owned),
+                        request_id_from_client: parts.extensions.get::<crate::logging::ClientRequestId>().is_some(),
                     },
                     csrf,
                     session: id.to_owned(),

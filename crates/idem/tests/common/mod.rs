@@ -52,6 +52,7 @@ pub struct Server {
     config: Option<PathBuf>,
     _config_dir: Option<tempfile::TempDir>,
     sub: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 pub fn idem_bin() -> PathBuf {
@@ -74,11 +75,19 @@ impl Server {
 
     /// A new server process on the same database and configuration (after a crash).
     pub fn restart(self) -> Server {
-        let (db, config, sub) = (self.db_url.clone(), self.config.clone(), self.sub.clone());
+        let (db, config, sub, env) = (self.db_url.clone(), self.config.clone(), self.sub.clone(), self.env.clone());
         let mut old = self;
         let dir = old._config_dir.take();
         old.kill9_in_place();
-        Server::spawn_args(&sub, &db, config, dir)
+        Server::spawn_env(&sub, &db, config, dir, env)
+    }
+
+    /// `idem serve` with extra flags and extra environment variables (e.g. `LD_PRELOAD`).
+    pub fn start_with_env(db_url: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut args = vec!["serve".to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Server::spawn_env(&args, db_url, None, None, env)
     }
 
     /// `idem serve` with extra flags.
@@ -105,11 +114,22 @@ impl Server {
         config: Option<PathBuf>,
         config_dir: Option<tempfile::TempDir>,
     ) -> Server {
+        Server::spawn_env(sub, db_url, config, config_dir, Vec::new())
+    }
+
+    fn spawn_env(
+        sub: &[String],
+        db_url: &str,
+        config: Option<PathBuf>,
+        config_dir: Option<tempfile::TempDir>,
+        env: Vec<(String, String)>,
+    ) -> Server {
         let mut cmd = Command::new(idem_bin());
         cmd.args(sub)
             .args(["--listen", "127.0.0.1:0", "--sweep-interval-ms", "50", "--database-url", db_url])
             .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(c) = &config {
@@ -134,6 +154,7 @@ impl Server {
             config,
             _config_dir: config_dir,
             sub: sub.to_vec(),
+            env,
         }
     }
 
@@ -245,7 +266,7 @@ pub struct Resp {
 }
 
 impl Resp {
-    async fn read(r: reqwest::Response) -> Resp {
+    pub async fn read(r: reqwest::Response) -> Resp {
         let status = r.status();
         let headers = r.headers().clone();
         let text = r.text().await.unwrap();
