@@ -55,7 +55,17 @@ cases!(
     every_trigger_is_logged,
     expired_records_leave_tombstones_that_refuse_late_arrivals,
     sweeping_never_removes_records_that_are_not_final,
+    starts_are_idempotent_and_pin_their_definition,
+    concurrent_starts_create_one_instance,
+    checkpoints_are_the_step_operations,
+    instance_writes_are_conditional,
+    due_instances_are_claimed_by_one_runner_at_a_time,
+    finished_instances_keep_their_steps_then_leave_tombstones,
+    instances_list_with_filters_and_pages,
 );
+
+mod flow;
+use flow::*;
 
 /// The first fencing token of a key created at the harness clock's start (1 000 000 ms):
 /// tokens start at the creation instant.

@@ -3,7 +3,9 @@
 //!
 //! All instants are Unix epoch **milliseconds** (UTC) as `i64`.
 
+use super::definition::{Definition, RecoveryPolicy};
 use super::state::{InstanceState, StepState};
+use crate::retention::Retention;
 use crate::key::IdempotencyKey;
 use crate::record::{Actor, OperationRecord};
 use serde::{Deserialize, Serialize};
@@ -34,8 +36,9 @@ pub fn validate_instance_id(id: &str) -> Result<(), String> {
     IdempotencyKey::parse(id).map(|_| ()).map_err(|e| e.to_string().replace("idempotency key", "instance id"))
 }
 
-/// Checks a step name: 1–[`MAX_STEP_NAME_LEN`] characters of `[A-Za-z0-9_.-]` (no `:`, so
-/// the derived keys stay unambiguous).
+/// Checks a step name: 1–[`MAX_STEP_NAME_LEN`] characters of `[A-Za-z0-9_.-]` (no `:`), and
+/// not `compensate` or `rerun-…`, so that a derived key names one step of one instance:
+/// `A:b:compensate` is the compensation of step `b` of `A`, never step `compensate` of `A:b`.
 ///
 /// # Errors
 /// A one-line message.
@@ -44,8 +47,16 @@ pub fn validate_step_name(name: &str) -> Result<(), String> {
         && name.len() <= MAX_STEP_NAME_LEN
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
         && name != "."
-        && name != "..";
-    if ok { Ok(()) } else { Err(format!("a step name is 1-{MAX_STEP_NAME_LEN} characters of [A-Za-z0-9_.-]")) }
+        && name != ".."
+        && name != "compensate"
+        && !name.starts_with("rerun-");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "a step name is 1-{MAX_STEP_NAME_LEN} characters of [A-Za-z0-9_.-], other than compensate and rerun-…"
+        ))
+    }
 }
 
 /// Checks a workflow name: 1–[`MAX_WORKFLOW_NAME_LEN`] characters of `[A-Za-z0-9_.-]`.
@@ -131,6 +142,27 @@ pub struct StepRow {
     pub step: String,
     /// Key of the step's operation ([`step_key`]; a re-run points it at a [`rerun_key`]).
     pub op_key: String,
+    /// The step's recovery policy, pinned with the definition (the reconciler reads it:
+    /// it never looks up a `manual` or `compensate` step, it flags it for review).
+    pub policy: RecoveryPolicy,
+}
+
+impl StepRow {
+    /// The rows of a new instance of `def`, one per step, in order.
+    pub fn all_of(tenant: &str, instance_id: &str, def: &Definition) -> Vec<StepRow> {
+        def.steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| StepRow {
+                tenant: tenant.to_owned(),
+                instance_id: instance_id.to_owned(),
+                position: i as i64,
+                step: s.name.clone(),
+                op_key: step_key(instance_id, &s.name),
+                policy: s.policy,
+            })
+            .collect()
+    }
 }
 
 /// What a resuming worker reads for one step: the step row, its operation (if it exists)
@@ -198,6 +230,19 @@ pub fn input_context(inst: &InstanceRecord, checkpoints: &[Checkpoint]) -> Value
     })
 }
 
+impl InstanceRecord {
+    /// Sets `expires_at` on an instance that just became final (SUCCEEDED, FAILED,
+    /// COMPENSATED): `completed_at` + the default retention (DESIGN.md §6); never on
+    /// another state. Its step operations are kept while the instance is (the operation
+    /// sweeper skips operations that belong to a step).
+    pub fn apply_retention(&mut self, r: &Retention) {
+        self.expires_at = match (self.state.is_final(), self.completed_at) {
+            (true, Some(done)) => r.default_ms.map(|ms| done.saturating_add(ms)),
+            _ => None,
+        };
+    }
+}
+
 /// What is left of a removed final instance: enough to answer a late start with 410.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceTombstone {
@@ -213,6 +258,22 @@ pub struct InstanceTombstone {
     pub completed_at: i64,
     /// When the tombstone goes.
     pub expires_at: i64,
+}
+
+impl InstanceTombstone {
+    /// The tombstone of a final instance: kept until `completed_at` + the tombstone window
+    /// (never shorter than the retention).
+    pub fn of(rec: &InstanceRecord, r: &Retention) -> Self {
+        let done = rec.completed_at.unwrap_or(rec.updated_at);
+        InstanceTombstone {
+            tenant: rec.tenant.clone(),
+            id_hash: crate::retention::key_hash(&rec.instance_id),
+            input_fingerprint: rec.input_fingerprint.clone(),
+            final_state: rec.state,
+            completed_at: done,
+            expires_at: done.saturating_add(r.default_ms.unwrap_or(0).max(r.tombstone_ms)),
+        }
+    }
 }
 
 /// The kinds of instance events.
@@ -320,6 +381,7 @@ mod tests {
         let e = validate_instance_id("order-jane.doe@example.com").unwrap_err();
         assert!(e.contains("instance id") && e.contains("e-mail"), "{e}");
         assert!(validate_step_name("a:b").is_err());
+        assert!(validate_step_name("compensate").is_err() && validate_step_name("rerun-2").is_err());
         assert!(validate_workflow_name("order intake").is_err());
     }
 }

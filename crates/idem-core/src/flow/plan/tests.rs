@@ -79,6 +79,7 @@ fn checkpoints(ops: Vec<Option<OperationRecord>>) -> Vec<Checkpoint> {
                 position: i as i64,
                 step: (*n).into(),
                 op_key: step_key("ORD-7:intake", n),
+                policy: def().steps[i].policy,
             };
             Checkpoint::of(row, ops.get(i).cloned().flatten())
         })
