@@ -77,6 +77,10 @@ pub struct Config {
     /// Named connectors.
     #[serde(default)]
     pub connectors: BTreeMap<String, ConnectorConfig>,
+    /// `[workflows.NAME]`: workflow definitions, kept as written here and read by idem-flow
+    /// (`idem_flow::config`), which knows their shape; this crate only carries them.
+    #[serde(default)]
+    pub workflows: BTreeMap<String, toml::Value>,
 }
 
 /// `[executor]`.

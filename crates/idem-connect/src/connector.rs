@@ -59,6 +59,12 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
     /// The longest one `execute` can take (ms), from its timeouts. An attempt does not
     /// start unless at least this much of its lease is left.
     fn max_call_ms(&self) -> i64;
+
+    /// Whether [`Connector::lookup`] can ever find an effect (a lookup is configured).
+    /// Workflow steps choose their default recovery policy by it (DESIGN.md §8).
+    fn has_lookup(&self) -> bool {
+        true
+    }
 }
 
 /// `retryable_failure` with a class and message.

@@ -311,6 +311,10 @@ impl Connector for HttpConnector {
     fn max_call_ms(&self) -> i64 {
         self.max_call_ms
     }
+
+    fn has_lookup(&self) -> bool {
+        self.lookup.is_some()
+    }
 }
 
 #[cfg(test)]

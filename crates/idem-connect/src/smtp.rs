@@ -271,6 +271,10 @@ impl Connector for SmtpConnector {
     fn max_call_ms(&self) -> i64 {
         SMTP_STEPS * self.timeout.as_millis() as i64
     }
+
+    fn has_lookup(&self) -> bool {
+        self.imap.is_some()
+    }
 }
 
 /// Whether a message with `message_id` is in the configured mailbox.
