@@ -99,7 +99,7 @@ fn check_action(action: &str) -> Result<(), Problem> {
     if ok { Ok(()) } else { Err(Problem::invalid("action must be 1-128 characters of [A-Za-z0-9_.:-]")) }
 }
 
-fn in_range(name: &str, v: Option<i64>, min: i64, max: i64, default: i64) -> Result<i64, Problem> {
+pub(crate) fn in_range(name: &str, v: Option<i64>, min: i64, max: i64, default: i64) -> Result<i64, Problem> {
     match v {
         None => Ok(default),
         Some(x) if (min..=max).contains(&x) => Ok(x),
@@ -167,7 +167,7 @@ fn key_of(body: Option<&str>, headers: &HeaderMap) -> Result<IdempotencyKey, Pro
     }
 }
 
-fn with_rid(p: Problem, caller: &Caller) -> Problem {
+pub(crate) fn with_rid(p: Problem, caller: &Caller) -> Problem {
     p.with_request_id(caller.request_id.as_deref())
 }
 
@@ -262,6 +262,52 @@ pub async fn acquire(
             )
             .into_response(),
         });
+    }
+}
+
+/// The answer to a trigger of an operation the caller performs (DESIGN.md §3): 201 grant,
+/// 200 replay (`Idempotent-Replayed: true`), 202 UNKNOWN, 409 in progress / retry not due
+/// (`Retry-After`), 410 late, 422 mismatch.
+pub(crate) fn trigger_answer(out: idem_store::AcquireOutcome, caller: &Caller) -> Response {
+    let view = || OperationView::of(out.record.clone());
+    match out.decision {
+        Decision::Acquire => (StatusCode::CREATED, axum::Json(view())).into_response(),
+        Decision::Replay => {
+            let mut r = (StatusCode::OK, axum::Json(view())).into_response();
+            r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+            r
+        }
+        Decision::Unknown | Decision::ExpireToUnknown => (StatusCode::ACCEPTED, axum::Json(view())).into_response(),
+        Decision::InProgress { retry_after_ms } => {
+            let mut p =
+                Problem::new(StatusCode::CONFLICT, "operation-in-progress", "another worker holds the lease for this key");
+            p.retry_after_ms = Some(retry_after_ms);
+            p.state = Some("EXECUTING".into());
+            with_rid(p, caller).into_response()
+        }
+        Decision::RetryNotDue { retry_after_ms } => {
+            let mut p = Problem::new(
+                StatusCode::CONFLICT,
+                "retry-not-due",
+                format!("the next attempt is due in {retry_after_ms} ms"),
+            );
+            p.retry_after_ms = Some(retry_after_ms);
+            p.state = Some("PENDING".into());
+            with_rid(p, caller).into_response()
+        }
+        Decision::Late => {
+            let p = late_arrival(out.record.state, out.record.completed_at, "nothing was executed");
+            with_rid(p, caller).into_response()
+        }
+        Decision::Mismatch => with_rid(
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "fingerprint-mismatch",
+                "this key was first used with another payload, action or connector; a new intent needs a new key",
+            ),
+            caller,
+        )
+        .into_response(),
     }
 }
 
@@ -388,7 +434,7 @@ fn acquire_input(
     })
 }
 
-fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
+pub(crate) fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
     if b.message.as_ref().is_some_and(|m| m.len() > idem_core::completion::MAX_MESSAGE_LEN) {
         return Err(Problem::invalid(format!(
             "message is longer than {} bytes",
@@ -548,7 +594,7 @@ pub async fn list(
 
 /// 410 `late-arrival`: the key's operation ended in `final_state` at `completed_at` (epoch
 /// ms) and only its tombstone is left; `consequence` says what happened to this request.
-fn late_arrival(final_state: idem_core::State, completed_at: Option<i64>, consequence: &str) -> Problem {
+pub(crate) fn late_arrival(final_state: idem_core::State, completed_at: Option<i64>, consequence: &str) -> Problem {
     let done = completed_at.map(crate::dto::rfc3339).unwrap_or_default();
     let mut p = Problem::new(
         StatusCode::GONE,
@@ -562,11 +608,11 @@ fn late_arrival(final_state: idem_core::State, completed_at: Option<i64>, conseq
 }
 
 /// An opaque page cursor: hex of `created_at:key` of the page's last record.
-fn encode_cursor(at: i64, key: &str) -> String {
+pub(crate) fn encode_cursor(at: i64, key: &str) -> String {
     idem_core::fingerprint::hex(format!("{at}:{key}").as_bytes())
 }
 
-fn decode_cursor(c: &str) -> Result<(i64, String), Problem> {
+pub(crate) fn decode_cursor(c: &str) -> Result<(i64, String), Problem> {
     let bad = || Problem::invalid("cursor is not one this server issued");
     if !c.len().is_multiple_of(2) || c.len() > 1024 {
         return Err(bad());

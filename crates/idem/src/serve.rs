@@ -83,6 +83,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
     if let Some(l) = lookup {
         registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, idem_core::RetryPolicy::default(), 5);
     }
+    let workflows = idem_flow::config::definitions(&connect, &registry)?;
     let registry = Arc::new(registry);
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store_config = idem_store::StoreConfig { retention: connect.retention()?, ..Default::default() };
@@ -97,6 +98,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         metrics_token: args.metrics_token.filter(|t| !t.is_empty()),
         connect,
         registry,
+        workflows,
     };
     Ok(Prepared { _lock: lock, store, clock, config })
 }
