@@ -11,7 +11,7 @@
 use crate::engine::step_names;
 use crate::{FlowError, Flows};
 use idem_core::flow::{Checkpoint, Definition, InstanceRecord, InstanceState, RecoveryPolicy, StepState};
-use idem_core::{AcquireInput, Actor, Outcome, RetryPolicy, State};
+use idem_core::{AcquireInput, Actor, Decision, Outcome, RetryPolicy, State};
 use idem_store::{AcquireOutcome, CompleteOutcome, CompleteRequest};
 use serde_json::Value;
 use std::sync::Arc;
@@ -121,7 +121,37 @@ impl Flows {
             connector: None,
             actor: call.actor,
         };
-        Ok(self.store.acquire(input).await?)
+        let out = self.store.acquire(input).await?;
+        // The step just turned out UNKNOWN (its worker died): the instance pauses now, not
+        // at its next scheduled look.
+        if matches!(out.decision, Decision::Unknown | Decision::ExpireToUnknown) {
+            self.operation_settled(&out.record.tenant, &out.record.key).await;
+        }
+        Ok(out)
+    }
+
+    /// Something outside the engine settled operation `key` (an operator's resolution, a
+    /// completion through `/v1/operations`): if it is a workflow step, run a pass over its
+    /// instance in the background, so a paused instance resumes at once.
+    pub async fn operation_settled(&self, tenant: &str, key: &str) {
+        if !key.contains(':') {
+            return;
+        }
+        let step = match self.store.flows().step_of_operation(tenant, key).await {
+            Ok(Some(step)) => step,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(tenant, error = %e, "cannot find the workflow step of an operation");
+                return;
+            }
+        };
+        if let Some(me) = self.me.upgrade() {
+            tokio::spawn(async move {
+                if let Err(e) = me.advance(&step.tenant, &step.instance_id).await {
+                    tracing::warn!(tenant = %step.tenant, error = %e, "workflow pass failed; the runner retries it");
+                }
+            });
+        }
     }
 
     /// Completes a step your code performed, then advances the instance (the last step's

@@ -42,6 +42,8 @@ pub struct Flows {
     /// Pinned definitions read back from the store, by (tenant, name, version): they never
     /// change once written.
     pinned: Mutex<HashMap<(String, String, String), Arc<Definition>>>,
+    /// This value itself, for passes started in the background.
+    me: std::sync::Weak<Flows>,
 }
 
 /// Most pinned definitions kept in memory (a full cache starts over).
@@ -71,9 +73,17 @@ impl Flows {
         registry: Arc<Registry>,
         clock: Arc<dyn Clock>,
         declared: BTreeMap<String, Definition>,
-    ) -> Self {
+    ) -> Arc<Self> {
         let declared = declared.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
-        Flows { store, executor, registry, clock, declared, pinned: Mutex::new(HashMap::new()) }
+        Arc::new_cyclic(|me| Flows {
+            store,
+            executor,
+            registry,
+            clock,
+            declared,
+            pinned: Mutex::new(HashMap::new()),
+            me: me.clone(),
+        })
     }
 
     /// The declared workflows, by name.

@@ -108,7 +108,7 @@ impl Flows {
     ///
     /// # Errors
     /// A [`FlowError`] for a bad request (nothing is written then) or a store failure.
-    pub async fn start(self: &Arc<Self>, call: StartCall) -> Result<StartOutcome, FlowError> {
+    pub async fn start(&self, call: StartCall) -> Result<StartOutcome, FlowError> {
         validate_instance_id(&call.instance_id).map_err(FlowError::Invalid)?;
         check_text("source_event", call.source_event.as_deref(), MAX_SOURCE_EVENT_LEN, |c| {
             !c.is_control() && !c.is_whitespace()
@@ -135,8 +135,9 @@ impl Flows {
         if out.decision == StartDecision::Created {
             metrics::counter!("idem_workflows_started_total").increment(1);
             // Idem's own steps start now, not at the runner's next pass.
-            if definition.steps.iter().any(|s| s.connector.is_some()) {
-                let this = self.clone();
+            if definition.steps.iter().any(|s| s.connector.is_some())
+                && let Some(this) = self.me.upgrade()
+            {
                 let (tenant, id) = (out.instance.tenant.clone(), out.instance.instance_id.clone());
                 tokio::spawn(async move {
                     if let Err(e) = this.advance(&tenant, &id).await {

@@ -86,7 +86,7 @@ impl AppState {
             registry.clone(),
             Duration::from_millis(config.reconciler.interval_ms),
         ));
-        let flows = Arc::new(idem_flow::Flows::new(store.clone(), executor.clone(), registry, clock.clone(), workflows));
+        let flows = idem_flow::Flows::new(store.clone(), executor.clone(), registry, clock.clone(), workflows);
         AppState {
             store,
             clock,
@@ -381,6 +381,7 @@ async fn serve_with(
         state.flows.clone().spawn_runner(
             Duration::from_millis(config.connect.executor.poll_interval_ms),
             config.connect.executor.concurrency,
+            Duration::from_millis(config.connect.executor.workflow_hold_ms),
         ),
         spawn_lease_sweeper(store, config.sweep_interval),
         state.executor.clone().spawn_loop(),

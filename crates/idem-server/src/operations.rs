@@ -536,6 +536,9 @@ pub async fn complete(
         }
         Err(e) => return Err(with_rid(store_problem(e), &caller)),
     };
+    if out.changed {
+        state.flows.operation_settled(&out.record.tenant, &out.record.key).await;
+    }
     Ok((StatusCode::OK, axum::Json(OperationView::of(out.record))).into_response())
 }
 

@@ -66,10 +66,16 @@ impl Server {
 
     /// As [`Server::start`], with a connector configuration (TOML text).
     pub fn start_with_config(db_url: &str, config_toml: &str) -> Server {
+        Server::start_with_config_env(db_url, config_toml, &[])
+    }
+
+    /// As [`Server::start_with_config`], with extra environment variables for this process
+    /// only (a restart does not keep them), e.g. `IDEM_TEST_CRASH_AT`.
+    pub fn start_with_config_env(db_url: &str, config_toml: &str, env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idem.toml");
         std::fs::write(&path, config_toml).unwrap();
-        Server::spawn(db_url, Some(path), Some(dir))
+        Server::spawn_args_env(&["serve".to_string()], db_url, Some(path), Some(dir), env)
     }
 
     /// A new server process on the same database and configuration (after a crash).
@@ -105,7 +111,18 @@ impl Server {
         config: Option<PathBuf>,
         config_dir: Option<tempfile::TempDir>,
     ) -> Server {
+        Server::spawn_args_env(sub, db_url, config, config_dir, &[])
+    }
+
+    fn spawn_args_env(
+        sub: &[String],
+        db_url: &str,
+        config: Option<PathBuf>,
+        config_dir: Option<tempfile::TempDir>,
+        env: &[(&str, &str)],
+    ) -> Server {
         let mut cmd = Command::new(idem_bin());
+        cmd.envs(env.iter().copied());
         cmd.args(sub)
             .args(["--listen", "127.0.0.1:0", "--sweep-interval-ms", "50", "--database-url", db_url])
             .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
