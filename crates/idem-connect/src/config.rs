@@ -2,8 +2,9 @@
 //!
 //! ```toml
 //! [executor]
-//! poll_interval_ms = 100      # how often due retries are looked for
-//! concurrency = 32            # attempts in flight per node
+//! poll_interval_ms = 100      # how often due retries (and due workflow instances) are looked for
+//! concurrency = 32            # attempts in flight per node (and workflow passes)
+//! workflow_hold_ms = 5000     # how long a workflow pass holds the instance it claimed
 //! [reconciler]
 //! interval_ms = 500           # how often due UNKNOWN operations are looked up
 //! [retention]
@@ -78,6 +79,10 @@ pub struct Config {
     /// Named connectors.
     #[serde(default)]
     pub connectors: BTreeMap<String, ConnectorConfig>,
+    /// `[workflows.NAME]`: workflow definitions, kept as written here and read by idem-flow
+    /// (`idem_flow::config`), which knows their shape; this crate only carries them.
+    #[serde(default)]
+    pub workflows: BTreeMap<String, toml::Value>,
 }
 
 /// `[executor]`.
@@ -86,13 +91,18 @@ pub struct Config {
 pub struct ExecutorConfig {
     /// How often due retries are looked for (ms).
     pub poll_interval_ms: u64,
-    /// Attempts in flight at once on this node.
+    /// Attempts in flight at once on this node (and workflow passes in flight).
     pub concurrency: usize,
+    /// How long a workflow pass holds the instance it claimed (ms): another node takes an
+    /// instance whose node died mid-pass once this hold ends. A pass that runs longer may
+    /// meet a second pass on the same instance, which is harmless (every step is one
+    /// atomic claim), only wasted work.
+    pub workflow_hold_ms: u64,
 }
 
 impl Default for ExecutorConfig {
     fn default() -> Self {
-        ExecutorConfig { poll_interval_ms: 100, concurrency: 32 }
+        ExecutorConfig { poll_interval_ms: 100, concurrency: 32, workflow_hold_ms: 5_000 }
     }
 }
 

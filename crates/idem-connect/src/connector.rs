@@ -70,7 +70,8 @@ pub trait Connector: Send + Sync + std::fmt::Debug {
 
     /// Whether [`Connector::lookup`] can ever find anything (a lookup is configured). When
     /// not, the reconciler flags an UNKNOWN operation for review at once instead of asking
-    /// `max_lookups` times.
+    /// `max_lookups` times, and a workflow step on it defaults to the `manual` policy
+    /// (DESIGN.md §8).
     fn can_look_up(&self) -> bool {
         true
     }

@@ -79,7 +79,9 @@ impl Executor {
                 Some(entry.policy.clone()),
             ),
             Some(entry) => {
+                crate::crash::crash_point("executor.before_call", &ctx.key);
                 let outcome = entry.connector.execute(&ctx).await;
+                crate::crash::crash_point("executor.after_call", &ctx.key);
                 // Calls that reached the connector (not the ones refused before starting).
                 let labels = [("connector", name.clone())];
                 metrics::counter!("idem_connector_attempts_total", &labels).increment(1);

@@ -8,6 +8,7 @@
 //! - [`registry`]: the configured connectors by name.
 //! - [`executor`]: runs attempts and the durable retry loop.
 //! - [`reconciler`]: settles UNKNOWN operations by lookup.
+//! - [`crash`]: named crash points for the kill -9 tests (`IDEM_TEST_CRASH_AT`).
 //!
 //! This crate owns talking to providers and the loops; it must not decide protocol
 //! questions (idem-core does) or write SQL (idem-store does).
@@ -15,6 +16,7 @@
 pub mod budget;
 pub mod config;
 pub mod connector;
+pub mod crash;
 pub mod executor;
 pub mod http;
 pub mod http_status;

@@ -7,7 +7,8 @@
 //! else ⇒ stays UNKNOWN, looked up again with backoff, flagged `needs_review` after the
 //! connector's `max_lookups`. An operation the caller executed itself (no connector), or
 //! one whose connector has no lookup configured ([`crate::Connector::can_look_up`]), has
-//! nobody to ask: it is flagged for review at once.
+//! nobody to ask: it is flagged for review at once; so is a workflow step whose recovery
+//! policy is `manual` or `compensate` (DESIGN.md §8: a person decides).
 
 use crate::executor::ctx_of;
 use crate::registry::Registry;
@@ -36,7 +37,28 @@ impl Reconciler {
     /// # Errors
     /// Store errors; [`StoreError::NotFound`] if the record vanished.
     pub async fn reconcile_one(&self, rec: &OperationRecord, actor: Actor) -> Result<ReconcileOutcome, StoreError> {
+        // A workflow step whose policy leaves it to a person is never looked up (or redone
+        // on a proven absence): it goes to review at once. Step keys always hold a ':'.
+        let for_a_person = match rec.key.contains(':') {
+            true => self.store.flows().step_of_operation(&rec.tenant, &rec.key).await?.filter(|s| {
+                matches!(
+                    s.policy,
+                    idem_core::flow::RecoveryPolicy::Manual | idem_core::flow::RecoveryPolicy::Compensate
+                )
+            }),
+            false => None,
+        };
         let (lookup, policy, max_lookups) = match rec.connector.as_deref() {
+            _ if let Some(step) = &for_a_person => (
+                Lookup::Inconclusive {
+                    why: format!(
+                        "workflow step {:?} has the {} policy: an operator decides, nothing is looked up or redone",
+                        step.step, step.policy
+                    ),
+                },
+                RetryPolicy::default(),
+                1,
+            ),
             None => (
                 Lookup::Inconclusive {
                     why: "the caller performed the side effect (no connector to ask): an operator must resolve it"

@@ -13,6 +13,7 @@
 //! - [`retry`]: the durable backoff schedule (full jitter).
 //! - [`record`]: the operation record and event log entries.
 //! - [`clock`]: epoch-millisecond time behind a trait.
+//! - [`flow`]: workflows — instances, steps, checkpoints, recovery policies, and their plans.
 //!
 //! Stores persist the plans these functions return; they do not decide anything.
 
@@ -20,6 +21,7 @@ pub mod clock;
 pub mod completion;
 pub mod decision;
 pub mod fingerprint;
+pub mod flow;
 pub mod json_number;
 pub mod key;
 pub mod lease;

@@ -1,6 +1,6 @@
 //! idem-server: the HTTP API over a [`Store`].
 //!
-//! - [`router`]: `/v1/operations…`, `/healthz`, `/readyz`, `/openapi.json`, `/problems/{slug}`,
+//! - [`router`]: `/v1/operations…`, `/v1/workflows…` ([`workflows`]), `/healthz`, `/readyz`, `/openapi.json`, `/problems/{slug}`,
 //!   `/metrics` ([`metrics`]) and the admin page under `/ui` ([`ui`]).
 //! - [`run`]: binds, bootstraps the first admin key, starts the lease sweeper, serves until
 //!   SIGINT/SIGTERM.
@@ -24,6 +24,7 @@ pub mod problem;
 pub mod proxy;
 pub mod review;
 pub mod ui;
+pub mod workflows;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
@@ -57,6 +58,8 @@ pub struct AppState {
     pub executor: Arc<Executor>,
     /// Settles UNKNOWN operations by lookup.
     pub reconciler: Arc<Reconciler>,
+    /// Workflows: the declared definitions and the engine.
+    pub flows: Arc<idem_flow::Flows>,
     /// The admin page's sessions and recent late arrivals.
     pub ui: Arc<ui::UiState>,
     /// When `/metrics` last read its gauges from the store.
@@ -74,6 +77,7 @@ impl AppState {
         clock: Arc<dyn Clock>,
         registry: Arc<Registry>,
         config: &idem_connect::Config,
+        workflows: std::collections::BTreeMap<String, idem_core::flow::Definition>,
     ) -> Self {
         let store: Arc<dyn Store> = Arc::new(metrics::MeteredStore(store));
         let executor = Arc::new(Executor::new(
@@ -85,16 +89,18 @@ impl AppState {
         ));
         let reconciler = Arc::new(Reconciler::new(
             store.clone(),
-            registry,
+            registry.clone(),
             clock.clone(),
             Duration::from_millis(config.reconciler.interval_ms),
         ));
+        let flows = idem_flow::Flows::new(store.clone(), executor.clone(), registry, clock.clone(), workflows);
         AppState {
             store,
             clock,
             executor,
             reconciler,
             database_clock: None,
+            flows,
             ui: Default::default(),
             gauges: Default::default(),
             metrics_token: None,
@@ -140,6 +146,9 @@ pub struct ServerConfig {
     /// On PostgreSQL, the database's clock that the `clock` given to [`run`] is: `/readyz`
     /// checks its uncertainty bound and `/metrics` shows its offset and uncertainty.
     pub database_clock: Option<Arc<DatabaseClock>>,
+    /// The workflows declared in `connect` (`[workflows.NAME]`), validated against
+    /// `registry` before start-up.
+    pub workflows: std::collections::BTreeMap<String, idem_core::flow::Definition>,
 }
 
 /// The application's routes with their middleware: the API, `/metrics` and the admin page.
@@ -163,6 +172,10 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .route("/v1/operations/{key}/renew", post(operations::renew))
         .route("/v1/operations/{key}/resolve", post(review::resolve))
         .route("/v1/operations/{key}/reconcile", post(review::reconcile))
+        .route("/v1/workflows", post(workflows::start).get(workflows::list))
+        .route("/v1/workflows/{instance}", get(workflows::get_one))
+        .route("/v1/workflows/{instance}/steps/{step}", post(workflows::acquire_step))
+        .route("/v1/workflows/{instance}/steps/{step}/complete", post(workflows::complete_step))
         .route("/v1/keys", post(keys::create).get(keys::list))
         .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))
         .route("/healthz", get(healthz))
@@ -300,6 +313,22 @@ pub fn spawn_retention_sweeper(store: Arc<dyn Store>, interval: Duration, batch:
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
+            // Finished workflow instances first: their step operations become sweepable.
+            loop {
+                match store.flows().sweep_instances(batch).await {
+                    Ok(n) if n as i64 == batch => continue,
+                    Ok(n) => {
+                        if n > 0 {
+                            tracing::info!(instances = n, "retention sweep of workflow instances");
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention sweep of workflow instances failed");
+                        break;
+                    }
+                }
+            }
             loop {
                 match store.sweep(batch).await {
                     Ok(out) => {
@@ -366,7 +395,7 @@ async fn serve_with(
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
     metrics::handle();
-    let mut state = AppState::new(store, clock, config.registry.clone(), &config.connect);
+    let mut state = AppState::new(store, clock, config.registry.clone(), &config.connect, config.workflows.clone());
     state.database_clock = config.database_clock.clone();
     state.metrics_token = config.metrics_token.as_deref().map(Arc::from);
     let store = state.store.clone();
@@ -375,6 +404,11 @@ async fn serve_with(
     let sweep_every = Duration::from_millis(config.connect.retention.sweep_interval_ms);
     let loops = [
         spawn_retention_sweeper(store.clone(), sweep_every, config.connect.retention.sweep_batch),
+        state.flows.clone().spawn_runner(
+            Duration::from_millis(config.connect.executor.poll_interval_ms),
+            config.connect.executor.concurrency,
+            Duration::from_millis(config.connect.executor.workflow_hold_ms),
+        ),
         spawn_lease_sweeper(store, config.sweep_interval),
         state.executor.clone().spawn_loop(),
         state.reconciler.clone().spawn_loop(),

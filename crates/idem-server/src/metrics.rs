@@ -371,4 +371,8 @@ impl Store for MeteredStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.0.ping().await
     }
+
+    fn flows(&self) -> &dyn idem_store::flow::WorkflowStore {
+        self.0.flows()
+    }
 }

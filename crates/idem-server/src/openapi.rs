@@ -35,6 +35,11 @@ Prometheus counters (no API key; no tenant data), and `/ui` is the admin page (H
         crate::operations::complete,
         crate::operations::get_one,
         crate::operations::list,
+        crate::workflows::start,
+        crate::workflows::get_one,
+        crate::workflows::list,
+        crate::workflows::acquire_step,
+        crate::workflows::complete_step,
         crate::review::resolve,
         crate::review::reconcile,
         crate::keys::create,
@@ -44,9 +49,9 @@ Prometheus counters (no API key; no tenant data), and `/ui` is the admin page (H
         crate::readyz,
         crate::metrics::serve,
     ),
-    components(schemas(AcquireBody, RenewBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView)),
+    components(schemas(AcquireBody, RenewBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView, crate::workflows::dto::StartBody, crate::workflows::dto::StepDeclBody, crate::workflows::dto::StepAcquireBody, crate::workflows::dto::InstanceView, crate::workflows::dto::CheckpointView, crate::workflows::dto::InstanceEventView, crate::workflows::dto::InstancePage)),
     modifiers(&BearerAuth),
-    tags((name = "operations", description = "The ledger of side effects"), (name = "review", description = "Operator actions: reconcile now, resolve by hand (operator role)"), (name = "keys", description = "API keys of the caller's tenant (admin role)"), (name = "health", description = "Probes"))
+    tags((name = "operations", description = "The ledger of side effects"), (name = "workflows", description = "Multi-step workflows: instances whose steps are operations (`{instance}:{step}`), with a checkpoint per step; idem runs declared workflows, your code runs the steps idem has no connector for"), (name = "review", description = "Operator actions: reconcile now, resolve by hand (operator role)"), (name = "keys", description = "API keys of the caller's tenant (admin role)"), (name = "health", description = "Probes"))
 )]
 pub struct ApiDoc;
 

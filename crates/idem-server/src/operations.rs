@@ -119,7 +119,7 @@ fn check_action(action: &str) -> Result<(), Problem> {
     if ok { Ok(()) } else { Err(Problem::invalid("action must be 1-128 characters of [A-Za-z0-9_.:-]")) }
 }
 
-fn in_range(name: &str, v: Option<i64>, min: i64, max: i64, default: i64) -> Result<i64, Problem> {
+pub(crate) fn in_range(name: &str, v: Option<i64>, min: i64, max: i64, default: i64) -> Result<i64, Problem> {
     match v {
         None => Ok(default),
         Some(x) if (min..=max).contains(&x) => Ok(x),
@@ -187,7 +187,7 @@ fn key_of(body: Option<&str>, headers: &HeaderMap) -> Result<IdempotencyKey, Pro
     }
 }
 
-fn with_rid(p: Problem, caller: &Caller) -> Problem {
+pub(crate) fn with_rid(p: Problem, caller: &Caller) -> Problem {
     p.with_request_id(caller.request_id.as_deref())
 }
 
@@ -235,56 +235,65 @@ pub async fn acquire(
         if !waits_again {
             state.answered_trigger(&out.decision, &caller.tenant, &input.key, caller.request_id.as_deref());
         }
-        let view = || OperationView::of(out.record.clone());
         return Ok(match out.decision {
             Decision::Acquire if out.record.connector.is_some() => {
                 run_connector_attempt(&state, out.record.clone(), deadline, &caller).await?
             }
-            Decision::Acquire | Decision::AlreadyHeld => (StatusCode::CREATED, axum::Json(view())).into_response(),
-            Decision::Replay => {
-                let mut r = (StatusCode::OK, axum::Json(view())).into_response();
-                r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
-                r
+            Decision::InProgress { .. } if tokio::time::Instant::now() < deadline => {
+                wait_for_change(&state, &input, deadline).await;
+                continue;
             }
-            Decision::Unknown | Decision::ExpireToUnknown => (StatusCode::ACCEPTED, axum::Json(view())).into_response(),
-            Decision::InProgress { retry_after_ms } => {
-                if tokio::time::Instant::now() < deadline {
-                    wait_for_change(&state, &input, deadline).await;
-                    continue;
-                }
-                let mut p = Problem::new(
-                    StatusCode::CONFLICT,
-                    "operation-in-progress",
-                    "another worker holds the lease for this key",
-                );
-                p.retry_after_ms = Some(retry_after_ms);
-                p.state = Some("EXECUTING".into());
-                with_rid(p, &caller).into_response()
-            }
-            Decision::RetryNotDue { retry_after_ms } => {
-                let mut p = Problem::new(
-                    StatusCode::CONFLICT,
-                    "retry-not-due",
-                    format!("the next attempt is due in {retry_after_ms} ms"),
-                );
-                p.retry_after_ms = Some(retry_after_ms);
-                p.state = Some("PENDING".into());
-                with_rid(p, &caller).into_response()
-            }
-            Decision::Late => {
-                let p = late_arrival(out.record.state, out.record.completed_at, "nothing was executed");
-                with_rid(p, &caller).into_response()
-            }
-            Decision::Mismatch => with_rid(
-                Problem::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "fingerprint-mismatch",
-                    "this key was first used with another payload, action or connector; a new intent needs a new key",
-                ),
-                &caller,
-            )
-            .into_response(),
+            _ => trigger_answer(out, &caller),
         });
+    }
+}
+
+/// The answer to a trigger (DESIGN.md §3) once it is decided: 201 grant (or the same grant
+/// again for the lease's own holder), 200 replay (`Idempotent-Replayed: true`), 202
+/// UNKNOWN, 409 in progress / retry not due (`Retry-After`), 410 late, 422 mismatch.
+pub(crate) fn trigger_answer(out: idem_store::AcquireOutcome, caller: &Caller) -> Response {
+    let view = || OperationView::of(out.record.clone());
+    match out.decision {
+        Decision::Acquire | Decision::AlreadyHeld => (StatusCode::CREATED, axum::Json(view())).into_response(),
+        Decision::Replay => {
+            let mut r = (StatusCode::OK, axum::Json(view())).into_response();
+            r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+            r
+        }
+        Decision::Unknown | Decision::ExpireToUnknown => (StatusCode::ACCEPTED, axum::Json(view())).into_response(),
+        Decision::InProgress { retry_after_ms } => {
+            let mut p = Problem::new(
+                StatusCode::CONFLICT,
+                "operation-in-progress",
+                "another worker holds the lease for this key",
+            );
+            p.retry_after_ms = Some(retry_after_ms);
+            p.state = Some("EXECUTING".into());
+            with_rid(p, caller).into_response()
+        }
+        Decision::RetryNotDue { retry_after_ms } => {
+            let mut p = Problem::new(
+                StatusCode::CONFLICT,
+                "retry-not-due",
+                format!("the next attempt is due in {retry_after_ms} ms"),
+            );
+            p.retry_after_ms = Some(retry_after_ms);
+            p.state = Some("PENDING".into());
+            with_rid(p, caller).into_response()
+        }
+        Decision::Late => {
+            let p = late_arrival(out.record.state, out.record.completed_at, "nothing was executed");
+            with_rid(p, caller).into_response()
+        }
+        Decision::Mismatch => with_rid(
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "fingerprint-mismatch",
+                "this key was first used with another payload, action or connector; a new intent needs a new key",
+            ),
+            caller,
+        )
+        .into_response(),
     }
 }
 
@@ -421,7 +430,7 @@ fn acquire_input(
 ///
 /// # Errors
 /// 400 `invalid-request` for a `holder` that is not 1-128 characters of `[A-Za-z0-9._:-]`.
-fn holder_of(caller: &Caller, holder: Option<&str>) -> Result<Option<String>, Problem> {
+pub(crate) fn holder_of(caller: &Caller, holder: Option<&str>) -> Result<Option<String>, Problem> {
     match holder {
         Some(h) => {
             idem_core::lease::validate_holder(h).map_err(Problem::invalid)?;
@@ -432,7 +441,7 @@ fn holder_of(caller: &Caller, holder: Option<&str>) -> Result<Option<String>, Pr
     }
 }
 
-fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
+pub(crate) fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {
     if b.message.as_ref().is_some_and(|m| m.len() > idem_core::completion::MAX_MESSAGE_LEN) {
         return Err(Problem::invalid(format!(
             "message is longer than {} bytes",
@@ -521,6 +530,11 @@ pub async fn complete(
             policy: None,
         })
         .await;
+    if let Ok(out) = &done
+        && out.changed
+    {
+        state.flows.operation_settled(&out.record.tenant, &out.record.key).await;
+    }
     record_or_problem(&state, &caller, key.as_str(), "this completion was not recorded", done.map(|o| o.record)).await
 }
 
@@ -638,7 +652,7 @@ pub async fn list(
 
 /// 410 `late-arrival`: the key's operation ended in `final_state` at `completed_at` (epoch
 /// ms) and only its tombstone is left; `consequence` says what happened to this request.
-fn late_arrival(final_state: idem_core::State, completed_at: Option<i64>, consequence: &str) -> Problem {
+pub(crate) fn late_arrival(final_state: idem_core::State, completed_at: Option<i64>, consequence: &str) -> Problem {
     let done = completed_at.map(crate::dto::rfc3339).unwrap_or_default();
     let mut p = Problem::new(
         StatusCode::GONE,
@@ -652,11 +666,11 @@ fn late_arrival(final_state: idem_core::State, completed_at: Option<i64>, conseq
 }
 
 /// An opaque page cursor: hex of `created_at:key` of the page's last record.
-fn encode_cursor(at: i64, key: &str) -> String {
+pub(crate) fn encode_cursor(at: i64, key: &str) -> String {
     idem_core::fingerprint::hex(format!("{at}:{key}").as_bytes())
 }
 
-fn decode_cursor(c: &str) -> Result<(i64, String), Problem> {
+pub(crate) fn decode_cursor(c: &str) -> Result<(i64, String), Problem> {
     let bad = || Problem::invalid("cursor is not one this server issued");
     if !c.len().is_multiple_of(2) || c.len() > 1024 {
         return Err(bad());

@@ -113,6 +113,41 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The operation changed since you looked",
         "The resolution named the state it was decided from (`expected_state`), and the operation is in another state now (another operator, a late completion or a lookup came first). Nothing was changed; look at it again.",
     ),
+    (
+        "unknown-workflow",
+        "No such workflow",
+        "The workflow is not declared in idem's configuration (`[workflows.NAME]`) and the request gave no `steps` to run it from your code. Nothing was written.",
+    ),
+    (
+        "invalid-definition",
+        "The workflow's steps cannot run",
+        "A step name is invalid or repeated, a policy does not fit the step (a step your code performs cannot use lookup_before_redo), or there are no steps. The detail names the field. Nothing was written.",
+    ),
+    (
+        "instance-mismatch",
+        "The instance id was reused with another intent",
+        "The workflow instance was started with another workflow, input (fingerprint) or steps; a start with the same instance id and a different intent needs a new instance id. Nothing was changed.",
+    ),
+    (
+        "unknown-step",
+        "No such step",
+        "The instance's pinned definition has no step of that name; the detail lists its steps.",
+    ),
+    (
+        "step-performed-by-idem",
+        "idem performs this step",
+        "The step runs on a configured connector; idem's workflow engine performs it. Only the steps without a connector are acquired and completed by your code.",
+    ),
+    (
+        "previous-step-unfinished",
+        "An earlier step has not succeeded",
+        "Steps run in order: a step starts only after the step before it SUCCEEDED. The problem's `state` is the earlier step's state.",
+    ),
+    (
+        "instance-not-running",
+        "The workflow instance is not running",
+        "The instance is PAUSED, FAILED, SUCCEEDED, COMPENSATING or COMPENSATED (the problem's `state`): no step may start. Finished steps are still replayed.",
+    ),
     ("contention", "Too much contention on this key", "Concurrent writers kept changing the record; retry shortly."),
     (
         "clock-uncertain",

@@ -80,6 +80,7 @@ pub async fn resolve(
         })
         .await
         .map_err(|e| fail(store_problem(e)))?;
+    state.flows.operation_settled(&rec.tenant, &rec.key).await;
     Ok(axum::Json(OperationView::of(rec)).into_response())
 }
 
@@ -112,5 +113,8 @@ pub async fn reconcile(
         .map_err(|e| fail(store_problem(e)))?
         .ok_or_else(|| fail(Problem::not_found()))?;
     let out = state.reconciler.reconcile_one(&rec, caller.actor()).await.map_err(|e| fail(store_problem(e)))?;
+    if out.changed {
+        state.flows.operation_settled(&out.record.tenant, &out.record.key).await;
+    }
     Ok(axum::Json(OperationView::of(out.record)).into_response())
 }

@@ -57,7 +57,17 @@ cases!(
     sweeping_never_removes_records_that_are_not_final,
     the_same_holder_gets_its_grant_back_during_its_lease,
     renewal_extends_a_valid_lease_and_nothing_else,
+    starts_are_idempotent_and_pin_their_definition,
+    concurrent_starts_create_one_instance,
+    checkpoints_are_the_step_operations,
+    instance_writes_are_conditional,
+    due_instances_are_claimed_by_one_runner_at_a_time,
+    finished_instances_keep_their_steps_then_leave_tombstones,
+    instances_list_with_filters_and_pages,
 );
+
+mod flow;
+use flow::*;
 
 /// The first fencing token of a key created at the harness clock's start (1 000 000 ms):
 /// tokens start at the creation instant.

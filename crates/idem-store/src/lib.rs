@@ -17,6 +17,9 @@
 
 pub mod conformance;
 mod error;
+pub mod flow;
+mod flow_row;
+mod flow_sql;
 mod key_cache;
 pub use key_cache::{KEY_ENTRIES, KEY_TTL};
 pub mod keys;
@@ -331,6 +334,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks the database answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// The workflow tables of the same database ([`flow::WorkflowStore`]).
+    fn flows(&self) -> &dyn flow::WorkflowStore;
 }
 
 /// Validates the names and builds the info of a new key (shared by both stores).

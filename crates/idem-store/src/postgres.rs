@@ -26,6 +26,10 @@ mod ops {
     crate::sql::sql_ops!(sqlx::PgConnection);
 }
 
+mod flow_ops {
+    crate::flow_sql::flow_ops!(sqlx::PgConnection);
+}
+
 mod key_listener;
 
 mod batch;
@@ -626,6 +630,101 @@ impl Store for PgStore {
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    fn flows(&self) -> &dyn crate::flow::WorkflowStore {
+        self
+    }
+}
+
+#[async_trait]
+impl crate::flow::WorkflowStore for PgStore {
+    async fn start_instance(&self, req: crate::flow::StartRequest) -> Result<crate::flow::StartOutcome, StoreError> {
+        retrying!(self, |conn| flow_ops::start_once(conn, &req, self.clock.now_ms()).await)
+    }
+
+    async fn instance(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+    ) -> Result<Option<idem_core::flow::InstanceRecord>, StoreError> {
+        flow_ops::load_instance(&mut *self.pool.acquire().await?, tenant, instance_id).await
+    }
+
+    async fn checkpoints(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+    ) -> Result<Vec<idem_core::flow::Checkpoint>, StoreError> {
+        flow_ops::checkpoints(&mut *self.pool.acquire().await?, tenant, instance_id).await
+    }
+
+    async fn definition(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: &str,
+    ) -> Result<Option<idem_core::flow::Definition>, StoreError> {
+        flow_ops::definition(&mut *self.pool.acquire().await?, tenant, name, version).await
+    }
+
+    async fn instance_events(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+    ) -> Result<Vec<idem_core::flow::InstanceEvent>, StoreError> {
+        flow_ops::instance_events(&mut *self.pool.acquire().await?, tenant, instance_id).await
+    }
+
+    async fn list_instances(
+        &self,
+        tenant: &str,
+        filter: &crate::flow::InstanceFilter,
+    ) -> Result<crate::flow::InstancePage, StoreError> {
+        flow_ops::list_instances(&mut *self.pool.acquire().await?, tenant, filter).await
+    }
+
+    async fn update_instance(&self, update: crate::flow::InstanceUpdate) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let written = flow_ops::update_instance_once(&mut tx, &update, &self.config.retention).await?;
+        if written {
+            committed(tx.commit()).await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(written)
+    }
+
+    async fn claim_due_instances(
+        &self,
+        limit: i64,
+        hold_ms: i64,
+    ) -> Result<Vec<idem_core::flow::InstanceRecord>, StoreError> {
+        flow_ops::claim_due(&mut *self.pool.acquire().await?, self.clock.now_ms(), hold_ms, limit).await
+    }
+
+    async fn step_of_operation(
+        &self,
+        tenant: &str,
+        op_key: &str,
+    ) -> Result<Option<idem_core::flow::StepRow>, StoreError> {
+        flow_ops::step_of_operation(&mut *self.pool.acquire().await?, tenant, op_key).await
+    }
+
+    async fn instance_tombstone(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+    ) -> Result<Option<idem_core::flow::InstanceTombstone>, StoreError> {
+        let t = flow_ops::load_instance_tombstone(&mut *self.pool.acquire().await?, tenant, instance_id).await?;
+        Ok(t.filter(|t| t.expires_at > self.clock.now_ms()))
+    }
+
+    async fn sweep_instances(&self, limit: i64) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let n = flow_ops::sweep_instances(&mut tx, &self.config.retention, self.clock.now_ms(), limit).await?;
+        tx.commit().await?;
+        Ok(n)
     }
 }
 

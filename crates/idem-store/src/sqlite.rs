@@ -30,6 +30,10 @@ mod ops {
     crate::sql::sql_ops!(sqlx::SqliteConnection);
 }
 
+mod flow_ops {
+    crate::flow_sql::flow_ops!(sqlx::SqliteConnection);
+}
+
 /// Most requests committed in one transaction.
 pub const MAX_BATCH: usize = 256;
 /// How long a writer or a reader waits for another process's lock.
@@ -50,6 +54,10 @@ enum Command {
     Resolve(ResolveRequest, Reply<OperationRecord>),
     CreateKey(ApiKeyInfo, String, Reply<()>),
     RevokeKey(String, Reply<bool>),
+    StartInstance(Box<crate::flow::StartRequest>, Reply<crate::flow::StartOutcome>),
+    UpdateInstance(Box<crate::flow::InstanceUpdate>, Reply<bool>),
+    ClaimDueInstances { limit: i64, hold_ms: i64, reply: Reply<Vec<idem_core::flow::InstanceRecord>> },
+    SweepInstances(i64, Reply<u64>),
 }
 
 /// The SQLite [`Store`].
@@ -217,6 +225,18 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
             guarded!(reply, ops::insert_api_key(conn, &info, &hash).await)
         }
         Command::RevokeKey(id, reply) => guarded!(reply, ops::revoke_api_key(conn, &id, now).await),
+        Command::StartInstance(req, reply) => {
+            guarded!(reply, flow_ops::start_once(conn, &req, now).await.and_then(|o| o.ok_or(StoreError::Contention)))
+        }
+        Command::UpdateInstance(u, reply) => {
+            guarded!(reply, flow_ops::update_instance_once(conn, &u, &config.retention).await)
+        }
+        Command::ClaimDueInstances { limit, hold_ms, reply } => {
+            guarded!(reply, flow_ops::claim_due(conn, now, hold_ms, limit).await)
+        }
+        Command::SweepInstances(limit, reply) => {
+            guarded!(reply, flow_ops::sweep_instances(conn, &config.retention, now, limit).await)
+        }
     }
 }
 
@@ -294,6 +314,10 @@ fn fail(cmd: Command, e: StoreError) -> Pending {
         Command::Resolve(_, r) => pending(r, Err(e)),
         Command::CreateKey(_, _, r) => pending(r, Err(e)),
         Command::RevokeKey(_, r) => pending(r, Err(e)),
+        Command::StartInstance(_, r) => pending(r, Err(e)),
+        Command::UpdateInstance(_, r) => pending(r, Err(e)),
+        Command::ClaimDueInstances { reply, .. } => pending(reply, Err(e)),
+        Command::SweepInstances(_, r) => pending(r, Err(e)),
     }
 }
 
@@ -524,5 +548,90 @@ impl Store for SqliteStore {
         let mut conn = self.readers.acquire().await?;
         conn.ping().await?;
         Ok(())
+    }
+
+    fn flows(&self) -> &dyn crate::flow::WorkflowStore {
+        self
+    }
+}
+
+#[async_trait]
+impl crate::flow::WorkflowStore for SqliteStore {
+    async fn start_instance(&self, req: crate::flow::StartRequest) -> Result<crate::flow::StartOutcome, StoreError> {
+        self.send(|r| Command::StartInstance(Box::new(req), r)).await
+    }
+
+    async fn instance(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+    ) -> Result<Option<idem_core::flow::InstanceRecord>, StoreError> {
+        flow_ops::load_instance(&mut *self.readers.acquire().await?, tenant, instance_id).await
+    }
+
+    async fn checkpoints(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+    ) -> Result<Vec<idem_core::flow::Checkpoint>, StoreError> {
+        flow_ops::checkpoints(&mut *self.readers.acquire().await?, tenant, instance_id).await
+    }
+
+    async fn definition(
+        &self,
+        tenant: &str,
+        name: &str,
+        version: &str,
+    ) -> Result<Option<idem_core::flow::Definition>, StoreError> {
+        flow_ops::definition(&mut *self.readers.acquire().await?, tenant, name, version).await
+    }
+
+    async fn instance_events(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+    ) -> Result<Vec<idem_core::flow::InstanceEvent>, StoreError> {
+        flow_ops::instance_events(&mut *self.readers.acquire().await?, tenant, instance_id).await
+    }
+
+    async fn list_instances(
+        &self,
+        tenant: &str,
+        filter: &crate::flow::InstanceFilter,
+    ) -> Result<crate::flow::InstancePage, StoreError> {
+        flow_ops::list_instances(&mut *self.readers.acquire().await?, tenant, filter).await
+    }
+
+    async fn update_instance(&self, update: crate::flow::InstanceUpdate) -> Result<bool, StoreError> {
+        self.send(|r| Command::UpdateInstance(Box::new(update), r)).await
+    }
+
+    async fn claim_due_instances(
+        &self,
+        limit: i64,
+        hold_ms: i64,
+    ) -> Result<Vec<idem_core::flow::InstanceRecord>, StoreError> {
+        self.send(|reply| Command::ClaimDueInstances { limit, hold_ms, reply }).await
+    }
+
+    async fn step_of_operation(
+        &self,
+        tenant: &str,
+        op_key: &str,
+    ) -> Result<Option<idem_core::flow::StepRow>, StoreError> {
+        flow_ops::step_of_operation(&mut *self.readers.acquire().await?, tenant, op_key).await
+    }
+
+    async fn instance_tombstone(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+    ) -> Result<Option<idem_core::flow::InstanceTombstone>, StoreError> {
+        let t = flow_ops::load_instance_tombstone(&mut *self.readers.acquire().await?, tenant, instance_id).await?;
+        Ok(t.filter(|t| t.expires_at > self.clock.now_ms()))
+    }
+
+    async fn sweep_instances(&self, limit: i64) -> Result<u64, StoreError> {
+        self.send(|r| Command::SweepInstances(limit, r)).await
     }
 }

@@ -44,6 +44,9 @@ pub enum Command {
     /// Read operations from a running server.
     #[command(subcommand)]
     Ops(OpsCommand),
+    /// Start, show and list workflow instances on a running server.
+    #[command(subcommand)]
+    Wf(WfCommand),
     /// Trigger an operation: acquire its lease, or learn its recorded outcome.
     ///
     /// Exit status: 0 = lease granted (201: do the side effect, then `idem complete`);
@@ -281,6 +284,67 @@ pub struct ServerArgs {
     /// Print the server's JSON instead of a summary.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WfCommand {
+    /// Start a workflow instance (or find it: the same instance id and input are the same
+    /// instance). A declared workflow ([workflows.NAME] in the server's config) runs at once;
+    /// give --steps to run the steps from your own code.
+    Start {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Workflow name.
+        workflow: String,
+        /// Stable business id of the instance, e.g. ORD-7:intake.
+        instance_id: String,
+        /// The input, as JSON text (default null).
+        #[arg(long, conflicts_with = "input_file")]
+        input: Option<String>,
+        /// Read the input from a file (`-` for stdin).
+        #[arg(long)]
+        input_file: Option<std::path::PathBuf>,
+        /// The event the instance comes from (e.g. a webhook's event id).
+        #[arg(long)]
+        source_event: Option<String>,
+        /// Correlation / trace id.
+        #[arg(long)]
+        trace_id: Option<String>,
+        /// Steps your code performs, in order, comma-separated (`create_order,notify`); each
+        /// step's policy is manual. For a workflow not declared in the server's config.
+        #[arg(long, value_delimiter = ',')]
+        steps: Vec<String>,
+    },
+    /// Show one instance: its steps (checkpoints), last good step and events.
+    Get {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Instance id.
+        instance_id: String,
+    },
+    /// List instances, newest first.
+    List {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Only this state (RUNNING, SUCCEEDED, FAILED, PAUSED, COMPENSATING, COMPENSATED).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this workflow.
+        #[arg(long)]
+        workflow: Option<String>,
+        /// Only instances created at or after this instant (RFC 3339).
+        #[arg(long)]
+        created_after: Option<String>,
+        /// Only instances created before this instant (RFC 3339).
+        #[arg(long)]
+        created_before: Option<String>,
+        /// Page size (1-500).
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        /// Continue after a previous page (its `more:` line).
+        #[arg(long)]
+        cursor: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,21 +15,21 @@ pub const EXIT_REPLAY: u8 = 10;
 pub const EXIT_UNKNOWN: u8 = 11;
 pub const EXIT_BUSY: u8 = 12;
 
-struct Api {
+pub(crate) struct Api {
     http: reqwest::Client,
     base: Url,
     key: String,
 }
 
 /// A server answer: status, body (JSON or text), and whether it was a replay.
-struct Answer {
-    status: StatusCode,
-    body: Value,
-    replayed: bool,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) body: Value,
+    pub(crate) replayed: bool,
 }
 
 impl Api {
-    fn new(args: &ServerArgs) -> anyhow::Result<Self> {
+    pub(crate) fn new(args: &ServerArgs) -> anyhow::Result<Self> {
         let base = Url::parse(&args.server).with_context(|| format!("--server {:?} is not a URL", args.server))?;
         if !matches!(base.scheme(), "http" | "https") {
             bail!("--server must be an http:// or https:// URL");
@@ -42,7 +42,7 @@ impl Api {
     }
 
     /// `segments` are appended percent-encoded (keys may hold `/`, `?`, spaces).
-    fn url(&self, segments: &[&str]) -> anyhow::Result<Url> {
+    pub(crate) fn url(&self, segments: &[&str]) -> anyhow::Result<Url> {
         let mut u = self.base.clone();
         u.path_segments_mut()
             .map_err(|()| anyhow::anyhow!("--server cannot be a base URL"))?
@@ -51,7 +51,7 @@ impl Api {
         Ok(u)
     }
 
-    async fn call(&self, method: Method, url: Url, body: Option<Value>) -> anyhow::Result<Answer> {
+    pub(crate) async fn call(&self, method: Method, url: Url, body: Option<Value>) -> anyhow::Result<Answer> {
         let mut req = self.http.request(method, url.clone()).bearer_auth(&self.key);
         if let Some(b) = body {
             req = req.json(&b);
@@ -66,14 +66,14 @@ impl Api {
 }
 
 /// Fails with the problem's one-line summary for an error status.
-fn check(a: &Answer) -> anyhow::Result<()> {
+pub(crate) fn check(a: &Answer) -> anyhow::Result<()> {
     if a.status.is_success() {
         return Ok(());
     }
     bail!("{}", output::problem_line(a.status.as_u16(), &a.body))
 }
 
-fn print(json_mode: bool, a: &Answer, human: impl FnOnce(&Value) -> String) {
+pub(crate) fn print(json_mode: bool, a: &Answer, human: impl FnOnce(&Value) -> String) {
     if json_mode {
         crate::out!("{}", a.body);
     } else {
@@ -154,17 +154,27 @@ pub async fn ops(cmd: OpsCommand) -> anyhow::Result<ExitCode> {
 }
 
 fn read_payload(args: &AcquireArgs) -> anyhow::Result<Option<Value>> {
-    let text = match (&args.payload, &args.payload_file) {
-        (Some(p), _) => p.clone(),
+    read_json(args.payload.as_deref(), args.payload_file.as_deref(), "payload")
+}
+
+/// JSON from `--NAME TEXT` or `--NAME-file PATH` (`-`: stdin), parsed with the server's
+/// payload rules; `None` when neither is given.
+pub(crate) fn read_json(
+    text: Option<&str>,
+    file: Option<&std::path::Path>,
+    name: &str,
+) -> anyhow::Result<Option<Value>> {
+    let text = match (text, file) {
+        (Some(p), _) => p.to_owned(),
         (None, Some(f)) if f.as_os_str() == "-" => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("cannot read the payload from stdin")?;
+            std::io::stdin().read_to_string(&mut s).with_context(|| format!("cannot read the {name} from stdin"))?;
             s
         }
         (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
         (None, None) => return Ok(None),
     };
-    client_json(&text, "the payload").map(Some)
+    client_json(&text, &format!("the {name}")).map(Some)
 }
 
 /// `text` parsed with the server's rules for a payload or a result ([`idem_core::Payload`]:

@@ -9,6 +9,7 @@ mod keys;
 mod otel;
 mod output;
 mod serve;
+mod wf;
 
 use clap::Parser;
 use std::process::ExitCode;
@@ -56,6 +57,7 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Proxy(args) => serve::run_proxy(args).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Keys(k) => keys::run(k).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Ops(o) => client::ops(o).await,
+        cli::Command::Wf(w) => wf::run(w).await,
         cli::Command::Acquire(a) => client::acquire(a).await,
         cli::Command::Renew(r) => client::renew(r).await,
         cli::Command::Complete(c) => client::complete(c).await,

@@ -168,6 +168,80 @@ pub fn operation_table(v: &Value) -> String {
     out.trim_end().to_owned()
 }
 
+/// One line for `idem wf start`'s answer.
+pub fn instance_summary(status: u16, v: &Value) -> String {
+    let what = if status == 201 { "started" } else { "existing" };
+    format!("{what} {} ({}): {}", s(v, "instance_id"), s(v, "workflow"), s(v, "state"))
+}
+
+/// An instance, its steps (checkpoints) and its events.
+pub fn instance_with_steps(v: &Value) -> String {
+    let mut out = String::new();
+    for k in [
+        "instance_id",
+        "workflow",
+        "state",
+        "last_good_step",
+        "current_step",
+        "stopped_step",
+        "source_event",
+        "definition_version",
+        "input_fingerprint",
+        "created_at",
+        "updated_at",
+        "completed_at",
+    ] {
+        out.push_str(&format!("{k:<18} {}\n", s(v, k)));
+    }
+    if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
+        out.push_str(&format!("{:<18} {}: {}\n", "error", s(e, "class"), s(e, "message")));
+    }
+    out.push_str("steps:\n");
+    for st in v.get("steps").and_then(Value::as_array).into_iter().flatten() {
+        out.push_str(&format!(
+            "  {:<2} {:<24} {:<11} {:<18} attempts {:<3} {}\n",
+            n(st, "position"),
+            s(st, "step"),
+            s(st, "state"),
+            s(st, "policy"),
+            n(st, "attempts"),
+            evidence(st)
+        ));
+    }
+    out.push_str("events:\n");
+    for e in v.get("events").and_then(Value::as_array).into_iter().flatten() {
+        out.push_str(&format!(
+            "  #{:<4} {}  {:<14} {:>9} -> {:<9} by {} ({})\n",
+            n(e, "seq"),
+            s(e, "at"),
+            s(e, "kind"),
+            s(e, "from_state"),
+            s(e, "to_state"),
+            s(e, "principal"),
+            s(e, "reason"),
+        ));
+    }
+    out.trim_end().to_owned()
+}
+
+/// A table of a page of instances, with the next cursor.
+pub fn instance_table(v: &Value) -> String {
+    let mut out = format!("{:<40}  {:<24}  {:<12}  {}\n", "INSTANCE", "WORKFLOW", "STATE", "CREATED");
+    for i in v.get("items").and_then(Value::as_array).into_iter().flatten() {
+        out.push_str(&format!(
+            "{:<40}  {:<24}  {:<12}  {}\n",
+            s(i, "instance_id"),
+            s(i, "workflow"),
+            s(i, "state"),
+            s(i, "created_at")
+        ));
+    }
+    if let Some(c) = v.get("next_cursor").and_then(Value::as_str) {
+        out.push_str(&format!("more: repeat the command (same filters) with --cursor {c}\n"));
+    }
+    out.trim_end().to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -86,6 +86,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         let policy = idem_core::RetryPolicy { max_attempts: i64::MAX, ..Default::default() };
         registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, policy, 5);
     }
+    let workflows = idem_flow::config::definitions(&connect, &registry)?;
     let registry = Arc::new(registry);
     // One clock for the whole ledger (DESIGN.md §2 invariant 7): on PostgreSQL the
     // database's, for the store and everything else in the process that needs "now".
@@ -114,6 +115,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         connect,
         registry,
         database_clock,
+        workflows,
     };
     Ok(Prepared { _lock: lock, store, clock, config })
 }

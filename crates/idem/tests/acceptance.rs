@@ -31,10 +31,10 @@ async fn the_shipped_matrix_passes_and_a_broken_scenario_fails() {
 
     let (code, text) = run_matrix(&s, addr, std::path::Path::new(&format!("{SCENARIOS}/acceptance.toml")));
     assert_eq!(code, Some(0), "{text}");
-    for id in ["S1", "S2", "S3", "S4", "S4b", "S5", "S6", "S7", "S8", "C1", "C2"] {
+    for id in ["S1", "S2", "S3", "S4", "S4b", "S5", "S6", "S7", "S8", "C1", "C2", "W1", "W2", "W3", "W4", "W5"] {
         assert!(text.lines().any(|l| l.starts_with(id) && l.contains("PASS")), "{id} did not pass:\n{text}");
     }
-    assert!(text.contains("11 passed, 0 failed, 0 skipped"), "{text}");
+    assert!(text.contains("16 passed, 0 failed, 0 skipped"), "{text}");
     metrics_match_what_the_suite_did(&s, &text).await;
 
     // Break S6: the provider never recovers, so the operation ends FAILED, not SUCCEEDED.
@@ -49,7 +49,20 @@ async fn the_shipped_matrix_passes_and_a_broken_scenario_fails() {
     let row = text.lines().find(|l| l.starts_with("S6")).unwrap();
     assert!(row.contains("FAIL"), "{text}");
     assert!(text.contains("actual:   FAILED"), "the row says what happened:\n{text}");
-    assert!(text.contains("10 passed, 1 failed, 0 skipped"), "{text}");
+    assert!(text.contains("15 passed, 1 failed, 0 skipped"), "{text}");
+    // Break W2: a lost reply under the manual policy pauses the instance instead.
+    let broken = std::fs::read_to_string(format!("{SCENARIOS}/acceptance.toml")).unwrap().replace(
+        r#"providers = { confirm = ["effect_then_hang"] }
+starts = [ { expect_status = [201] } ]
+expect = { state = "SUCCEEDED""#,
+        r#"providers = { confirm = ["effect_then_hang", "effect_then_hang"] }
+starts = [ { expect_status = [201] } ]
+expect = { state = "PAUSED""#,
+    );
+    std::fs::write(&path, broken).unwrap();
+    let (code, text) = run_matrix(&s, addr, &path);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("W2") && l.contains("FAIL")), "{text}");
 }
 
 /// The sum of the samples of `name` whose labels include all of `labels`.
@@ -69,16 +82,25 @@ fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// provider's calls and effects.
 async fn metrics_match_what_the_suite_did(s: &Server, report: &str) {
     let totals = report.lines().find_map(|l| l.strip_prefix("totals: triggers ")).expect("a totals line");
-    let (count, rest) = totals.split_once(" (").unwrap();
-    let triggers: f64 = count.parse().unwrap();
-    let (by_status, provider) = rest.split_once("); provider calls ").unwrap();
-    let (calls, effects) = provider.split_once(", effects ").unwrap();
-    let (calls, effects): (f64, f64) = (calls.parse().unwrap(), effects.trim().parse().unwrap());
-    let statuses: Vec<(String, f64)> = by_status
-        .split(' ')
-        .map(|p| p.split_once('=').unwrap())
-        .map(|(s, n)| (s.to_string(), n.parse().unwrap()))
-        .collect();
+    let (triggers_part, rest) = totals.split_once("; starts ").unwrap();
+    let (starts_part, provider) = rest.split_once("; provider calls ").unwrap();
+    let counts = |part: &str| -> (f64, Vec<(String, f64)>) {
+        let (count, by) = part.split_once(" (").unwrap();
+        let by = by.trim_end_matches(')');
+        let pairs = by
+            .split(' ')
+            .filter(|p| !p.is_empty())
+            .map(|p| p.split_once('=').unwrap())
+            .map(|(s, n)| (s.to_string(), n.parse().unwrap()))
+            .collect();
+        (count.parse().unwrap(), pairs)
+    };
+    let (triggers, statuses) = counts(triggers_part);
+    let (starts, start_statuses) = counts(starts_part);
+    let (calls, rest) = provider.split_once(", effects ").unwrap();
+    let (effects, unrecorded) = rest.split_once(", unrecorded ").unwrap();
+    let (calls, effects, unrecorded): (f64, f64, f64) =
+        (calls.parse().unwrap(), effects.parse().unwrap(), unrecorded.trim().parse().unwrap());
     assert!(triggers >= 20.0 && calls >= 10.0 && effects >= 5.0, "the suite did something: {totals}");
 
     let text = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
@@ -88,6 +110,14 @@ async fn metrics_match_what_the_suite_did(s: &Server, report: &str) {
         assert_eq!(metric(&text, "idem_http_requests_total", &labels), *n, "status {status}: {totals}\n{text}");
     }
     assert_eq!(metric(&text, "idem_http_requests_total", &post), triggers, "no other trigger was counted");
+    let wf = [("method", "POST"), ("route", "/v1/workflows")];
+    for (status, n) in &start_statuses {
+        let labels = [wf[0], wf[1], ("status", status.as_str())];
+        assert_eq!(metric(&text, "idem_http_requests_total", &labels), *n, "start status {status}: {totals}");
+    }
+    assert_eq!(metric(&text, "idem_http_requests_total", &wf), starts, "every workflow start was counted");
+    let created = start_statuses.iter().find(|(s, _)| s == "201").map_or(0.0, |(_, n)| *n);
+    assert_eq!(metric(&text, "idem_workflows_started_total", &[]), created, "one start counted per new instance");
     let n = |status: &str| statuses.iter().find(|(s, _)| s == status).map_or(0.0, |(_, n)| *n);
     assert_eq!(metric(&text, "idem_acquires_total", &[]), triggers, "one decision per trigger\n{text}");
     assert_eq!(metric(&text, "idem_acquires_total", &[("decision", "mismatch")]), n("422"));
@@ -99,7 +129,11 @@ async fn metrics_match_what_the_suite_did(s: &Server, report: &str) {
     );
     let succeeded = metric(&text, "idem_completions_total", &[("outcome", "succeeded")]);
     let found = metric(&text, "idem_reconciliations_total", &[("result", "found")]);
-    assert_eq!(succeeded + found, effects, "each effect was recorded once, by a completion or a lookup\n{text}");
+    assert_eq!(
+        succeeded + found,
+        effects - unrecorded,
+        "each effect was recorded once, by a completion or a lookup (but those waiting for a person)\n{text}"
+    );
     assert!(metric(&text, "idem_http_request_duration_seconds_count", &post) >= triggers);
     assert!(metric(&text, "idem_store_batch_size_count", &[]) > 0.0, "the store reports its batches\n{text}");
 }

@@ -643,7 +643,10 @@ pub async fn resolve(
         actor: user.caller.actor(),
     };
     match state.store.resolve(req).await {
-        Ok(_) => Redirect::to(&format!("{}?done=resolved", op_href(key.as_str()))).into_response(),
+        Ok(rec) => {
+            state.flows.operation_settled(&rec.tenant, &rec.key).await;
+            Redirect::to(&format!("{}?done=resolved", op_href(key.as_str()))).into_response()
+        }
         Err(idem_store::StoreError::NotFound) => {
             error_page(Some(&user), StatusCode::NOT_FOUND, "No operation with this key.")
         }
@@ -672,7 +675,12 @@ pub async fn reconcile(
         Err(e) => return fail(&user, e),
     };
     match state.reconciler.reconcile_one(&rec, user.caller.actor()).await {
-        Ok(_) => Redirect::to(&format!("{}?done=reconciled", op_href(key.as_str()))).into_response(),
+        Ok(out) => {
+            if out.changed {
+                state.flows.operation_settled(&out.record.tenant, &out.record.key).await;
+            }
+            Redirect::to(&format!("{}?done=reconciled", op_href(key.as_str()))).into_response()
+        }
         Err(e) => fail(&user, e),
     }
 }

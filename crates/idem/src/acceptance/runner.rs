@@ -25,6 +25,23 @@
 //! scenario's key (waited for up to `timeout_s`, default 20), and the provider's counts of
 //! calls and side effects over all the scenario's keys. `skip = "why"` reports SKIP.
 //! Every key gets a run suffix, so runs against the same idem never see each other.
+//!
+//! A workflow scenario (W1…) names a `workflow` declared in idem's configuration instead
+//! of triggers: its `starts` start instance `key` (with an `input`, default
+//! `{"customer": "C-1"}`; `copies`, `created`, `expect_status`, `delay_ms` as for
+//! triggers), `providers` scripts the provider per *step name*, and `expect.state` is the
+//! instance's final state; calls and effects are counted over the instance's steps.
+//!
+//! ```toml
+//! [[scenario]]
+//! id = "W2"
+//! title = "a step's reply is lost: the lookup finds it, the workflow goes on"
+//! workflow = "acceptance-intake"
+//! key = "ORD-W2"
+//! providers = { confirm = ["effect_then_hang"] }
+//! starts = [ { expect_status = [201] } ]
+//! expect = { state = "SUCCEEDED", effects = 3, calls = 3 }
+//! ```
 
 use anyhow::{Context, bail};
 use reqwest::Url;
@@ -71,6 +88,29 @@ pub struct Scenario {
     pub expect: Expect,
     /// Report SKIP with this reason instead of running.
     pub skip: Option<String>,
+    /// A workflow scenario: the declared workflow whose instance `key` is started.
+    pub workflow: Option<String>,
+    /// The starts of a workflow scenario, in order.
+    #[serde(default)]
+    pub starts: Vec<Start>,
+}
+
+/// One start of a workflow instance (or `copies` concurrent identical ones).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Start {
+    /// The input (default `{"customer": "C-1"}`).
+    pub input: Option<Value>,
+    /// Concurrent identical starts (default 1).
+    #[serde(default = "one")]
+    pub copies: usize,
+    /// Statuses each answer may have.
+    pub expect_status: Vec<u16>,
+    /// How many of the copies must get 201.
+    pub created: Option<usize>,
+    /// Wait this long before starting (ms).
+    #[serde(default)]
+    pub delay_ms: u64,
 }
 
 fn default_key() -> String {
@@ -151,6 +191,11 @@ pub struct Row {
     pub result: &'static str,
     /// HTTP statuses of every trigger it sent, in order.
     pub statuses: Vec<u16>,
+    /// HTTP statuses of every workflow start it sent, in order.
+    pub starts: Vec<u16>,
+    /// Side effects idem has not recorded yet: made by a step whose outcome is UNKNOWN and
+    /// waits for a person (no completion or lookup has recorded them).
+    pub unrecorded: usize,
     /// Calls the provider got for its keys.
     pub calls: u64,
     /// Side effects the provider made for its keys.
@@ -179,11 +224,16 @@ impl Run {
     }
 
     async fn script(&self, key: &str, steps: &[String]) -> anyhow::Result<()> {
+        self.script_raw(&self.key(key), steps).await
+    }
+
+    /// Scripts the provider for a full (already suffixed) operation key.
+    async fn script_raw(&self, key: &str, steps: &[String]) -> anyhow::Result<()> {
         let url = self.url(&self.target.provider, &["_control", "script"])?;
         let r = self
             .http
             .post(url)
-            .json(&json!({"key": self.key(key), "steps": steps}))
+            .json(&json!({"key": key, "steps": steps}))
             .send()
             .await
             .context("cannot reach the provider")?;
@@ -194,10 +244,7 @@ impl Run {
     }
 
     async fn stats(&self, key: &str) -> anyhow::Result<(u64, usize)> {
-        let mut url = self.url(&self.target.provider, &["_control", "stats"])?;
-        url.query_pairs_mut().append_pair("key", &self.key(key));
-        let v: Value = self.http.get(url).send().await.context("cannot reach the provider")?.json().await?;
-        Ok((v["calls"].as_u64().unwrap_or(0), v["effects"].as_u64().unwrap_or(0) as usize))
+        self.stats_raw(&self.key(key)).await
     }
 
     async fn trigger(&self, key: &str, action: &str, payload: &Value, wait_ms: u64) -> anyhow::Result<(u16, Value)> {
@@ -223,7 +270,102 @@ impl Run {
         Ok(r.json().await?)
     }
 
+    async fn start(&self, s: &Scenario, workflow: &str, input: &Value) -> anyhow::Result<(u16, Value)> {
+        let url = self.url(&self.target.server, &["v1", "workflows"])?;
+        let body = json!({"workflow": workflow, "instance_id": self.key(&s.key), "input": input});
+        let r = self
+            .http
+            .post(url)
+            .bearer_auth(&self.target.api_key)
+            .json(&body)
+            .send()
+            .await
+            .context("cannot reach idem")?;
+        let status = r.status().as_u16();
+        refuse_auth(status)?;
+        Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn instance(&self, key: &str) -> anyhow::Result<Value> {
+        let url = self.url(&self.target.server, &["v1", "workflows", &self.key(key)])?;
+        let r = self.http.get(url).bearer_auth(&self.target.api_key).send().await.context("cannot reach idem")?;
+        refuse_auth(r.status().as_u16())?;
+        Ok(r.json().await?)
+    }
+
+    /// A workflow scenario: starts, then the instance's final state and its steps' counts.
+    async fn workflow_scenario(&self, s: &Scenario, workflow: &str) -> anyhow::Result<Outcome> {
+        for (step, steps) in &s.providers {
+            self.script_raw(&format!("{}:{step}", self.key(&s.key)), steps).await?;
+        }
+        let (mut ok, mut statuses, mut all_statuses) = (true, Vec::new(), Vec::new());
+        for t in &s.starts {
+            let input = t.input.clone().unwrap_or_else(|| json!({"customer": "C-1"}));
+            tokio::time::sleep(Duration::from_millis(t.delay_ms)).await;
+            let answers = futures_util::future::join_all((0..t.copies).map(|_| self.start(s, workflow, &input))).await;
+            let got = answers.into_iter().map(|a| a.map(|(s, _)| s)).collect::<anyhow::Result<Vec<u16>>>()?;
+            all_statuses.extend(&got);
+            ok &= got.iter().all(|s| t.expect_status.contains(s));
+            if let Some(n) = t.created {
+                ok &= got.iter().filter(|s| **s == 201).count() == n;
+            }
+            statuses.push(summarize(&got));
+        }
+        let timeout = Duration::from_secs(s.expect.timeout_s.unwrap_or(20));
+        let start = Instant::now();
+        let inst = loop {
+            let v = self.instance(&s.key).await?;
+            let reached = s.expect.state.as_deref().is_none_or(|want| v["state"] == want);
+            if reached || start.elapsed() > timeout {
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let (mut calls, mut effects, mut unrecorded) = (0, 0, 0);
+        for step in inst["steps"].as_array().into_iter().flatten() {
+            let key = step["operation_key"].as_str().unwrap_or_default();
+            let (c, e) = self.stats_raw(key).await?;
+            calls += c;
+            effects += e;
+            if step["state"] == "UNKNOWN" {
+                unrecorded += e;
+            }
+        }
+        let state = inst["state"].as_str().unwrap_or("-").to_owned();
+        ok &= s.expect.state.as_deref().is_none_or(|w| w == state);
+        ok &= s.expect.effects.is_none_or(|w| w == effects);
+        ok &= s.expect.calls.is_none_or(|w| w == calls);
+        let steps: Vec<String> = inst["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| format!("{} {}", c["step"].as_str().unwrap_or("-"), c["state"].as_str().unwrap_or("-")))
+            .collect();
+        let actual = format!("{state}; {effects} effect(s), {calls} call(s); starts {}", statuses.join(" then "));
+        Ok(Outcome {
+            actual,
+            evidence: steps.join(", "),
+            ok,
+            statuses: Vec::new(),
+            starts: all_statuses,
+            unrecorded,
+            calls,
+            effects,
+        })
+    }
+
+    /// Provider counts for a full (already suffixed) operation key.
+    async fn stats_raw(&self, key: &str) -> anyhow::Result<(u64, usize)> {
+        let mut url = self.url(&self.target.provider, &["_control", "stats"])?;
+        url.query_pairs_mut().append_pair("key", key);
+        let v: Value = self.http.get(url).send().await.context("cannot reach the provider")?.json().await?;
+        Ok((v["calls"].as_u64().unwrap_or(0), v["effects"].as_u64().unwrap_or(0) as usize))
+    }
+
     async fn scenario(&self, s: &Scenario) -> anyhow::Result<Outcome> {
+        if let Some(w) = &s.workflow {
+            return self.workflow_scenario(s, w).await;
+        }
         let mut keys = vec![s.key.clone()];
         self.script(&s.key, &s.provider).await?;
         for (k, steps) in &s.providers {
@@ -279,7 +421,7 @@ impl Run {
                 None => "-".into(),
             },
         };
-        Ok(Outcome { actual, evidence, ok, statuses: all_statuses, calls, effects })
+        Ok(Outcome { actual, evidence, ok, statuses: all_statuses, starts: Vec::new(), unrecorded: 0, calls, effects })
     }
 }
 
@@ -298,6 +440,8 @@ struct Outcome {
     evidence: String,
     ok: bool,
     statuses: Vec<u16>,
+    starts: Vec<u16>,
+    unrecorded: usize,
     calls: u64,
     effects: usize,
 }
@@ -325,12 +469,13 @@ fn summarize(statuses: &[u16]) -> String {
 }
 
 fn expected_text(s: &Scenario) -> String {
-    let statuses: Vec<String> = s
-        .triggers
-        .iter()
-        .map(|t| {
-            let set = t.expect_status.iter().map(u16::to_string).collect::<Vec<_>>().join("|");
-            match (t.copies, t.created) {
+    let answers = s.triggers.iter().map(|t| (t.copies, t.created, &t.expect_status));
+    let starts = s.starts.iter().map(|t| (t.copies, t.created, &t.expect_status));
+    let statuses: Vec<String> = answers
+        .chain(starts)
+        .map(|(copies, created, expect)| {
+            let set = expect.iter().map(u16::to_string).collect::<Vec<_>>().join("|");
+            match (copies, created) {
                 (1, _) => set,
                 (n, Some(c)) => format!("{n}× ({c}×201, rest {set})"),
                 (n, None) => format!("{n}× {set}"),
@@ -381,6 +526,8 @@ pub async fn run(file: &File, target: Target) -> anyhow::Result<Vec<Row>> {
                 evidence: "-".into(),
                 result: "SKIP",
                 statuses: vec![],
+                starts: vec![],
+                unrecorded: 0,
                 calls: 0,
                 effects: 0,
             },
@@ -394,6 +541,8 @@ pub async fn run(file: &File, target: Target) -> anyhow::Result<Vec<Row>> {
                     evidence: o.evidence,
                     result: if o.ok { "PASS" } else { "FAIL" },
                     statuses: o.statuses,
+                    starts: o.starts,
+                    unrecorded: o.unrecorded,
                     calls: o.calls,
                     effects: o.effects,
                 }
@@ -420,15 +569,24 @@ pub fn render(rows: &[Row]) -> String {
 }
 
 /// One line with what the run did, to compare with idem's `/metrics`:
-/// `totals: triggers 13 (200=3 201=5 202=2 410=1 422=2); provider calls 17, effects 9`.
+/// `totals: triggers 13 (200=3 201=5 202=2 410=1 422=2); starts 12 (200=10 201=2); provider
+/// calls 17, effects 9, unrecorded 1` (effects no completion or lookup recorded yet: a step
+/// UNKNOWN and waiting for a person).
 pub fn totals(rows: &[Row]) -> String {
-    let statuses: Vec<u16> = rows.iter().flat_map(|r| r.statuses.iter().copied()).collect();
-    let mut by: BTreeMap<u16, usize> = BTreeMap::new();
-    for s in &statuses {
-        *by.entry(*s).or_default() += 1;
-    }
-    let by: Vec<String> = by.iter().map(|(s, n)| format!("{s}={n}")).collect();
+    let by_status = |statuses: Vec<u16>| {
+        let mut by: BTreeMap<u16, usize> = BTreeMap::new();
+        for s in &statuses {
+            *by.entry(*s).or_default() += 1;
+        }
+        let by: Vec<String> = by.iter().map(|(s, n)| format!("{s}={n}")).collect();
+        format!("{} ({})", statuses.len(), by.join(" "))
+    };
+    let triggers = by_status(rows.iter().flat_map(|r| r.statuses.iter().copied()).collect());
+    let starts = by_status(rows.iter().flat_map(|r| r.starts.iter().copied()).collect());
     let calls: u64 = rows.iter().map(|r| r.calls).sum();
     let effects: usize = rows.iter().map(|r| r.effects).sum();
-    format!("totals: triggers {} ({}); provider calls {calls}, effects {effects}\n", statuses.len(), by.join(" "))
+    let unrecorded: usize = rows.iter().map(|r| r.unrecorded).sum();
+    format!(
+        "totals: triggers {triggers}; starts {starts}; provider calls {calls}, effects {effects}, unrecorded {unrecorded}\n"
+    )
 }

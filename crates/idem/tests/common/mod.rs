@@ -67,10 +67,17 @@ impl Server {
 
     /// As [`Server::start`], with a connector configuration (TOML text).
     pub fn start_with_config(db_url: &str, config_toml: &str) -> Server {
+        Server::start_with_config_env(db_url, config_toml, &[])
+    }
+
+    /// As [`Server::start_with_config`], with extra environment variables (a restart keeps
+    /// them), e.g. `IDEM_TEST_CRASH_AT`.
+    pub fn start_with_config_env(db_url: &str, config_toml: &str, env: &[(&str, &str)]) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idem.toml");
         std::fs::write(&path, config_toml).unwrap();
-        Server::spawn(db_url, Some(path), Some(dir))
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Server::spawn_env(&["serve".to_string()], db_url, Some(path), Some(dir), env)
     }
 
     /// A new server process on the same database and configuration (after a crash).

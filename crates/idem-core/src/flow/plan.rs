@@ -1,0 +1,414 @@
+//! The workflow plans: what a start gets ([`plan_start`]), what to do next for an
+//! instance ([`plan_advance`]), and the instance write that goes with it
+//! ([`plan_instance_update`]).
+//!
+//! The engine (idem-flow) is one loop: read the instance and its checkpoints →
+//! [`plan_advance`] → perform that one [`Next`] (acquire and run a step through the same
+//! claim as any trigger, or wait) → write → plan again. Because the plan reads only
+//! checkpoints, a worker that never saw the first worker's memory resumes from the right
+//! place, and a finished step is never performed again: its operation replays.
+
+use super::definition::Definition;
+use super::input::build_step_input;
+use super::record::{Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, InstanceTombstone, input_context};
+use super::recovery::{Recovery, plan_recovery};
+use super::state::{InstanceState, StepState};
+use crate::record::Actor;
+use serde_json::Value;
+
+/// How often a PAUSED instance is looked at again, to resume it once its step is
+/// resolved (ms).
+pub const PAUSED_POLL_MS: i64 = 5_000;
+/// How often an instance that waits for the caller's code is looked at, as a backstop for
+/// completions made outside the step API (ms).
+pub const CALLER_POLL_MS: i64 = 30_000;
+/// How soon an expired lease of a caller-performed step is looked at again (the lease
+/// sweeper records the expiry) (ms).
+pub const EXPIRY_POLL_MS: i64 = 1_000;
+
+/// A start, as the API received it (validated).
+#[derive(Debug, Clone)]
+pub struct StartInput {
+    /// Tenant of the caller.
+    pub tenant: String,
+    /// Instance id (validated).
+    pub instance_id: String,
+    /// Workflow name.
+    pub workflow: String,
+    /// Version of the definition the instance would pin.
+    pub definition_version: String,
+    /// Whether the caller sent the definition itself (steps of a workflow its code runs):
+    /// then another version for the same instance is another intent (422). A declared
+    /// workflow's version comes from the configuration, which may change under a running
+    /// instance without making a repeated start a different intent.
+    pub definition_given: bool,
+    /// Source event id.
+    pub source_event: Option<String>,
+    /// The input.
+    pub input: Value,
+    /// Its fingerprint (RFC 8785 + SHA-256, as for operations).
+    pub input_fingerprint: String,
+    /// Trace / correlation id.
+    pub trace_id: Option<String>,
+    /// Who starts it.
+    pub actor: Actor,
+}
+
+/// What a start gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartDecision {
+    /// A new instance. HTTP 201.
+    Created,
+    /// The instance exists with the same workflow and input: the same instance. HTTP 200.
+    Existing,
+    /// The instance exists with another workflow, input or given definition. HTTP 422;
+    /// nothing changes.
+    Mismatch,
+    /// The instance finished and was removed after retention; its tombstone lives. HTTP 410.
+    Late,
+}
+
+/// What to write for a start.
+#[derive(Debug, Clone)]
+pub struct StartPlan {
+    /// The answer.
+    pub decision: StartDecision,
+    /// The instance (new, stored, or a view of the tombstone for [`StartDecision::Late`]).
+    pub record: InstanceRecord,
+    /// Events to append (none for a late start: there is no instance to log against).
+    pub events: Vec<InstanceEvent>,
+}
+
+/// Plans a start against the stored instance (`existing`) or its live tombstone.
+pub fn plan_start(
+    existing: Option<&InstanceRecord>,
+    tombstone: Option<&InstanceTombstone>,
+    input: &StartInput,
+    now_ms: i64,
+) -> StartPlan {
+    let Some(rec) = existing else {
+        let mut record = InstanceRecord {
+            tenant: input.tenant.clone(),
+            instance_id: input.instance_id.clone(),
+            workflow: input.workflow.clone(),
+            definition_version: input.definition_version.clone(),
+            source_event: input.source_event.clone(),
+            input: input.input.clone(),
+            input_fingerprint: input.input_fingerprint.clone(),
+            state: InstanceState::Running,
+            stopped_step: None,
+            error_class: None,
+            error_message: None,
+            trace_id: input.trace_id.clone(),
+            next_run_at: Some(now_ms),
+            created_at: now_ms,
+            updated_at: now_ms,
+            completed_at: None,
+            expires_at: None,
+            version: 1,
+        };
+        if let Some(t) = tombstone.filter(|t| t.expires_at > now_ms) {
+            record.state = t.final_state;
+            record.input = Value::Null;
+            record.input_fingerprint = t.input_fingerprint.clone();
+            record.next_run_at = None;
+            record.completed_at = Some(t.completed_at);
+            record.expires_at = Some(t.expires_at);
+            return StartPlan { decision: StartDecision::Late, record, events: Vec::new() };
+        }
+        let mut e = InstanceEvent::new(&input.actor, &record, InstanceEventKind::Started, now_ms);
+        e.reason = Some(match &input.source_event {
+            Some(ev) => format!("started from event {ev:?} on definition {}", short(&input.definition_version)),
+            None => format!("started on definition {}", short(&input.definition_version)),
+        });
+        return StartPlan { decision: StartDecision::Created, record, events: vec![e] };
+    };
+    let mut why = Vec::new();
+    if rec.workflow != input.workflow {
+        why.push(format!("workflow {:?}, not {:?}", rec.workflow, input.workflow));
+    }
+    if rec.input_fingerprint != input.input_fingerprint {
+        why.push(format!(
+            "input fingerprint {}, not {}",
+            short(&rec.input_fingerprint),
+            short(&input.input_fingerprint)
+        ));
+    }
+    if input.definition_given && rec.definition_version != input.definition_version {
+        why.push(format!("definition {}, not {}", short(&rec.definition_version), short(&input.definition_version)));
+    }
+    let (decision, kind, reason) = if why.is_empty() {
+        (StartDecision::Existing, InstanceEventKind::StartReplayed, format!("same instance, state {}", rec.state))
+    } else {
+        (
+            StartDecision::Mismatch,
+            InstanceEventKind::StartMismatch,
+            format!("instance id reused with another intent: it has {}", why.join(", ")),
+        )
+    };
+    let mut e = InstanceEvent::new(&input.actor, rec, kind, now_ms);
+    e.from_state = Some(rec.state);
+    e.reason = Some(reason);
+    StartPlan { decision, record: rec.clone(), events: vec![e] }
+}
+
+/// The first 12 hex digits of a fingerprint or version, for messages.
+fn short(hex: &str) -> &str {
+    hex.get(..12).unwrap_or(hex)
+}
+
+/// The next thing to do for an instance.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Acquire step `index`'s operation with `payload` (its built input, or the stored
+    /// payload of an operation that exists) and, for a connector step, perform it. Also
+    /// how an expired lease is handled: the acquire records the expiry (UNKNOWN) or
+    /// re-grants a `redo_safe` step.
+    Run {
+        /// Step index.
+        index: usize,
+        /// The operation's payload.
+        payload: Value,
+    },
+    /// Step `index` is performed by the caller's code: nothing for idem to do; look again
+    /// at `until_ms` (a backstop), or when the step's completion arrives.
+    WaitForCaller {
+        /// Step index.
+        index: usize,
+        /// When to look again (epoch ms).
+        until_ms: i64,
+    },
+    /// Step `index` is not due (a retry later, a lease held, a lookup pending): look again
+    /// at `until_ms`.
+    Wait {
+        /// Step index.
+        index: usize,
+        /// When (epoch ms).
+        until_ms: i64,
+    },
+    /// Step `index` is UNKNOWN and `redo_safe`: move its operation to PENDING (audited),
+    /// then run it.
+    Redo {
+        /// Step index.
+        index: usize,
+    },
+    /// Pause the instance for a person.
+    Pause {
+        /// Step index.
+        index: usize,
+        /// Reason class.
+        class: &'static str,
+        /// Reason.
+        reason: String,
+    },
+    /// A paused instance whose step no longer needs a person: RUNNING again.
+    Resume,
+    /// The instance is done.
+    Finish {
+        /// SUCCEEDED or FAILED.
+        state: InstanceState,
+        /// The step that decided it (FAILED).
+        index: Option<usize>,
+        /// Reason class (`step_failed`, `step_input`), `None` for SUCCEEDED.
+        class: Option<&'static str>,
+        /// Reason.
+        reason: String,
+    },
+    /// Nothing to do (a final state, or still paused).
+    Idle,
+}
+
+/// The checkpoints do not match the pinned definition: corruption, never a state change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("instance {instance:?}: its steps {found:?} do not match its pinned definition's {expected:?}")]
+pub struct DefinitionMismatch {
+    /// Instance id.
+    pub instance: String,
+    /// Step names of the definition.
+    pub expected: Vec<String>,
+    /// Step names of the stored rows.
+    pub found: Vec<String>,
+}
+
+/// The next thing to do for `inst` (running its pinned `def`), given its checkpoints in
+/// definition order, at `now_ms`.
+///
+/// # Errors
+/// [`DefinitionMismatch`] when the checkpoints are not the definition's steps in order.
+pub fn plan_advance(
+    inst: &InstanceRecord,
+    def: &Definition,
+    checkpoints: &[Checkpoint],
+    now_ms: i64,
+) -> Result<Next, DefinitionMismatch> {
+    let names_match =
+        checkpoints.len() == def.steps.len() && checkpoints.iter().zip(&def.steps).all(|(c, s)| c.row.step == s.name);
+    if !names_match {
+        return Err(DefinitionMismatch {
+            instance: inst.instance_id.clone(),
+            expected: def.steps.iter().map(|s| s.name.clone()).collect(),
+            found: checkpoints.iter().map(|c| c.row.step.clone()).collect(),
+        });
+    }
+    match inst.state {
+        InstanceState::Running => Ok(next_running(inst, def, checkpoints, now_ms)),
+        InstanceState::Paused => Ok(match next_running(inst, def, checkpoints, now_ms) {
+            Next::Pause { .. } => Next::Idle,
+            _ => Next::Resume,
+        }),
+        _ => Ok(Next::Idle),
+    }
+}
+
+/// [`plan_advance`] for a RUNNING instance.
+fn next_running(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Next {
+    for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
+        let by_caller = step.connector.is_none();
+        let Some(op) = c.operation.as_ref() else {
+            if by_caller {
+                return Next::WaitForCaller { index, until_ms: now_ms + CALLER_POLL_MS };
+            }
+            return match build_step_input(&step.input, &input_context(inst, checkpoints)) {
+                Ok(payload) => Next::Run { index, payload },
+                Err(e) => Next::Finish {
+                    state: InstanceState::Failed,
+                    index: Some(index),
+                    class: Some("step_input"),
+                    reason: format!("the input of step {:?} cannot be built: {e}", step.name),
+                },
+            };
+        };
+        match c.state {
+            StepState::Succeeded | StepState::Compensated => continue,
+            StepState::NotStarted => unreachable!("a checkpoint with an operation has started"),
+            StepState::Failed => {
+                return Next::Finish {
+                    state: InstanceState::Failed,
+                    index: Some(index),
+                    class: Some("step_failed"),
+                    reason: format!(
+                        "step {:?} failed: {}{}",
+                        step.name,
+                        op.error_class.as_deref().unwrap_or("failed"),
+                        op.error_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+                    ),
+                };
+            }
+            StepState::Pending => {
+                let due = op.next_attempt_at.is_none_or(|at| at <= now_ms);
+                return match (by_caller, due) {
+                    (true, _) => Next::WaitForCaller { index, until_ms: now_ms + CALLER_POLL_MS },
+                    (false, true) => Next::Run { index, payload: op.payload.clone() },
+                    (false, false) => Next::Wait { index, until_ms: op.next_attempt_at.unwrap_or(now_ms) },
+                };
+            }
+            StepState::Executing => {
+                return match op.lease_expires_at.filter(|end| *end > now_ms) {
+                    Some(end) => Next::Wait { index, until_ms: end },
+                    // The caller re-acquires its own step; the lease sweeper records the expiry.
+                    None if by_caller => Next::Wait { index, until_ms: now_ms + EXPIRY_POLL_MS },
+                    None => Next::Run { index, payload: op.payload.clone() },
+                };
+            }
+            StepState::Unknown => {
+                return match plan_recovery(step, op, now_ms) {
+                    Recovery::Redo => Next::Redo { index },
+                    Recovery::AwaitLookup { until_ms } => Next::Wait { index, until_ms },
+                    Recovery::Pause { class, reason } => Next::Pause { index, class, reason },
+                };
+            }
+        }
+    }
+    Next::Finish {
+        state: InstanceState::Succeeded,
+        index: None,
+        class: None,
+        reason: format!("all {} steps succeeded", def.steps.len()),
+    }
+}
+
+/// The instance write that goes with `next` (`None`: nothing to write). `def` names the
+/// steps for messages; the record comes back with its version bumped, and events to append.
+pub fn plan_instance_update(
+    inst: &InstanceRecord,
+    def: &Definition,
+    next: &Next,
+    actor: &Actor,
+    now_ms: i64,
+) -> Option<(InstanceRecord, Vec<InstanceEvent>)> {
+    let mut rec = inst.clone();
+    let mut event = None;
+    let step_name = |i: usize| def.steps.get(i).map(|s| s.name.clone());
+    match next {
+        Next::Run { .. } | Next::Redo { .. } => return None,
+        Next::Wait { until_ms, .. } | Next::WaitForCaller { until_ms, .. } => {
+            if rec.next_run_at == Some(*until_ms) {
+                return None;
+            }
+            rec.next_run_at = Some(*until_ms);
+        }
+        Next::Idle => {
+            let want = (inst.state == InstanceState::Paused).then_some(now_ms + PAUSED_POLL_MS);
+            if inst.state == InstanceState::Paused && rec.next_run_at.is_some_and(|t| t > now_ms) {
+                return None;
+            }
+            if rec.next_run_at == want {
+                return None;
+            }
+            rec.next_run_at = want;
+        }
+        Next::Pause { index, class, reason } => {
+            rec.state = InstanceState::Paused;
+            rec.stopped_step = step_name(*index);
+            rec.error_class = Some((*class).into());
+            rec.error_message = Some(reason.clone());
+            rec.next_run_at = Some(now_ms + PAUSED_POLL_MS);
+            let mut e = InstanceEvent::new(actor, &rec, InstanceEventKind::Paused, now_ms);
+            e.step = rec.stopped_step.clone();
+            e.reason = Some(reason.clone());
+            event = Some(e);
+        }
+        Next::Resume => {
+            let step = rec.stopped_step.take();
+            rec.state = InstanceState::Running;
+            rec.error_class = None;
+            rec.error_message = None;
+            rec.next_run_at = Some(now_ms);
+            let mut e = InstanceEvent::new(actor, &rec, InstanceEventKind::Resumed, now_ms);
+            e.reason = Some(match &step {
+                Some(s) => format!("step {s:?} no longer needs a person"),
+                None => "resumed".into(),
+            });
+            e.step = step;
+            event = Some(e);
+        }
+        Next::Finish { state, index, class, reason } => {
+            rec.state = *state;
+            rec.stopped_step = index.and_then(step_name);
+            rec.error_class = class.map(str::to_owned);
+            rec.error_message = class.map(|_| reason.clone());
+            rec.next_run_at = None;
+            rec.completed_at = Some(now_ms);
+            let kind = if *state == InstanceState::Succeeded {
+                InstanceEventKind::Succeeded
+            } else {
+                InstanceEventKind::Failed
+            };
+            let mut e = InstanceEvent::new(actor, &rec, kind, now_ms);
+            e.step = rec.stopped_step.clone();
+            e.reason = Some(reason.clone());
+            event = Some(e);
+        }
+    }
+    let mut events = Vec::new();
+    if let Some(mut e) = event {
+        e.from_state = Some(inst.state);
+        events.push(e);
+    }
+    rec.updated_at = now_ms;
+    rec.version += 1;
+    Some((rec, events))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,301 @@
+//! Plan-level tests: given records, assert the returned plan. The canned histories below
+//! are the shared fixtures of DESIGN.md §8's checks; each doc comment lists its checkpoints.
+
+use super::*;
+use crate::flow::definition::{Definition, RecoveryPolicy};
+use crate::flow::record::{Checkpoint, StepRow, step_key};
+use crate::record::OperationRecord;
+use crate::{AcquireInput, State};
+use serde_json::json;
+
+const NOW: i64 = 1_000_000;
+
+fn def() -> Definition {
+    serde_json::from_value(json!({
+        "name": "order-intake",
+        "steps": [
+            {"name": "create_order", "action": "create_order", "connector": "erp", "policy": "lookup_before_redo",
+             "input": {"customer": {"from": "/input/customer"}}},
+            {"name": "send_confirmation", "action": "send_confirmation", "connector": "mail", "policy": "manual",
+             "input": {"order_id": {"from": "/steps/create_order/result/id"}}},
+            {"name": "write_back", "action": "write_back", "connector": "crm", "policy": "redo_safe",
+             "input": {"order": {"from": "/steps/create_order/provider_ref"}}}
+        ]
+    }))
+    .unwrap()
+}
+
+fn start() -> StartInput {
+    StartInput {
+        tenant: "t".into(),
+        instance_id: "ORD-7:intake".into(),
+        workflow: "order-intake".into(),
+        definition_version: def().version(),
+        definition_given: false,
+        source_event: Some("evt_1".into()),
+        input: json!({"customer": "C-1"}),
+        input_fingerprint: "f".repeat(64),
+        trace_id: None,
+        actor: Actor { principal: "p".into(), request_id: None },
+    }
+}
+
+fn instance() -> InstanceRecord {
+    plan_start(None, None, &start(), NOW - 10_000).record
+}
+
+/// An operation of step `step` in `state`.
+fn op(step: &str, state: State) -> OperationRecord {
+    let input = AcquireInput {
+        tenant: "t".into(),
+        key: step_key("ORD-7:intake", step),
+        action: step.into(),
+        payload: json!({"p": step}),
+        fingerprint: "x".into(),
+        lease_ms: 1000,
+        redo_safe: false,
+        connector: Some("c".into()),
+        holder: None,
+        actor: Actor::default(),
+    };
+    let mut r = input.new_record(NOW - 5_000);
+    r.state = state;
+    if state == State::Succeeded {
+        r.provider_ref = Some(format!("{step}-ref"));
+        r.result = Some(json!({"id": 42}));
+    }
+    r
+}
+
+/// Checkpoints of [`def`] with `ops[i]` as step i's operation (missing = not started).
+fn checkpoints(ops: Vec<Option<OperationRecord>>) -> Vec<Checkpoint> {
+    let names = ["create_order", "send_confirmation", "write_back"];
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let row = StepRow {
+                tenant: "t".into(),
+                instance_id: "ORD-7:intake".into(),
+                position: i as i64,
+                step: (*n).into(),
+                op_key: step_key("ORD-7:intake", n),
+                policy: def().steps[i].policy,
+            };
+            Checkpoint::of(row, ops.get(i).cloned().flatten())
+        })
+        .collect()
+}
+
+fn advance(inst: &InstanceRecord, ops: Vec<Option<OperationRecord>>) -> Next {
+    plan_advance(inst, &def(), &checkpoints(ops), NOW).unwrap()
+}
+
+#[test]
+fn start_is_idempotent_by_instance_id_and_input() {
+    let first = plan_start(None, None, &start(), NOW);
+    assert_eq!(first.decision, StartDecision::Created);
+    assert_eq!(first.record.state, InstanceState::Running);
+    assert_eq!(first.record.next_run_at, Some(NOW), "the runner picks a new instance up at once");
+    assert_eq!(first.events[0].kind, "started");
+    let again = plan_start(Some(&first.record), None, &start(), NOW + 1);
+    assert_eq!(again.decision, StartDecision::Existing);
+    assert_eq!(again.record, first.record, "a repeated start changes nothing");
+    assert_eq!(again.events[0].kind, "start_replayed");
+    let mut other = start();
+    other.input_fingerprint = "0".repeat(64);
+    assert_eq!(plan_start(Some(&first.record), None, &other, NOW).decision, StartDecision::Mismatch);
+    let mut other = start();
+    other.workflow = "refund".into();
+    assert_eq!(plan_start(Some(&first.record), None, &other, NOW).decision, StartDecision::Mismatch);
+}
+
+#[test]
+fn a_changed_definition_is_another_intent_only_when_the_caller_gave_it() {
+    let first = plan_start(None, None, &start(), NOW).record;
+    let mut changed = start();
+    changed.definition_version = "9".repeat(64);
+    assert_eq!(
+        plan_start(Some(&first), None, &changed, NOW).decision,
+        StartDecision::Existing,
+        "the configuration changed under a running instance: the start is still the same intent"
+    );
+    changed.definition_given = true;
+    let p = plan_start(Some(&first), None, &changed, NOW);
+    assert_eq!(p.decision, StartDecision::Mismatch);
+    assert!(p.events[0].reason.as_deref().unwrap().contains("definition"));
+    assert_eq!(p.record.definition_version, def().version(), "the pinned version never changes");
+}
+
+#[test]
+fn a_live_tombstone_makes_a_late_start() {
+    let t = InstanceTombstone {
+        tenant: "t".into(),
+        id_hash: "h".into(),
+        input_fingerprint: "f".repeat(64),
+        final_state: InstanceState::Succeeded,
+        completed_at: NOW - 100,
+        expires_at: NOW + 100,
+    };
+    let p = plan_start(None, Some(&t), &start(), NOW);
+    assert_eq!(p.decision, StartDecision::Late);
+    assert!(p.events.is_empty());
+    assert_eq!(plan_start(None, Some(&t), &start(), NOW + 100).decision, StartDecision::Created);
+}
+
+/// `three_steps_ok`: create_order SUCCEEDED, send_confirmation SUCCEEDED, write_back SUCCEEDED
+/// → the instance SUCCEEDS; along the way each next step runs with its built input.
+#[test]
+fn three_steps_ok() {
+    let inst = instance();
+    assert_eq!(advance(&inst, vec![]), Next::Run { index: 0, payload: json!({"customer": "C-1"}) });
+    let s1 = op("create_order", State::Succeeded);
+    assert_eq!(advance(&inst, vec![Some(s1.clone())]), Next::Run { index: 1, payload: json!({"order_id": 42}) });
+    let s2 = op("send_confirmation", State::Succeeded);
+    assert_eq!(
+        advance(&inst, vec![Some(s1.clone()), Some(s2.clone())]),
+        Next::Run { index: 2, payload: json!({"order": "create_order-ref"}) }
+    );
+    let s3 = op("write_back", State::Succeeded);
+    let next = advance(&inst, vec![Some(s1), Some(s2), Some(s3)]);
+    assert!(matches!(next, Next::Finish { state: InstanceState::Succeeded, .. }), "{next:?}");
+    let (rec, events) = plan_instance_update(&inst, &def(), &next, &Actor::system(), NOW).unwrap();
+    assert_eq!((rec.state, rec.next_run_at, rec.completed_at), (InstanceState::Succeeded, None, Some(NOW)));
+    assert_eq!(events[0].kind, "succeeded");
+}
+
+/// `second_step_unknown_lookup_found`: create_order SUCCEEDED, send_confirmation UNKNOWN with
+/// `lookup_before_redo` → wait for the reconciler; once it found the message (SUCCEEDED) the
+/// instance goes on to write_back without a redo.
+#[test]
+fn second_step_unknown_lookup_found() {
+    let mut d = def();
+    d.steps[1].policy = RecoveryPolicy::LookupBeforeRedo;
+    let inst = instance();
+    let s1 = op("create_order", State::Succeeded);
+    let mut s2 = op("send_confirmation", State::Unknown);
+    s2.next_attempt_at = Some(NOW + 3_000);
+    let next = plan_advance(&inst, &d, &checkpoints(vec![Some(s1.clone()), Some(s2)]), NOW).unwrap();
+    assert_eq!(next, Next::Wait { index: 1, until_ms: NOW + 3_000 });
+    let found = op("send_confirmation", State::Succeeded);
+    let next = plan_advance(&inst, &d, &checkpoints(vec![Some(s1), Some(found)]), NOW).unwrap();
+    assert!(matches!(next, Next::Run { index: 2, .. }), "{next:?}");
+}
+
+/// `second_step_unknown_manual`: create_order SUCCEEDED, send_confirmation UNKNOWN under
+/// `manual` → PAUSED at send_confirmation; resolved SUCCEEDED by an operator → RESUMED.
+#[test]
+fn second_step_unknown_manual() {
+    let inst = instance();
+    let s1 = op("create_order", State::Succeeded);
+    let s2 = op("send_confirmation", State::Unknown);
+    let next = advance(&inst, vec![Some(s1.clone()), Some(s2.clone())]);
+    let Next::Pause { index: 1, class: "unknown_manual", .. } = &next else { panic!("{next:?}") };
+    let (paused, events) = plan_instance_update(&inst, &def(), &next, &Actor::system(), NOW).unwrap();
+    assert_eq!(paused.state, InstanceState::Paused);
+    assert_eq!(paused.stopped_step.as_deref(), Some("send_confirmation"));
+    assert_eq!(events[0].kind, "paused");
+    assert_eq!(advance(&paused, vec![Some(s1.clone()), Some(s2)]), Next::Idle, "still waiting for a person");
+    let resolved = op("send_confirmation", State::Succeeded);
+    let next = advance(&paused, vec![Some(s1), Some(resolved)]);
+    assert_eq!(next, Next::Resume);
+    let (running, events) = plan_instance_update(&paused, &def(), &next, &Actor::system(), NOW).unwrap();
+    assert_eq!((running.state, running.stopped_step.as_deref()), (InstanceState::Running, None));
+    assert_eq!(events[0].kind, "resumed");
+}
+
+#[test]
+fn unknown_redo_safe_is_redone_and_review_always_pauses() {
+    let inst = instance();
+    let ok = || Some(op("create_order", State::Succeeded));
+    let mid = || Some(op("send_confirmation", State::Succeeded));
+    assert_eq!(advance(&inst, vec![ok(), mid(), Some(op("write_back", State::Unknown))]), Next::Redo { index: 2 });
+    let mut flagged = op("write_back", State::Unknown);
+    flagged.needs_review = true;
+    let next = advance(&inst, vec![ok(), mid(), Some(flagged)]);
+    assert!(matches!(next, Next::Pause { index: 2, class: "needs_review", .. }), "{next:?}");
+}
+
+#[test]
+fn retries_wait_until_due_and_expired_leases_go_through_acquire() {
+    let inst = instance();
+    let mut pending = op("create_order", State::Pending);
+    pending.next_attempt_at = Some(NOW + 500);
+    assert_eq!(advance(&inst, vec![Some(pending.clone())]), Next::Wait { index: 0, until_ms: NOW + 500 });
+    pending.next_attempt_at = Some(NOW);
+    assert_eq!(advance(&inst, vec![Some(pending.clone())]), Next::Run { index: 0, payload: pending.payload.clone() });
+    let mut executing = op("create_order", State::Executing);
+    executing.lease_expires_at = Some(NOW + 700);
+    assert_eq!(advance(&inst, vec![Some(executing.clone())]), Next::Wait { index: 0, until_ms: NOW + 700 });
+    executing.lease_expires_at = Some(NOW);
+    assert_eq!(
+        advance(&inst, vec![Some(executing.clone())]),
+        Next::Run { index: 0, payload: executing.payload },
+        "the acquire records the expiry (or re-grants a redo_safe step)"
+    );
+}
+
+#[test]
+fn a_failed_step_fails_the_instance_and_a_missing_value_fails_it_before_the_call() {
+    let inst = instance();
+    let mut failed = op("create_order", State::Failed);
+    failed.error_class = Some("validation".into());
+    let next = advance(&inst, vec![Some(failed)]);
+    let Next::Finish { state: InstanceState::Failed, index: Some(0), class: Some("step_failed"), reason } = &next
+    else {
+        panic!("{next:?}")
+    };
+    assert!(reason.contains("validation"), "{reason}");
+    let mut no_id = op("create_order", State::Succeeded);
+    no_id.result = Some(json!({"other": 1}));
+    let next = advance(&inst, vec![Some(no_id)]);
+    let Next::Finish { class: Some("step_input"), index: Some(1), reason, .. } = &next else { panic!("{next:?}") };
+    assert!(reason.contains("/steps/create_order/result/id"), "{reason}");
+}
+
+#[test]
+fn steps_the_caller_performs_are_waited_for() {
+    let mut d = def();
+    for s in &mut d.steps {
+        s.connector = None;
+        s.input = Value::Null;
+        s.policy = RecoveryPolicy::Manual;
+    }
+    let inst = instance();
+    let cps = checkpoints(vec![Some(op("create_order", State::Succeeded))]);
+    assert_eq!(
+        plan_advance(&inst, &d, &cps, NOW).unwrap(),
+        Next::WaitForCaller { index: 1, until_ms: NOW + CALLER_POLL_MS }
+    );
+    let mut expired = op("send_confirmation", State::Executing);
+    expired.lease_expires_at = Some(NOW - 1);
+    let cps = checkpoints(vec![Some(op("create_order", State::Succeeded)), Some(expired)]);
+    assert_eq!(
+        plan_advance(&inst, &d, &cps, NOW).unwrap(),
+        Next::Wait { index: 1, until_ms: NOW + EXPIRY_POLL_MS },
+        "idem never acquires a step the caller performs"
+    );
+    let cps =
+        checkpoints(vec![Some(op("create_order", State::Succeeded)), Some(op("send_confirmation", State::Unknown))]);
+    assert!(matches!(plan_advance(&inst, &d, &cps, NOW).unwrap(), Next::Pause { class: "unknown_caller", .. }));
+}
+
+#[test]
+fn checkpoints_that_do_not_match_the_definition_are_corruption() {
+    let inst = instance();
+    let mut cps = checkpoints(vec![]);
+    cps.swap(0, 1);
+    assert!(plan_advance(&inst, &def(), &cps, NOW).is_err());
+    assert!(plan_advance(&inst, &def(), &cps[..2], NOW).is_err());
+}
+
+#[test]
+fn final_instances_are_idle_and_waits_write_only_when_the_time_changes() {
+    let mut inst = instance();
+    let next = Next::Wait { index: 0, until_ms: NOW + 10 };
+    let (rec, events) = plan_instance_update(&inst, &def(), &next, &Actor::system(), NOW).unwrap();
+    assert_eq!((rec.next_run_at, events.len(), rec.version), (Some(NOW + 10), 0, inst.version + 1));
+    assert!(plan_instance_update(&rec, &def(), &next, &Actor::system(), NOW).is_none());
+    inst.state = InstanceState::Succeeded;
+    assert_eq!(plan_advance(&inst, &def(), &checkpoints(vec![]), NOW).unwrap(), Next::Idle);
+}

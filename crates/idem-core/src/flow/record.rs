@@ -1,0 +1,387 @@
+//! Workflow instances, their step rows and events, as plain data; the operation keys a
+//! step derives from its instance; and the checkpoint a resuming worker reads.
+//!
+//! All instants are Unix epoch **milliseconds** (UTC) as `i64`.
+
+use super::definition::{Definition, RecoveryPolicy};
+use super::state::{InstanceState, StepState};
+use crate::key::IdempotencyKey;
+use crate::record::{Actor, OperationRecord};
+use crate::retention::Retention;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+/// Longest instance id, in characters. Leaves room for `:{step}` (≤ 48) and
+/// `:compensate` / `:rerun-N` within the 255 characters of an idempotency key.
+pub const MAX_INSTANCE_ID_LEN: usize = 192;
+/// Longest step name, in characters.
+pub const MAX_STEP_NAME_LEN: usize = 48;
+/// Longest workflow name, in characters.
+pub const MAX_WORKFLOW_NAME_LEN: usize = 64;
+
+/// Checks an instance id: a stable business id (`ORD-7:intake`) with the rules of an
+/// idempotency key (printable ASCII, no surrounding space, no e-mail address or phone
+/// number: it is logged and shown to operators), at most [`MAX_INSTANCE_ID_LEN`]
+/// characters, and no `/` (it travels as one URL path segment).
+///
+/// # Errors
+/// A one-line message for the caller.
+pub fn validate_instance_id(id: &str) -> Result<(), String> {
+    if id.len() > MAX_INSTANCE_ID_LEN {
+        return Err(format!("the instance id has {} characters; at most {MAX_INSTANCE_ID_LEN} are allowed", id.len()));
+    }
+    if id.contains('/') {
+        return Err("the instance id cannot contain '/'".into());
+    }
+    IdempotencyKey::parse(id).map(|_| ()).map_err(|e| e.to_string().replace("idempotency key", "instance id"))
+}
+
+/// Checks a step name: 1–[`MAX_STEP_NAME_LEN`] characters of `[A-Za-z0-9_.-]` (no `:`), and
+/// not `compensate` or `rerun-…`, so that a derived key names one step of one instance:
+/// `A:b:compensate` is the compensation of step `b` of `A`, never step `compensate` of `A:b`.
+///
+/// # Errors
+/// A one-line message.
+pub fn validate_step_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_STEP_NAME_LEN
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
+        && name != "."
+        && name != ".."
+        && name != "compensate"
+        && !name.starts_with("rerun-");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "a step name is 1-{MAX_STEP_NAME_LEN} characters of [A-Za-z0-9_.-], other than compensate and rerun-…"
+        ))
+    }
+}
+
+/// Checks a workflow name: 1–[`MAX_WORKFLOW_NAME_LEN`] characters of `[A-Za-z0-9_.-]`.
+///
+/// # Errors
+/// A one-line message.
+pub fn validate_workflow_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_WORKFLOW_NAME_LEN
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok { Ok(()) } else { Err(format!("a workflow name is 1-{MAX_WORKFLOW_NAME_LEN} characters of [A-Za-z0-9_.-]")) }
+}
+
+/// The idempotency key of step `step` of instance `instance`: `{instance}:{step}`.
+pub fn step_key(instance: &str, step: &str) -> String {
+    format!("{instance}:{step}")
+}
+
+/// The key of the compensation of a step: `{instance}:{step}:compensate`.
+pub fn compensation_key(instance: &str, step: &str) -> String {
+    format!("{instance}:{step}:compensate")
+}
+
+/// The key of the `n`-th operator-requested redo of a step: `{instance}:{step}:rerun-{n}`
+/// (a new intent, so a new key).
+pub fn rerun_key(instance: &str, step: &str, n: u32) -> String {
+    format!("{instance}:{step}:rerun-{n}")
+}
+
+/// One workflow instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    /// Tenant that owns it.
+    pub tenant: String,
+    /// Stable business id (see [`validate_instance_id`]).
+    pub instance_id: String,
+    /// Workflow (definition) name.
+    pub workflow: String,
+    /// The pinned definition version (see `Definition::version`).
+    pub definition_version: String,
+    /// The event the instance came from (a webhook's event id, say), as first given.
+    pub source_event: Option<String>,
+    /// The input, as first received.
+    pub input: Value,
+    /// RFC 8785 + SHA-256 fingerprint of the input: the input version every step pins.
+    pub input_fingerprint: String,
+    /// Current state.
+    pub state: InstanceState,
+    /// The step that failed or paused the instance, when it is FAILED or PAUSED.
+    pub stopped_step: Option<String>,
+    /// Why it failed or paused (class), e.g. `step_failed`, `step_input`, `needs_review`.
+    pub error_class: Option<String>,
+    /// Why, in words.
+    pub error_message: Option<String>,
+    /// Correlation / trace id given at start.
+    pub trace_id: Option<String>,
+    /// When the runner should look at the instance again (epoch ms); `None`: only when
+    /// something happens to it (a step completed through the API).
+    pub next_run_at: Option<i64>,
+    /// Creation instant.
+    pub created_at: i64,
+    /// Last change.
+    pub updated_at: i64,
+    /// When it reached a final state.
+    pub completed_at: Option<i64>,
+    /// When retention may remove it (set when final).
+    pub expires_at: Option<i64>,
+    /// Optimistic-concurrency version: +1 on every write.
+    pub version: i64,
+}
+
+/// A step of an instance as stored: what its operation record does not say. Written once,
+/// with the instance, for every step of the pinned definition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Instance id.
+    pub instance_id: String,
+    /// Position in the definition (0-based).
+    pub position: i64,
+    /// Step name.
+    pub step: String,
+    /// Key of the step's operation ([`step_key`]; a re-run points it at a [`rerun_key`]).
+    pub op_key: String,
+    /// The step's recovery policy, pinned with the definition (the reconciler reads it:
+    /// it never looks up a `manual` or `compensate` step, it flags it for review).
+    pub policy: RecoveryPolicy,
+}
+
+impl StepRow {
+    /// The rows of a new instance of `def`, one per step, in order.
+    pub fn all_of(tenant: &str, instance_id: &str, def: &Definition) -> Vec<StepRow> {
+        def.steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| StepRow {
+                tenant: tenant.to_owned(),
+                instance_id: instance_id.to_owned(),
+                position: i as i64,
+                step: s.name.clone(),
+                op_key: step_key(instance_id, &s.name),
+                policy: s.policy,
+            })
+            .collect()
+    }
+}
+
+/// What a resuming worker reads for one step: the step row, its operation (if it exists)
+/// and the versions it runs under. Derived, never stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// The step row.
+    pub row: StepRow,
+    /// The step's state (its operation's).
+    pub state: StepState,
+    /// The step's operation, once it exists: result, provider reference, attempts, error
+    /// class, times.
+    pub operation: Option<OperationRecord>,
+}
+
+impl Checkpoint {
+    /// The checkpoint of `row` given its operation record.
+    pub fn of(row: StepRow, operation: Option<OperationRecord>) -> Self {
+        let state = StepState::of_operation(operation.as_ref().map(|o| o.state));
+        Checkpoint { row, state, operation }
+    }
+}
+
+/// Where an instance stands, derived from its checkpoints (in definition order).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Progress {
+    /// The last step of the run of SUCCEEDED steps from the start.
+    pub last_good_step: Option<String>,
+    /// The first step that has not SUCCEEDED (`None` when all have).
+    pub current_step: Option<String>,
+}
+
+impl Progress {
+    /// The progress of checkpoints in definition order.
+    pub fn of(checkpoints: &[Checkpoint]) -> Self {
+        let mut p = Progress::default();
+        for c in checkpoints {
+            if c.state == StepState::Succeeded {
+                p.last_good_step = Some(c.row.step.clone());
+            } else {
+                p.current_step = Some(c.row.step.clone());
+                break;
+            }
+        }
+        p
+    }
+}
+
+/// The document step inputs are built from (see [`super::input`]): the instance input,
+/// its identity, and the results of the steps that SUCCEEDED.
+pub fn input_context(inst: &InstanceRecord, checkpoints: &[Checkpoint]) -> Value {
+    let mut steps = Map::new();
+    for c in checkpoints {
+        if let Some(op) = c.operation.as_ref().filter(|o| o.state == crate::State::Succeeded) {
+            steps.insert(
+                c.row.step.clone(),
+                json!({"result": op.result.clone().unwrap_or(Value::Null), "provider_ref": op.provider_ref}),
+            );
+        }
+    }
+    json!({
+        "input": inst.input,
+        "instance": {"id": inst.instance_id, "workflow": inst.workflow, "source_event": inst.source_event},
+        "steps": steps,
+    })
+}
+
+impl InstanceRecord {
+    /// Sets `expires_at` on an instance that just became final (SUCCEEDED, FAILED,
+    /// COMPENSATED): `completed_at` + the default retention (DESIGN.md §6); never on
+    /// another state. Its step operations are kept while the instance is (the operation
+    /// sweeper skips operations that belong to a step).
+    pub fn apply_retention(&mut self, r: &Retention) {
+        self.expires_at = match (self.state.is_final(), self.completed_at) {
+            (true, Some(done)) => r.default_ms.map(|ms| done.saturating_add(ms)),
+            _ => None,
+        };
+    }
+}
+
+/// What is left of a removed final instance: enough to answer a late start with 410.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceTombstone {
+    /// Tenant.
+    pub tenant: String,
+    /// SHA-256 hex of the instance id.
+    pub id_hash: String,
+    /// Input fingerprint.
+    pub input_fingerprint: String,
+    /// The final state.
+    pub final_state: InstanceState,
+    /// When it finished.
+    pub completed_at: i64,
+    /// When the tombstone goes.
+    pub expires_at: i64,
+}
+
+impl InstanceTombstone {
+    /// The tombstone of a final instance: kept until `completed_at` + the tombstone window
+    /// (never shorter than the retention).
+    pub fn of(rec: &InstanceRecord, r: &Retention) -> Self {
+        let done = rec.completed_at.unwrap_or(rec.updated_at);
+        InstanceTombstone {
+            tenant: rec.tenant.clone(),
+            id_hash: crate::retention::key_hash(&rec.instance_id),
+            input_fingerprint: rec.input_fingerprint.clone(),
+            final_state: rec.state,
+            completed_at: done,
+            expires_at: done.saturating_add(r.default_ms.unwrap_or(0).max(r.tombstone_ms)),
+        }
+    }
+}
+
+/// The kinds of instance events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceEventKind {
+    /// The instance was created (RUNNING).
+    Started,
+    /// A start with the same input found the instance (200).
+    StartReplayed,
+    /// A start with another input or definition found the instance (422).
+    StartMismatch,
+    /// The instance paused for a person.
+    Paused,
+    /// A paused instance runs again (its step was resolved).
+    Resumed,
+    /// Every step SUCCEEDED.
+    Succeeded,
+    /// A step failed finally, or its input could not be built.
+    Failed,
+}
+
+impl InstanceEventKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceEventKind::Started => "started",
+            InstanceEventKind::StartReplayed => "start_replayed",
+            InstanceEventKind::StartMismatch => "start_mismatch",
+            InstanceEventKind::Paused => "paused",
+            InstanceEventKind::Resumed => "resumed",
+            InstanceEventKind::Succeeded => "succeeded",
+            InstanceEventKind::Failed => "failed",
+        }
+    }
+}
+
+/// One row of an instance's append-only event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InstanceEvent {
+    /// Position in the log, assigned by the store.
+    pub seq: i64,
+    /// Tenant.
+    pub tenant: String,
+    /// Instance id.
+    pub instance_id: String,
+    /// When (epoch ms).
+    pub at: i64,
+    /// What happened ([`InstanceEventKind::as_str`]).
+    pub kind: String,
+    /// Who caused it (`system` for idem's own runner).
+    pub principal: String,
+    /// The request that caused it, if any.
+    pub request_id: Option<String>,
+    /// State before (`None` for the start).
+    pub from_state: Option<InstanceState>,
+    /// State after.
+    pub to_state: Option<InstanceState>,
+    /// The step concerned, if any.
+    pub step: Option<String>,
+    /// Why, in words.
+    pub reason: Option<String>,
+}
+
+impl InstanceEvent {
+    /// A blank event of `kind` for `inst`, stamped with `actor`, `seq` 0 until stored.
+    pub fn new(actor: &Actor, inst: &InstanceRecord, kind: InstanceEventKind, at: i64) -> Self {
+        InstanceEvent {
+            seq: 0,
+            tenant: inst.tenant.clone(),
+            instance_id: inst.instance_id.clone(),
+            at,
+            kind: kind.as_str().into(),
+            principal: actor.principal.clone(),
+            request_id: actor.request_id.clone(),
+            from_state: None,
+            to_state: Some(inst.state),
+            step: None,
+            reason: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_keys_fit_an_idempotency_key() {
+        let id = "I".repeat(MAX_INSTANCE_ID_LEN);
+        let step = "s".repeat(MAX_STEP_NAME_LEN);
+        validate_instance_id(&id).unwrap();
+        validate_step_name(&step).unwrap();
+        for key in [step_key(&id, &step), compensation_key(&id, &step), rerun_key(&id, &step, 999)] {
+            IdempotencyKey::parse(&key).unwrap();
+        }
+        assert_eq!(step_key("ORD-7:intake", "create_order"), "ORD-7:intake:create_order");
+    }
+
+    #[test]
+    fn instance_ids_follow_the_key_rules() {
+        assert!(validate_instance_id("ORD-7:intake").is_ok());
+        assert!(validate_instance_id("").is_err());
+        assert!(validate_instance_id("a/b").is_err());
+        assert!(validate_instance_id(&"x".repeat(MAX_INSTANCE_ID_LEN + 1)).is_err());
+        let e = validate_instance_id("order-jane.doe@example.com").unwrap_err();
+        assert!(e.contains("instance id") && e.contains("e-mail"), "{e}");
+        assert!(validate_step_name("a:b").is_err());
+        assert!(validate_step_name("compensate").is_err() && validate_step_name("rerun-2").is_err());
+        assert!(validate_workflow_name("order intake").is_err());
+    }
+}

@@ -1,0 +1,185 @@
+//! The code-driven mode: your code performs the steps idem has no connector for.
+//!
+//! A worker starts (or attaches to) the instance, then acquires and completes each step as
+//! an operation bound to the instance — the key is `{instance}:{step}`, so every answer of
+//! DESIGN.md §3 applies. A worker that crashed and starts over from the top gets replays
+//! (200) for the steps that finished and a grant (201) at the first unfinished one: it
+//! needs to remember nothing. Steps run in order: a step cannot start before the one
+//! before it SUCCEEDED, and no step starts while the instance is not RUNNING (replays of
+//! finished steps are always answered).
+
+use crate::engine::step_names;
+use crate::{FlowError, Flows};
+use idem_core::flow::{Checkpoint, Definition, InstanceRecord, InstanceState, RecoveryPolicy, StepState};
+use idem_core::{AcquireInput, Actor, Decision, Outcome, RetryPolicy, State};
+use idem_store::{AcquireOutcome, CompleteOutcome, CompleteRequest};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// A step's acquire, as the API (or a library caller) sends it.
+#[derive(Debug, Clone)]
+pub struct StepAcquire {
+    /// Tenant of the caller.
+    pub tenant: String,
+    /// The instance.
+    pub instance_id: String,
+    /// The step name.
+    pub step: String,
+    /// The step's payload (what the worker is about to do).
+    pub payload: Value,
+    /// Its fingerprint (RFC 8785 + SHA-256 of the payload or of its named fields).
+    pub fingerprint: String,
+    /// Lease length (ms).
+    pub lease_ms: i64,
+    /// The lease holder identity (see `idem_core::lease`): the same holder resending
+    /// during its lease gets its own grant back.
+    pub holder: Option<String>,
+    /// Who acquires, through which request.
+    pub actor: Actor,
+}
+
+/// A step's completion.
+#[derive(Debug, Clone)]
+pub struct StepComplete {
+    /// Tenant of the caller.
+    pub tenant: String,
+    /// The instance.
+    pub instance_id: String,
+    /// The step name.
+    pub step: String,
+    /// The fencing token of the step's lease.
+    pub fencing_token: i64,
+    /// What happened.
+    pub outcome: Outcome,
+    /// Who reports.
+    pub actor: Actor,
+    /// Retry schedule of a retryable failure (`None`: the store's).
+    pub policy: Option<RetryPolicy>,
+}
+
+/// A located step of an instance.
+struct Located {
+    inst: InstanceRecord,
+    def: Arc<Definition>,
+    checkpoints: Vec<Checkpoint>,
+    index: usize,
+}
+
+impl Flows {
+    /// The instance and step a caller names, checked: it exists (else 404, or 410 when its
+    /// tombstone lives), has that step, and the caller's code performs it.
+    async fn locate(&self, tenant: &str, instance_id: &str, step: &str) -> Result<Located, FlowError> {
+        let flows = self.store.flows();
+        let Some(inst) = flows.instance(tenant, instance_id).await? else {
+            return Err(match flows.instance_tombstone(tenant, instance_id).await? {
+                Some(t) => FlowError::Late { instance: instance_id.to_owned(), state: t.final_state },
+                None => FlowError::InstanceNotFound(instance_id.to_owned()),
+            });
+        };
+        let def = self.pinned(&inst).await?;
+        let Some(index) = def.position(step) else {
+            return Err(FlowError::UnknownStep {
+                instance: instance_id.to_owned(),
+                step: step.to_owned(),
+                steps: step_names(&def),
+            });
+        };
+        if let Some(connector) = &def.steps[index].connector {
+            return Err(FlowError::IdemPerforms { step: step.to_owned(), connector: connector.clone() });
+        }
+        let checkpoints = flows.checkpoints(tenant, instance_id).await?;
+        Ok(Located { inst, def, checkpoints, index })
+    }
+
+    /// Acquires a step your code performs (the answers of DESIGN.md §3 for its operation).
+    ///
+    /// # Errors
+    /// [`FlowError::InstanceNotFound`], [`FlowError::Late`], [`FlowError::UnknownStep`],
+    /// [`FlowError::IdemPerforms`], [`FlowError::PreviousStepUnfinished`],
+    /// [`FlowError::NotRunning`] (a new grant on an instance that is not RUNNING), store
+    /// errors.
+    pub async fn acquire_step(&self, call: StepAcquire) -> Result<AcquireOutcome, FlowError> {
+        let Located { inst, def, checkpoints, index } =
+            self.locate(&call.tenant, &call.instance_id, &call.step).await?;
+        if let Some(before) = checkpoints[..index].iter().find(|c| c.state != StepState::Succeeded) {
+            return Err(FlowError::PreviousStepUnfinished {
+                step: call.step,
+                before: before.row.step.clone(),
+                state: before.state,
+            });
+        }
+        let cp = &checkpoints[index];
+        let would_grant = cp.operation.as_ref().is_none_or(|o| o.state == State::Pending);
+        if inst.state != InstanceState::Running && would_grant {
+            return Err(FlowError::NotRunning { instance: call.instance_id, state: inst.state });
+        }
+        let step = &def.steps[index];
+        let input = AcquireInput {
+            tenant: call.tenant,
+            key: cp.row.op_key.clone(),
+            action: step.action.clone(),
+            payload: call.payload,
+            fingerprint: call.fingerprint,
+            lease_ms: call.lease_ms,
+            redo_safe: step.policy == RecoveryPolicy::RedoSafe,
+            connector: None,
+            holder: call.holder,
+            actor: call.actor,
+        };
+        let out = self.store.acquire(input).await?;
+        // The step just turned out UNKNOWN (its worker died): the instance pauses now, not
+        // at its next scheduled look.
+        if matches!(out.decision, Decision::Unknown | Decision::ExpireToUnknown) {
+            self.operation_settled(&out.record.tenant, &out.record.key).await;
+        }
+        Ok(out)
+    }
+
+    /// Something outside the engine settled operation `key` (an operator's resolution, a
+    /// completion through `/v1/operations`): if it is a workflow step, run a pass over its
+    /// instance in the background, so a paused instance resumes at once.
+    pub async fn operation_settled(&self, tenant: &str, key: &str) {
+        if !key.contains(':') {
+            return;
+        }
+        let step = match self.store.flows().step_of_operation(tenant, key).await {
+            Ok(Some(step)) => step,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(tenant, error = %e, "cannot find the workflow step of an operation");
+                return;
+            }
+        };
+        if let Some(me) = self.me.upgrade() {
+            tokio::spawn(async move {
+                if let Err(e) = me.advance(&step.tenant, &step.instance_id).await {
+                    tracing::warn!(tenant = %step.tenant, error = %e, "workflow pass failed; the runner retries it");
+                }
+            });
+        }
+    }
+
+    /// Completes a step your code performed, then advances the instance (the last step's
+    /// success makes it SUCCEEDED, a final failure FAILED, an UNKNOWN outcome PAUSED).
+    ///
+    /// # Errors
+    /// As [`Flows::acquire_step`] for locating the step; the completion's own refusals
+    /// (stale fencing token, …) as [`FlowError::Store`].
+    pub async fn complete_step(&self, call: StepComplete) -> Result<CompleteOutcome, FlowError> {
+        let Located { checkpoints, index, .. } = self.locate(&call.tenant, &call.instance_id, &call.step).await?;
+        let req = CompleteRequest {
+            tenant: call.tenant.clone(),
+            key: checkpoints[index].row.op_key.clone(),
+            fencing_token: call.fencing_token,
+            outcome: call.outcome,
+            actor: call.actor,
+            policy: call.policy,
+        };
+        let done = self.store.complete(req).await?;
+        // The completion is recorded; the instance follows now, or at the runner's next pass.
+        if let Err(e) = self.advance(&call.tenant, &call.instance_id).await {
+            tracing::warn!(tenant = %call.tenant, error = %e, "workflow pass after a step completion failed");
+        }
+        Ok(done)
+    }
+}

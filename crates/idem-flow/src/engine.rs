@@ -1,0 +1,185 @@
+//! One pass for one instance: read → `plan_advance` → perform that one [`Next`] → write →
+//! plan again, until the instance waits, pauses or finishes.
+//!
+//! A step idem performs goes through the ledger's own claim: the engine *acquires* the
+//! step's operation (`{instance}:{step}`) like any trigger, and only a grant (201) leads to
+//! a call, made by idem-connect's executor, which completes the operation with its fencing
+//! token. So two passes on two nodes, or a pass racing the executor's retry loop, never
+//! perform a step twice, and a finished step replays instead of running. Nothing here is
+//! remembered between passes: every decision is made from the stored checkpoints.
+
+use crate::{FlowError, Flows};
+use idem_core::flow::{
+    Checkpoint, Definition, InstanceRecord, InstanceState, Next, RecoveryPolicy, StepDef, plan_advance,
+    plan_instance_update,
+};
+use idem_core::{AcquireInput, Actor, Decision, State};
+use idem_store::flow::InstanceUpdate;
+use idem_store::{ResolveRequest, StoreError};
+use serde_json::Value;
+
+/// How long to wait before looking again at a step whose connector is not configured on
+/// this node (ms).
+const NO_CONNECTOR_WAIT_MS: i64 = 60_000;
+
+/// What performing a `Run` led to.
+enum StepRun {
+    /// Something changed (or may have): plan again.
+    Progressed,
+    /// The step cannot move now: write this and end the pass.
+    Blocked(Next),
+}
+
+impl Flows {
+    /// Runs one pass over instance `instance_id` of `tenant` and returns it as stored
+    /// afterwards (`None` if there is no such instance).
+    ///
+    /// # Errors
+    /// Store errors (the pass stops; the runner tries again later), corruption
+    /// ([`FlowError::DefinitionMismatch`], [`FlowError::DefinitionMissing`]).
+    pub async fn advance(&self, tenant: &str, instance_id: &str) -> Result<Option<InstanceRecord>, FlowError> {
+        let flows = self.store.flows();
+        let mut last = None;
+        // Each round performs one step or writes the instance; a pass never loops forever.
+        for _ in 0..64 {
+            let Some(inst) = flows.instance(tenant, instance_id).await? else {
+                return Ok(None);
+            };
+            let def = self.pinned(&inst).await?;
+            let checkpoints = flows.checkpoints(tenant, instance_id).await?;
+            let now = self.clock.now_ms();
+            let next = plan_advance(&inst, &def, &checkpoints, now)?;
+            let next = match next {
+                Next::Run { index, payload } => {
+                    match self.run_step(&inst, &def.steps[index], &checkpoints[index], payload).await? {
+                        StepRun::Progressed => continue,
+                        StepRun::Blocked(next) => next,
+                    }
+                }
+                Next::Redo { index } => {
+                    self.redo(&inst, &def.steps[index], &checkpoints[index]).await?;
+                    continue;
+                }
+                other => other,
+            };
+            let Some((record, events)) = plan_instance_update(&inst, &def, &next, &Actor::system(), now) else {
+                return Ok(Some(inst));
+            };
+            let update = InstanceUpdate { record: record.clone(), read_version: inst.version, events };
+            if !flows.update_instance(update).await? {
+                // Another pass (or a start, or the runner's claim) changed it: read again.
+                continue;
+            }
+            count(&inst, &record);
+            if next == Next::Resume {
+                continue;
+            }
+            last = Some(record);
+            break;
+        }
+        Ok(last.or(flows.instance(tenant, instance_id).await?))
+    }
+
+    /// Acquires step `step`'s operation with `payload` and, when granted, performs it.
+    async fn run_step(
+        &self,
+        inst: &InstanceRecord,
+        step: &StepDef,
+        cp: &Checkpoint,
+        payload: Value,
+    ) -> Result<StepRun, FlowError> {
+        let now = self.clock.now_ms();
+        let connector = step.connector.as_deref().expect("plan_advance runs only connector steps");
+        let Some(entry) = self.registry.get(connector).filter(|e| e.executes) else {
+            tracing::warn!(
+                workflow = %inst.workflow, step = %step.name, connector,
+                "the step's connector is not configured on this node; the instance waits"
+            );
+            return Ok(StepRun::Blocked(Next::Wait {
+                index: cp.row.position as usize,
+                until_ms: now + NO_CONNECTOR_WAIT_MS,
+            }));
+        };
+        let fingerprint = idem_core::fingerprint(&payload, None).map_err(|e| FlowError::Invalid(e.to_string()))?.0;
+        let input = AcquireInput {
+            tenant: inst.tenant.clone(),
+            key: cp.row.op_key.clone(),
+            action: step.action.clone(),
+            payload,
+            fingerprint,
+            lease_ms: entry.connector.lease_ms(),
+            redo_safe: step.policy == RecoveryPolicy::RedoSafe,
+            connector: Some(connector.to_owned()),
+            // Connector operations keep no holder: a resend must never start a second call.
+            holder: None,
+            actor: Actor::executor(),
+        };
+        let index = cp.row.position as usize;
+        let out = self.store.acquire(input).await?;
+        Ok(match out.decision {
+            Decision::Acquire => {
+                self.executor.run_attempt(out.record).await?;
+                idem_connect::crash::crash_point("flow.after_step", &cp.row.op_key);
+                StepRun::Progressed
+            }
+            Decision::InProgress { retry_after_ms } | Decision::RetryNotDue { retry_after_ms } => {
+                StepRun::Blocked(Next::Wait { index, until_ms: now + retry_after_ms.max(1) })
+            }
+            // Never for a connector step (it keeps no holder); if it were, the lease is held.
+            Decision::AlreadyHeld => StepRun::Blocked(Next::Wait {
+                index,
+                until_ms: out.record.lease_expires_at.unwrap_or(now).max(now + 1),
+            }),
+            Decision::Replay | Decision::Unknown | Decision::ExpireToUnknown => StepRun::Progressed,
+            Decision::Mismatch | Decision::Late => StepRun::Blocked(Next::Pause {
+                index,
+                class: "step_key_conflict",
+                reason: format!(
+                    "the step's operation key {:?} is taken by another operation (another payload or action, or one removed after retention)",
+                    cp.row.op_key
+                ),
+            }),
+        })
+    }
+
+    /// Moves an UNKNOWN `redo_safe` step's operation back to PENDING (an audited system
+    /// resolution), so the next round runs it again.
+    async fn redo(&self, inst: &InstanceRecord, step: &StepDef, cp: &Checkpoint) -> Result<(), FlowError> {
+        let req = ResolveRequest {
+            tenant: inst.tenant.clone(),
+            key: cp.row.op_key.clone(),
+            to: State::Pending,
+            expected_state: Some(State::Unknown),
+            reason: format!(
+                "recovery policy redo_safe: step {:?} of workflow instance {:?} is redone",
+                step.name, inst.instance_id
+            ),
+            evidence: None,
+            actor: Actor::system(),
+        };
+        match self.store.resolve(req).await {
+            Ok(_) | Err(StoreError::Resolve(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Counts a written instance change in `/metrics`.
+fn count(before: &InstanceRecord, after: &InstanceRecord) {
+    if before.state == after.state {
+        return;
+    }
+    let state = after.state.as_str();
+    metrics::counter!("idem_workflow_transitions_total", "to" => state).increment(1);
+    if after.state == InstanceState::Paused {
+        tracing::warn!(
+            tenant = %after.tenant, workflow = %after.workflow, step = ?after.stopped_step,
+            reason = ?after.error_message, "workflow instance paused: it waits for a person"
+        );
+    }
+}
+
+/// The definition's step names, comma-separated (for messages).
+pub(crate) fn step_names(def: &Definition) -> String {
+    def.steps.iter().map(|s| s.name.as_str()).collect::<Vec<_>>().join(", ")
+}

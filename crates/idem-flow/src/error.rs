@@ -1,0 +1,90 @@
+//! [`FlowError`]: why a workflow call was refused or failed. Refusals of the caller's
+//! request are their own variants (each maps to one problem type over HTTP); storage
+//! failures are [`FlowError::Store`]; a pinned definition that does not match its step
+//! rows is corruption ([`FlowError::DefinitionMismatch`]), never a state change.
+
+use idem_core::flow::{InstanceState, StepState};
+use idem_store::StoreError;
+
+/// A refused or failed workflow call.
+#[derive(Debug, thiserror::Error)]
+pub enum FlowError {
+    /// The store failed (or refused a completion: stale token, …).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A malformed request: the message says what to fix.
+    #[error("{0}")]
+    Invalid(String),
+    /// The request's definition (steps) cannot run.
+    #[error("{0}")]
+    Definition(#[from] idem_core::flow::DefinitionError),
+    /// No workflow of that name is declared, and the request gave no steps.
+    #[error(
+        "no workflow named {0:?} is declared in idem's configuration; declare it under [workflows.{0}], or send \"steps\" to run it from your code"
+    )]
+    UnknownWorkflow(String),
+    /// The request gave steps for a workflow idem's configuration declares.
+    #[error("workflow {0:?} is declared in idem's configuration, which defines its steps; leave out \"steps\"")]
+    DeclaredWorkflow(String),
+    /// No such instance (or another tenant's).
+    #[error("no workflow instance {0:?}")]
+    InstanceNotFound(String),
+    /// The instance finished and was removed after its retention window; its tombstone
+    /// remembers it (410).
+    #[error(
+        "workflow instance {instance:?} finished ({state}) and was removed after its retention window: nothing runs again"
+    )]
+    Late {
+        /// The instance id.
+        instance: String,
+        /// Its final state.
+        state: InstanceState,
+    },
+    /// The instance's definition has no such step.
+    #[error("workflow instance {instance:?} has no step {step:?} (its steps: {steps})")]
+    UnknownStep {
+        /// The instance id.
+        instance: String,
+        /// The step asked for.
+        step: String,
+        /// The steps it has, comma-separated.
+        steps: String,
+    },
+    /// The step is performed by idem with a connector, not by the caller.
+    #[error("step {step:?} is performed by idem with connector {connector:?}; your code cannot acquire it")]
+    IdemPerforms {
+        /// The step.
+        step: String,
+        /// Its connector.
+        connector: String,
+    },
+    /// An earlier step has not succeeded yet: steps run in order.
+    #[error("step {step:?} cannot start before step {before:?} succeeded (it is {state})")]
+    PreviousStepUnfinished {
+        /// The step asked for.
+        step: String,
+        /// The earlier step.
+        before: String,
+        /// Its state.
+        state: StepState,
+    },
+    /// The instance does not run (PAUSED, FAILED, …): no new step may start.
+    #[error("workflow instance {instance:?} is {state}: no step may start")]
+    NotRunning {
+        /// The instance id.
+        instance: String,
+        /// Its state.
+        state: InstanceState,
+    },
+    /// The pinned definition of a stored instance is missing: corruption.
+    #[error("workflow instance {instance:?}: its pinned definition {version} is missing")]
+    DefinitionMissing {
+        /// The instance id.
+        instance: String,
+        /// The version.
+        version: String,
+    },
+    /// The step rows of an instance do not match its pinned definition: corruption.
+    #[error(transparent)]
+    DefinitionMismatch(#[from] idem_core::flow::plan::DefinitionMismatch),
+}

@@ -1,0 +1,146 @@
+//! idem-flow: workflows — the engine that runs instances step by step from their
+//! checkpoints (DESIGN.md §8).
+//!
+//! - [`config`]: `[workflows.NAME]` → validated definitions.
+//! - [`start`]: [`Flows::start`] — validate, pin the definition, start (idempotent by
+//!   instance id and input), and kick the engine.
+//! - [`engine`]: [`Flows::advance`] — one pass for one instance: read → idem-core's
+//!   `plan_advance` → perform that one step (through the same atomic claim as any
+//!   trigger) → write → plan again. The only place a plan turns into I/O.
+//! - [`driven`]: the code-driven mode — a worker in any language acquires and completes the
+//!   steps idem has no connector for; finished steps replay.
+//! - [`runner`]: the durable loop over due instances (start-up recovery included).
+//! - [`error`]: [`FlowError`].
+//!
+//! Must not: write SQL (idem-store does), or decide anything (idem-core's `flow` plans
+//! do). Steps are ordinary operations: their retries, reconciliation and review are the
+//! ledger's own (idem-connect's executor and reconciler work on them too).
+
+pub mod config;
+pub mod driven;
+pub mod engine;
+pub mod error;
+pub mod runner;
+pub mod start;
+
+pub use error::FlowError;
+
+use idem_connect::{Executor, Registry};
+use idem_core::Clock;
+use idem_core::flow::{Checkpoint, Definition, InstanceEvent, InstanceRecord, Progress};
+use idem_store::Store;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// The workflows of one node: the declared definitions, and the engine over the store.
+pub struct Flows {
+    store: Arc<dyn Store>,
+    executor: Arc<Executor>,
+    registry: Arc<Registry>,
+    clock: Arc<dyn Clock>,
+    declared: BTreeMap<String, Arc<Definition>>,
+    /// Pinned definitions read back from the store, by (tenant, name, version): they never
+    /// change once written.
+    pinned: Mutex<HashMap<(String, String, String), Arc<Definition>>>,
+    /// This value itself, for passes started in the background.
+    me: std::sync::Weak<Flows>,
+}
+
+/// Most pinned definitions kept in memory (a full cache starts over).
+const PINNED_ENTRIES: usize = 1024;
+
+/// Everything known about one instance, for the API and the admin page.
+#[derive(Debug, Clone)]
+pub struct InstanceView {
+    /// The instance.
+    pub instance: InstanceRecord,
+    /// Its pinned definition.
+    pub definition: Arc<Definition>,
+    /// Its checkpoints, in step order.
+    pub checkpoints: Vec<Checkpoint>,
+    /// Last good step and current step.
+    pub progress: Progress,
+    /// Its events, oldest first.
+    pub events: Vec<InstanceEvent>,
+}
+
+impl Flows {
+    /// The workflows of `declared` (validated against `registry` by [`config::definitions`])
+    /// over `store`, performing connector steps with `executor`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        executor: Arc<Executor>,
+        registry: Arc<Registry>,
+        clock: Arc<dyn Clock>,
+        declared: BTreeMap<String, Definition>,
+    ) -> Arc<Self> {
+        let declared = declared.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        Arc::new_cyclic(|me| Flows {
+            store,
+            executor,
+            registry,
+            clock,
+            declared,
+            pinned: Mutex::new(HashMap::new()),
+            me: me.clone(),
+        })
+    }
+
+    /// The declared workflows, by name.
+    pub fn declared(&self) -> &BTreeMap<String, Arc<Definition>> {
+        &self.declared
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The definition `inst` pinned.
+    ///
+    /// # Errors
+    /// [`FlowError::DefinitionMissing`] if the store lost it (corruption), or a store error.
+    pub async fn pinned(&self, inst: &InstanceRecord) -> Result<Arc<Definition>, FlowError> {
+        let key = (inst.tenant.clone(), inst.workflow.clone(), inst.definition_version.clone());
+        if let Some(d) = self.pinned.lock().expect("pinned definitions").get(&key) {
+            return Ok(d.clone());
+        }
+        let def =
+            self.store.flows().definition(&inst.tenant, &inst.workflow, &inst.definition_version).await?.ok_or_else(
+                || FlowError::DefinitionMissing {
+                    instance: inst.instance_id.clone(),
+                    version: inst.definition_version.clone(),
+                },
+            )?;
+        let def = Arc::new(def);
+        let mut cache = self.pinned.lock().expect("pinned definitions");
+        if cache.len() >= PINNED_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(key, def.clone());
+        Ok(def)
+    }
+
+    /// The instance with its definition, checkpoints, progress and events; `None` if there
+    /// is no such instance in `tenant`.
+    ///
+    /// # Errors
+    /// Store errors; [`FlowError::DefinitionMissing`].
+    pub async fn view(&self, tenant: &str, instance_id: &str) -> Result<Option<InstanceView>, FlowError> {
+        let flows = self.store.flows();
+        let Some(instance) = flows.instance(tenant, instance_id).await? else {
+            return Ok(None);
+        };
+        let definition = self.pinned(&instance).await?;
+        let checkpoints = flows.checkpoints(tenant, instance_id).await?;
+        let events = flows.instance_events(tenant, instance_id).await?;
+        let progress = Progress::of(&checkpoints);
+        Ok(Some(InstanceView { instance, definition, checkpoints, progress, events }))
+    }
+}
+
+impl std::fmt::Debug for Flows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flows").field("declared", &self.declared.keys().collect::<Vec<_>>()).finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,151 @@
+//! Starting an instance: idempotent by instance id and input (DESIGN.md §8).
+//!
+//! A declared workflow (`[workflows.NAME]`) pins the configured definition; a workflow your
+//! code runs brings its steps in the request, and those steps are its definition. Either
+//! way the instance keeps the version it started with: a repeated start with the same
+//! input is the same instance (its state is returned), another input is refused (422), and
+//! a start after the instance finished and was removed is a late arrival (410).
+
+use crate::{FlowError, Flows};
+use idem_core::Actor;
+use idem_core::flow::{
+    Definition, RecoveryPolicy, StartDecision, StartInput, StepDef, validate_instance_id, validate_workflow_name,
+};
+use idem_store::flow::{StartOutcome, StartRequest};
+use serde::Deserialize;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Longest source event id, in bytes.
+pub const MAX_SOURCE_EVENT_LEN: usize = 255;
+/// Longest trace id, in bytes.
+pub const MAX_TRACE_ID_LEN: usize = 128;
+
+/// One step of a workflow your code runs, as a start request declares it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepDecl {
+    /// Step name (`[A-Za-z0-9_.-]`, 1–48 characters, unique).
+    pub name: String,
+    /// Action of its operation (default: the name).
+    #[serde(default)]
+    pub action: Option<String>,
+    /// `manual` (default: an UNKNOWN outcome waits for a person) or `redo_safe` (an
+    /// expired lease is granted to the next worker).
+    #[serde(default)]
+    pub policy: Option<RecoveryPolicy>,
+}
+
+/// A start, as the API (or a library caller) sends it.
+#[derive(Debug, Clone)]
+pub struct StartCall {
+    /// Tenant of the caller.
+    pub tenant: String,
+    /// Stable business id of the instance (`ORD-7:intake`).
+    pub instance_id: String,
+    /// Workflow name.
+    pub workflow: String,
+    /// The input (already parsed with the payload rules: no duplicate members, exact
+    /// numbers).
+    pub input: Value,
+    /// The event the instance comes from (a webhook's event id), if any.
+    pub source_event: Option<String>,
+    /// Correlation / trace id, if any.
+    pub trace_id: Option<String>,
+    /// The steps of a workflow your code runs; `None` for a declared workflow.
+    pub steps: Option<Vec<StepDecl>>,
+    /// Who starts it.
+    pub actor: Actor,
+}
+
+fn check_text(name: &str, v: Option<&str>, max: usize, ok: fn(char) -> bool) -> Result<(), FlowError> {
+    match v {
+        Some(t) if t.is_empty() || t.len() > max || !t.chars().all(ok) => {
+            Err(FlowError::Invalid(format!("{name} must be 1-{max} characters without spaces or control characters")))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl Flows {
+    /// The definition a start runs: the declared one, or the caller's steps.
+    ///
+    /// # Errors
+    /// [`FlowError::UnknownWorkflow`], [`FlowError::DeclaredWorkflow`],
+    /// [`FlowError::Definition`], [`FlowError::Invalid`].
+    pub fn definition_for(&self, workflow: &str, steps: Option<&[StepDecl]>) -> Result<Arc<Definition>, FlowError> {
+        validate_workflow_name(workflow).map_err(FlowError::Invalid)?;
+        match (self.declared.get(workflow), steps) {
+            (Some(d), None) => Ok(d.clone()),
+            (Some(_), Some(_)) => Err(FlowError::DeclaredWorkflow(workflow.to_owned())),
+            (None, None) => Err(FlowError::UnknownWorkflow(workflow.to_owned())),
+            (None, Some(steps)) => {
+                let def = Definition {
+                    name: workflow.to_owned(),
+                    steps: steps
+                        .iter()
+                        .map(|s| StepDef {
+                            name: s.name.clone(),
+                            action: s.action.clone().unwrap_or_else(|| s.name.clone()),
+                            connector: None,
+                            policy: s.policy.unwrap_or(RecoveryPolicy::Manual),
+                            input: Value::Null,
+                            compensation: None,
+                        })
+                        .collect(),
+                };
+                // Steps a caller gives never name connectors: nothing to look up.
+                def.validate("steps", &|_| None).map_err(|mut e| {
+                    e.field = e.field.replacen("steps.steps", "steps", 1);
+                    FlowError::Definition(e)
+                })?;
+                Ok(Arc::new(def))
+            }
+        }
+    }
+
+    /// Starts (or finds) an instance and, when it is new, begins running it at once.
+    ///
+    /// # Errors
+    /// A [`FlowError`] for a bad request (nothing is written then) or a store failure.
+    pub async fn start(&self, call: StartCall) -> Result<StartOutcome, FlowError> {
+        validate_instance_id(&call.instance_id).map_err(FlowError::Invalid)?;
+        check_text("source_event", call.source_event.as_deref(), MAX_SOURCE_EVENT_LEN, |c| {
+            !c.is_control() && !c.is_whitespace()
+        })?;
+        check_text("trace_id", call.trace_id.as_deref(), MAX_TRACE_ID_LEN, |c| {
+            c.is_ascii_alphanumeric() || "._:-".contains(c)
+        })?;
+        let definition = self.definition_for(&call.workflow, call.steps.as_deref())?;
+        let input_fingerprint =
+            idem_core::fingerprint(&call.input, None).map_err(|e| FlowError::Invalid(e.to_string()))?.0;
+        let input = StartInput {
+            tenant: call.tenant,
+            instance_id: call.instance_id,
+            workflow: call.workflow,
+            definition_version: definition.version(),
+            definition_given: call.steps.is_some(),
+            source_event: call.source_event,
+            input: call.input,
+            input_fingerprint,
+            trace_id: call.trace_id,
+            actor: call.actor,
+        };
+        let out = self.store.flows().start_instance(StartRequest { input, definition: (*definition).clone() }).await?;
+        if out.decision == StartDecision::Created {
+            metrics::counter!("idem_workflows_started_total").increment(1);
+            // Idem's own steps start now, not at the runner's next pass.
+            if definition.steps.iter().any(|s| s.connector.is_some())
+                && let Some(this) = self.me.upgrade()
+            {
+                let (tenant, id) = (out.instance.tenant.clone(), out.instance.instance_id.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = this.advance(&tenant, &id).await {
+                        tracing::warn!(tenant = %tenant, error = %e, "workflow pass failed; the runner retries it");
+                    }
+                });
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,298 @@
+//! Request and response bodies of `/v1/workflows` (DESIGN.md §8, §10). Instants are RFC
+//! 3339 UTC strings, durations milliseconds named `*_ms`.
+
+use crate::dto::{ErrorView, rfc3339};
+use idem_core::flow::{Checkpoint, InstanceEvent, InstanceRecord, Progress, RecoveryPolicy, StepDef};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+/// A step of a workflow your code runs, declared when the instance starts.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepDeclBody {
+    /// Step name: 1-48 characters of `[A-Za-z0-9_.-]`, unique, not `compensate` or `rerun-…`.
+    #[schema(example = "create_order")]
+    pub name: String,
+    /// Action of the step's operation (1-128 characters of `[A-Za-z0-9_.:-]`; default: the name).
+    pub action: Option<String>,
+    /// What an UNKNOWN outcome or a dead worker leads to: `manual` (default: the instance
+    /// pauses for a person) or `redo_safe` (an expired lease goes to the next worker).
+    #[schema(value_type = Option<String>, example = "manual")]
+    pub policy: Option<RecoveryPolicy>,
+}
+
+/// `POST /v1/workflows`: start (or find) an instance.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartBody {
+    /// Workflow name: a `[workflows.NAME]` of idem's configuration (idem runs it), or any
+    /// name with `steps` (your code runs it).
+    #[schema(example = "order-intake")]
+    pub workflow: String,
+    /// Stable business id of the instance (the rules of an idempotency key, at most 192
+    /// characters, no `/`): the same id and input are the same instance.
+    #[schema(example = "ORD-7:intake")]
+    pub instance_id: String,
+    /// The instance input (default `null`); its fingerprint (RFC 8785 + SHA-256, strings
+    /// NFC-normalized as for payloads) is the input version every step pins.
+    #[schema(value_type = Object)]
+    pub input: Option<idem_core::Payload>,
+    /// The event the instance comes from (e.g. the webhook's event id): 1-255 characters
+    /// without spaces or control characters. Kept as first given; not part of the intent.
+    #[schema(example = "evt_1PQ7")]
+    pub source_event: Option<String>,
+    /// Correlation / trace id: 1-128 characters of `[A-Za-z0-9._:-]`.
+    pub trace_id: Option<String>,
+    /// The steps of a workflow your code runs, in order (1-64); leave out for a declared
+    /// workflow.
+    pub steps: Option<Vec<StepDeclBody>>,
+}
+
+/// `POST /v1/workflows/{instance}/steps/{step}`: acquire a step your code performs.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepAcquireBody {
+    /// What the step is about to do; its fingerprint binds the step's operation, as a
+    /// payload binds an idempotency key. Default `null`.
+    #[schema(value_type = Object)]
+    pub payload: Option<idem_core::Payload>,
+    /// JSON pointers (RFC 6901) of the payload fields that define the intent.
+    pub fingerprint_fields: Option<Vec<String>>,
+    /// Lease length in ms (100-3600000, default 30000).
+    pub lease_ms: Option<i64>,
+    /// The lease holder identity (1-128 characters of `[A-Za-z0-9._:-]`; default: the
+    /// request's own `X-Request-Id`): a resend by the same holder during its lease gets its
+    /// grant back instead of 409.
+    pub holder: Option<String>,
+}
+
+/// One step's checkpoint: its identity and versions, its state, the external result and
+/// diagnostics. The state is the step operation's.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointView {
+    /// Step name.
+    pub step: String,
+    /// Position (0-based).
+    pub position: i64,
+    /// Key of the step's operation (`{instance}:{step}`): GET `/v1/operations/{key}` for its
+    /// full timeline.
+    pub operation_key: String,
+    /// Action of the step.
+    pub action: String,
+    /// Connector idem performs it with; absent when your code performs it.
+    pub connector: Option<String>,
+    /// Recovery policy.
+    #[schema(example = "lookup_before_redo")]
+    pub policy: String,
+    /// NOT_STARTED, PENDING, EXECUTING, SUCCEEDED, FAILED, UNKNOWN or COMPENSATED.
+    #[schema(example = "SUCCEEDED")]
+    pub state: String,
+    /// The input version (the instance input's fingerprint) the step ran under.
+    pub input_version: String,
+    /// The pinned definition version.
+    pub definition_version: String,
+    /// Attempts granted so far.
+    pub attempts: i64,
+    /// The provider's reference for the step's effect (the evidence).
+    pub provider_ref: Option<String>,
+    /// Where the evidence came from: `caller`, `lookup` or `operator`.
+    pub evidence_source: Option<String>,
+    /// The stored result.
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<Value>,
+    /// The last error.
+    pub error: Option<ErrorView>,
+    /// Flagged for an operator's review.
+    pub needs_review: bool,
+    /// When the step's operation was created.
+    pub started_at: Option<String>,
+    /// Its last change.
+    pub updated_at: Option<String>,
+    /// When it became final.
+    pub completed_at: Option<String>,
+}
+
+impl CheckpointView {
+    /// The view of `c`, a step defined by `def`, of `inst`.
+    pub fn of(c: &Checkpoint, def: &StepDef, inst: &InstanceRecord) -> Self {
+        let op = c.operation.as_ref();
+        CheckpointView {
+            step: c.row.step.clone(),
+            position: c.row.position,
+            operation_key: c.row.op_key.clone(),
+            action: def.action.clone(),
+            connector: def.connector.clone(),
+            policy: c.row.policy.as_str().into(),
+            state: c.state.as_str().into(),
+            input_version: inst.input_fingerprint.clone(),
+            definition_version: inst.definition_version.clone(),
+            attempts: op.map_or(0, |o| o.attempt_count),
+            provider_ref: op.and_then(|o| o.provider_ref.clone()),
+            evidence_source: op.and_then(|o| o.evidence_source.clone()),
+            result: op.and_then(|o| o.result.clone()),
+            error: op
+                .filter(|o| o.error_class.is_some() || o.error_message.is_some())
+                .map(|o| ErrorView { class: o.error_class.clone(), message: o.error_message.clone() }),
+            needs_review: op.is_some_and(|o| o.needs_review),
+            started_at: op.map(|o| rfc3339(o.created_at)),
+            updated_at: op.map(|o| rfc3339(o.updated_at)),
+            completed_at: op.and_then(|o| o.completed_at).map(rfc3339),
+        }
+    }
+}
+
+/// One event of an instance's log.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct InstanceEventView {
+    /// Position in the log.
+    pub seq: i64,
+    /// When.
+    pub at: String,
+    /// `started`, `start_replayed`, `start_mismatch`, `paused`, `resumed`, `succeeded`, `failed`.
+    pub kind: String,
+    /// Who (`system` for idem's runner).
+    pub principal: String,
+    /// The request, if any.
+    pub request_id: Option<String>,
+    /// State before.
+    pub from_state: Option<String>,
+    /// State after.
+    pub to_state: Option<String>,
+    /// The step concerned.
+    pub step: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+}
+
+impl InstanceEventView {
+    /// The view of `e`.
+    pub fn of(e: InstanceEvent) -> Self {
+        InstanceEventView {
+            seq: e.seq,
+            at: rfc3339(e.at),
+            kind: e.kind,
+            principal: e.principal,
+            request_id: e.request_id,
+            from_state: e.from_state.map(|s| s.as_str().into()),
+            to_state: e.to_state.map(|s| s.as_str().into()),
+            step: e.step,
+            reason: e.reason,
+        }
+    }
+}
+
+/// A workflow instance.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct InstanceView {
+    /// Instance id.
+    pub instance_id: String,
+    /// Workflow name.
+    pub workflow: String,
+    /// RUNNING, SUCCEEDED, FAILED, PAUSED, COMPENSATING or COMPENSATED.
+    #[schema(example = "RUNNING")]
+    pub state: String,
+    /// The pinned definition version (SHA-256 hex of its canonical form).
+    pub definition_version: String,
+    /// The event it came from.
+    pub source_event: Option<String>,
+    /// The input as first received.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// The input's fingerprint: the input version.
+    pub input_fingerprint: String,
+    /// Trace id.
+    pub trace_id: Option<String>,
+    /// The last step of the run of SUCCEEDED steps from the start (with `steps`).
+    pub last_good_step: Option<String>,
+    /// The first step that has not SUCCEEDED (with `steps`).
+    pub current_step: Option<String>,
+    /// The step that paused or failed the instance.
+    pub stopped_step: Option<String>,
+    /// Why it paused or failed.
+    pub error: Option<ErrorView>,
+    /// When idem looks at it next (absent when finished, or waiting for your code).
+    pub next_run_at: Option<String>,
+    /// Created.
+    pub created_at: String,
+    /// Last change.
+    pub updated_at: String,
+    /// When it became final.
+    pub completed_at: Option<String>,
+    /// When retention removes it.
+    pub expires_at: Option<String>,
+    /// The checkpoints, in step order (single-instance answers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<CheckpointView>>,
+    /// The instance's events, oldest first (single-instance answers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<InstanceEventView>>,
+}
+
+impl InstanceView {
+    /// The view of `r` without steps or events.
+    pub fn of(r: InstanceRecord) -> Self {
+        InstanceView {
+            error: (r.error_class.is_some() || r.error_message.is_some())
+                .then(|| ErrorView { class: r.error_class.clone(), message: r.error_message.clone() }),
+            instance_id: r.instance_id,
+            workflow: r.workflow,
+            state: r.state.as_str().into(),
+            definition_version: r.definition_version,
+            source_event: r.source_event,
+            input: r.input,
+            input_fingerprint: r.input_fingerprint,
+            trace_id: r.trace_id,
+            last_good_step: None,
+            current_step: None,
+            stopped_step: r.stopped_step,
+            next_run_at: r.next_run_at.map(rfc3339),
+            created_at: rfc3339(r.created_at),
+            updated_at: rfc3339(r.updated_at),
+            completed_at: r.completed_at.map(rfc3339),
+            expires_at: r.expires_at.map(rfc3339),
+            steps: None,
+            events: None,
+        }
+    }
+
+    /// The full view: checkpoints, progress and events.
+    pub fn full(v: idem_flow::InstanceView) -> Self {
+        let steps =
+            v.checkpoints.iter().zip(&v.definition.steps).map(|(c, d)| CheckpointView::of(c, d, &v.instance)).collect();
+        let Progress { last_good_step, current_step } = v.progress;
+        let mut out = InstanceView::of(v.instance);
+        out.last_good_step = last_good_step;
+        out.current_step = current_step;
+        out.steps = Some(steps);
+        out.events = Some(v.events.into_iter().map(InstanceEventView::of).collect());
+        out
+    }
+}
+
+/// One page of instances.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct InstancePage {
+    /// Instances, newest first.
+    pub items: Vec<InstanceView>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// `GET /v1/workflows` filters.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceQuery {
+    /// Only instances in this state.
+    pub state: Option<String>,
+    /// Only instances of this workflow.
+    pub workflow: Option<String>,
+    /// Only instances created at or after this RFC 3339 instant.
+    pub created_after: Option<String>,
+    /// Only instances created before this RFC 3339 instant.
+    pub created_before: Option<String>,
+    /// Page size (1-500, default 50).
+    pub limit: Option<i64>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}

@@ -1,0 +1,293 @@
+//! `/v1/workflows`: start, get, list, and the steps your code performs (DESIGN.md §8).
+//!
+//! Handlers validate, call idem-flow, and translate its answers into status codes; they
+//! decide nothing. A step's acquire and completion are an operation's (`{instance}:{step}`)
+//! and answer with the same statuses as `/v1/operations` (DESIGN.md §3).
+
+pub mod dto;
+
+use crate::AppState;
+use crate::auth::Caller;
+use crate::dto::{CompleteBody, OperationView};
+use crate::json::{ApiJson, ApiQuery};
+use crate::operations::{
+    decode_cursor, encode_cursor, holder_of, in_range, late_arrival, outcome_of, parse_instant, store_problem,
+    trigger_answer, with_rid,
+};
+use crate::problem::Problem;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use dto::{InstancePage, InstanceQuery, InstanceView, StartBody, StepAcquireBody};
+use idem_core::decision::{DEFAULT_LEASE_MS, MAX_LEASE_MS, MIN_LEASE_MS};
+use idem_core::flow::{InstanceState, StartDecision};
+use idem_flow::FlowError;
+use idem_flow::driven::{StepAcquire, StepComplete};
+use idem_flow::start::{StartCall, StepDecl};
+use idem_store::flow::InstanceFilter;
+
+/// The problem for a refused or failed workflow call.
+pub fn flow_problem(e: FlowError) -> Problem {
+    let detail = e.to_string();
+    match e {
+        FlowError::Store(e) => store_problem(e),
+        FlowError::Invalid(_) | FlowError::DeclaredWorkflow(_) => Problem::invalid(detail),
+        FlowError::Definition(_) => Problem::new(StatusCode::BAD_REQUEST, "invalid-definition", detail),
+        FlowError::UnknownWorkflow(_) => Problem::new(StatusCode::BAD_REQUEST, "unknown-workflow", detail),
+        FlowError::InstanceNotFound(_) => Problem::new(StatusCode::NOT_FOUND, "not-found", detail),
+        FlowError::Late { state, .. } => {
+            let mut p = Problem::new(StatusCode::GONE, "late-arrival", detail);
+            p.state = Some(state.as_str().into());
+            p
+        }
+        FlowError::UnknownStep { .. } => Problem::new(StatusCode::NOT_FOUND, "unknown-step", detail),
+        FlowError::IdemPerforms { .. } => Problem::new(StatusCode::CONFLICT, "step-performed-by-idem", detail),
+        FlowError::PreviousStepUnfinished { state, .. } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "previous-step-unfinished", detail);
+            p.state = Some(state.as_str().into());
+            p
+        }
+        FlowError::NotRunning { state, .. } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "instance-not-running", detail);
+            p.state = Some(state.as_str().into());
+            p
+        }
+        FlowError::DefinitionMissing { .. } | FlowError::DefinitionMismatch(_) => {
+            tracing::error!(error = %detail, "workflow storage is inconsistent");
+            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
+        }
+    }
+}
+
+/// A path segment (instance id or step name), percent-decoded by the extractor.
+fn segment<'a>(name: &str, raw: &'a str) -> Result<&'a str, Problem> {
+    if raw.is_empty() || raw.len() > 255 {
+        return Err(Problem::invalid(format!("{name} must be 1-255 characters")));
+    }
+    Ok(raw)
+}
+
+/// Start (or find) a workflow instance.
+#[utoipa::path(
+    post, path = "/v1/workflows", tag = "workflows",
+    request_body = StartBody,
+    responses(
+        (status = 201, description = "A new instance; a declared workflow's steps start at once", body = InstanceView),
+        (status = 200, description = "The instance exists with the same workflow and input: the same instance, as it stands now; header `Idempotent-Replayed: true`", body = InstanceView),
+        (status = 400, description = "Malformed request, unknown workflow, or steps that cannot run; nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The instance finished and was removed after its retention window; nothing runs again", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The instance id was used with another workflow, input or steps; nothing changed", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn start(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(body): ApiJson<StartBody>,
+) -> Result<Response, Problem> {
+    crate::logging::record_key(&body.instance_id);
+    let call = StartCall {
+        tenant: caller.tenant.clone(),
+        instance_id: body.instance_id,
+        workflow: body.workflow,
+        input: body.input.map_or(serde_json::Value::Null, |p| p.0),
+        source_event: body.source_event,
+        trace_id: body.trace_id,
+        steps: body.steps.map(|steps| {
+            steps.into_iter().map(|s| StepDecl { name: s.name, action: s.action, policy: s.policy }).collect()
+        }),
+        actor: caller.actor(),
+    };
+    let out = state.flows.start(call).await.map_err(|e| with_rid(flow_problem(e), &caller))?;
+    let view = || axum::Json(InstanceView::of(out.instance.clone()));
+    Ok(match out.decision {
+        StartDecision::Created => (StatusCode::CREATED, view()).into_response(),
+        StartDecision::Existing => {
+            let mut r = (StatusCode::OK, view()).into_response();
+            r.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
+            r
+        }
+        StartDecision::Mismatch => with_rid(
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "instance-mismatch",
+                "this instance id was first used with another workflow, input or steps; a new intent needs a new instance id",
+            ),
+            &caller,
+        )
+        .into_response(),
+        StartDecision::Late => {
+            let state = match out.instance.state {
+                InstanceState::Failed => idem_core::State::Failed,
+                _ => idem_core::State::Succeeded,
+            };
+            let mut p = late_arrival(state, out.instance.completed_at, "nothing runs again");
+            p.state = Some(out.instance.state.as_str().into());
+            with_rid(p, &caller).into_response()
+        }
+    })
+}
+
+/// One instance with its checkpoints and events.
+#[utoipa::path(
+    get, path = "/v1/workflows/{instance}", tag = "workflows",
+    params(("instance" = String, Path, description = "Instance id (percent-encoded)")),
+    responses(
+        (status = 200, description = "The instance with `steps` (checkpoints), `last_good_step`, `current_step` and `events`", body = InstanceView),
+        (status = 404, description = "No such instance in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_one(
+    State(state): State<AppState>,
+    caller: Caller,
+    crate::json::ApiPath(raw): crate::json::ApiPath,
+) -> Result<Response, Problem> {
+    let id = segment("the instance id", &raw).map_err(|p| with_rid(p, &caller))?;
+    let view = state.flows.view(&caller.tenant, id).await.map_err(|e| with_rid(flow_problem(e), &caller))?;
+    match view {
+        Some(v) => Ok(axum::Json(InstanceView::full(v)).into_response()),
+        None => Err(with_rid(flow_problem(FlowError::InstanceNotFound(id.to_owned())), &caller)),
+    }
+}
+
+/// Instances of the caller's tenant, newest first.
+#[utoipa::path(
+    get, path = "/v1/workflows", tag = "workflows",
+    params(InstanceQuery),
+    responses(
+        (status = 200, description = "One page", body = InstancePage),
+        (status = 400, description = "Invalid filter", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiQuery(q): ApiQuery<InstanceQuery>,
+) -> Result<Response, Problem> {
+    let filter = instance_filter(q).map_err(|p| with_rid(p, &caller))?;
+    let page = state
+        .store
+        .flows()
+        .list_instances(&caller.tenant, &filter)
+        .await
+        .map_err(|e| with_rid(store_problem(e), &caller))?;
+    Ok(axum::Json(InstancePage {
+        items: page.items.into_iter().map(InstanceView::of).collect(),
+        next_cursor: page.next_cursor.map(|(at, id)| encode_cursor(at, &id)),
+    })
+    .into_response())
+}
+
+fn instance_filter(q: InstanceQuery) -> Result<InstanceFilter, Problem> {
+    let state =
+        q.state.as_deref().map(str::parse::<InstanceState>).transpose().map_err(|e| Problem::invalid(e.to_string()))?;
+    if q.workflow.as_deref().is_some_and(|w| w.contains('\0')) {
+        return Err(Problem::invalid("filters must not contain U+0000 (NUL)"));
+    }
+    let cursor = q.cursor.as_deref().map(decode_cursor).transpose()?;
+    if cursor.as_ref().is_some_and(|(_, id)| id.contains('\0')) {
+        return Err(Problem::invalid("cursor is not one this server issued"));
+    }
+    Ok(InstanceFilter {
+        state,
+        workflow: q.workflow,
+        created_from: q.created_after.as_deref().map(|t| parse_instant("created_after", t)).transpose()?,
+        created_before: q.created_before.as_deref().map(|t| parse_instant("created_before", t)).transpose()?,
+        limit: in_range("limit", q.limit, 1, idem_store::MAX_PAGE, 50)?,
+        cursor,
+    })
+}
+
+/// Acquire a step your code performs: the answers of `POST /v1/operations` for the step's
+/// operation `{instance}:{step}`.
+#[utoipa::path(
+    post, path = "/v1/workflows/{instance}/steps/{step}", tag = "workflows",
+    params(
+        ("instance" = String, Path, description = "Instance id (percent-encoded)"),
+        ("step" = String, Path, description = "Step name"),
+    ),
+    request_body = StepAcquireBody,
+    responses(
+        (status = 201, description = "Lease granted: perform the step, then complete it with the fencing token", body = OperationView),
+        (status = 200, description = "The step finished before: its recorded result; header `Idempotent-Replayed: true`", body = OperationView),
+        (status = 202, description = "The step's outcome is UNKNOWN: do not redo it", body = OperationView),
+        (status = 400, description = "Malformed request", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such instance, or no such step in its definition", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "In progress / retry not due (`Retry-After`), an earlier step has not succeeded, the instance is not RUNNING, or idem performs this step", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The instance (or step) finished and was removed after retention", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The step was acquired before with another payload", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn acquire_step(
+    State(state): State<AppState>,
+    caller: Caller,
+    axum::extract::Path((instance, step)): axum::extract::Path<(String, String)>,
+    ApiJson(body): ApiJson<StepAcquireBody>,
+) -> Result<Response, Problem> {
+    let rid = |p| with_rid(p, &caller);
+    let payload = body.payload.map_or(serde_json::Value::Null, |p| p.0);
+    let fingerprint = idem_core::fingerprint(&payload, body.fingerprint_fields.as_deref())
+        .map_err(|e| rid(Problem::invalid(e.to_string())))?
+        .0;
+    let call = StepAcquire {
+        tenant: caller.tenant.clone(),
+        instance_id: segment("the instance id", &instance).map_err(rid)?.to_owned(),
+        step: segment("the step name", &step).map_err(rid)?.to_owned(),
+        payload,
+        fingerprint,
+        lease_ms: in_range("lease_ms", body.lease_ms, MIN_LEASE_MS, MAX_LEASE_MS, DEFAULT_LEASE_MS).map_err(rid)?,
+        holder: holder_of(&caller, body.holder.as_deref()).map_err(rid)?,
+        actor: caller.actor(),
+    };
+    crate::logging::record_key(&idem_core::flow::step_key(&call.instance_id, &call.step));
+    let out = state.flows.acquire_step(call).await.map_err(|e| rid(flow_problem(e)))?;
+    state.answered_trigger(&out.decision, &caller.tenant, &out.record.key, caller.request_id.as_deref());
+    Ok(trigger_answer(out, &caller))
+}
+
+/// Report the outcome of a step your code performed; the instance advances (SUCCEEDED after
+/// the last step, FAILED on a final failure, PAUSED on UNKNOWN).
+#[utoipa::path(
+    post, path = "/v1/workflows/{instance}/steps/{step}/complete", tag = "workflows",
+    params(
+        ("instance" = String, Path, description = "Instance id (percent-encoded)"),
+        ("step" = String, Path, description = "Step name"),
+    ),
+    request_body = CompleteBody,
+    responses(
+        (status = 200, description = "The step's operation, updated", body = OperationView),
+        (status = 400, description = "Malformed request or outcome", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such instance or step (or the step was never acquired)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Stale fencing token, already final, or not executing; nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The instance finished and was removed after retention", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn complete_step(
+    State(state): State<AppState>,
+    caller: Caller,
+    axum::extract::Path((instance, step)): axum::extract::Path<(String, String)>,
+    ApiJson(body): ApiJson<CompleteBody>,
+) -> Result<Response, Problem> {
+    let rid = |p| with_rid(p, &caller);
+    let fencing_token = body.fencing_token;
+    let call = StepComplete {
+        tenant: caller.tenant.clone(),
+        instance_id: segment("the instance id", &instance).map_err(rid)?.to_owned(),
+        step: segment("the step name", &step).map_err(rid)?.to_owned(),
+        fencing_token,
+        outcome: outcome_of(body).map_err(rid)?,
+        actor: caller.actor(),
+        policy: None,
+    };
+    let done = state.flows.complete_step(call).await.map_err(|e| rid(flow_problem(e)))?;
+    Ok((StatusCode::OK, axum::Json(OperationView::of(done.record))).into_response())
+}
