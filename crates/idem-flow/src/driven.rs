@@ -150,13 +150,7 @@ impl Flows {
                 return;
             }
         };
-        if let Some(me) = self.me.upgrade() {
-            tokio::spawn(async move {
-                if let Err(e) = me.advance(&step.tenant, &step.instance_id).await {
-                    tracing::warn!(tenant = %step.tenant, error = %e, "workflow pass failed; the runner retries it");
-                }
-            });
-        }
+        self.advance_in_background(&step.tenant, &step.instance_id);
     }
 
     /// Completes a step your code performed, then advances the instance (the last step's

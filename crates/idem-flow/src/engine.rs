@@ -24,8 +24,9 @@ const NO_CONNECTOR_WAIT_MS: i64 = 60_000;
 
 /// What performing a `Run` led to.
 enum StepRun {
-    /// Something changed (or may have): plan again.
-    Progressed,
+    /// The step's operation moved (or was found finished): plan again from its record as
+    /// stored now.
+    Progressed(idem_core::OperationRecord),
     /// The step cannot move now: write this and end the pass.
     Blocked(Next),
 }
@@ -39,20 +40,35 @@ impl Flows {
     /// ([`FlowError::DefinitionMismatch`], [`FlowError::DefinitionMissing`]).
     pub async fn advance(&self, tenant: &str, instance_id: &str) -> Result<Option<InstanceRecord>, FlowError> {
         let flows = self.store.flows();
-        let mut last = None;
+        // What this pass knows: read at first, and again whenever another writer may have
+        // changed it (a conditional write lost, a step answered from elsewhere). Its own
+        // writes it keeps as written: a step's record as the executor stored it, the
+        // instance as `update_instance` wrote it, so a step costs no extra reads.
+        let mut known: Option<(InstanceRecord, Vec<Checkpoint>)> = None;
         // Each round performs one step or writes the instance; a pass never loops forever.
         for _ in 0..64 {
-            let Some(inst) = flows.instance(tenant, instance_id).await? else {
-                return Ok(None);
+            let (inst, mut checkpoints) = match known.take() {
+                Some(k) => k,
+                None => {
+                    let Some(inst) = flows.instance(tenant, instance_id).await? else {
+                        return Ok(None);
+                    };
+                    let checkpoints = flows.checkpoints(tenant, instance_id).await?;
+                    (inst, checkpoints)
+                }
             };
             let def = self.pinned(&inst).await?;
-            let checkpoints = flows.checkpoints(tenant, instance_id).await?;
             let now = self.clock.now_ms();
             let next = plan_advance(&inst, &def, &checkpoints, now)?;
             let next = match next {
                 Next::Run { index, payload } => {
                     match self.run_step(&inst, &def.steps[index], &checkpoints[index], payload).await? {
-                        StepRun::Progressed => continue,
+                        StepRun::Progressed(op) => {
+                            let row = checkpoints[index].row.clone();
+                            checkpoints[index] = Checkpoint::of(row, Some(op));
+                            known = Some((inst, checkpoints));
+                            continue;
+                        }
                         StepRun::Blocked(next) => next,
                     }
                 }
@@ -72,12 +88,24 @@ impl Flows {
             }
             count(&inst, &record);
             if next == Next::Resume {
+                known = Some((record, checkpoints));
                 continue;
             }
-            last = Some(record);
-            break;
+            return Ok(Some(record));
         }
-        Ok(last.or(flows.instance(tenant, instance_id).await?))
+        Ok(flows.instance(tenant, instance_id).await?)
+    }
+
+    /// Runs [`Flows::advance`] in its own task (a failed pass is logged; the runner tries
+    /// the instance again when it is due).
+    pub fn advance_in_background(&self, tenant: &str, instance_id: &str) {
+        let Some(me) = self.me.upgrade() else { return };
+        let (tenant, id) = (tenant.to_owned(), instance_id.to_owned());
+        tokio::spawn(async move {
+            if let Err(e) = me.advance(&tenant, &id).await {
+                tracing::warn!(tenant = %tenant, error = %e, "workflow pass failed; the runner retries it");
+            }
+        });
     }
 
     /// Acquires step `step`'s operation with `payload` and, when granted, performs it.
@@ -118,9 +146,9 @@ impl Flows {
         let out = self.store.acquire(input).await?;
         Ok(match out.decision {
             Decision::Acquire => {
-                self.executor.run_attempt(out.record).await?;
+                let done = self.executor.run_attempt(out.record).await?;
                 idem_connect::crash::crash_point("flow.after_step", &cp.row.op_key);
-                StepRun::Progressed
+                StepRun::Progressed(done)
             }
             Decision::InProgress { retry_after_ms } | Decision::RetryNotDue { retry_after_ms } => {
                 StepRun::Blocked(Next::Wait { index, until_ms: now + retry_after_ms.max(1) })
@@ -130,7 +158,7 @@ impl Flows {
                 index,
                 until_ms: out.record.lease_expires_at.unwrap_or(now).max(now + 1),
             }),
-            Decision::Replay | Decision::Unknown | Decision::ExpireToUnknown => StepRun::Progressed,
+            Decision::Replay | Decision::Unknown | Decision::ExpireToUnknown => StepRun::Progressed(out.record),
             Decision::Mismatch | Decision::Late => StepRun::Blocked(Next::Pause {
                 index,
                 class: "step_key_conflict",

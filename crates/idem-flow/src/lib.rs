@@ -91,6 +91,11 @@ impl Flows {
         &self.declared
     }
 
+    /// Whether idem performs any step of declared workflow `name` (it has a connector step).
+    pub fn performs_steps(&self, name: &str) -> bool {
+        self.declared.get(name).is_some_and(|d| d.steps.iter().any(|s| s.connector.is_some()))
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store

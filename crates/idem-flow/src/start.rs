@@ -104,7 +104,8 @@ impl Flows {
         }
     }
 
-    /// Starts (or finds) an instance and, when it is new, begins running it at once.
+    /// Starts (or finds) an instance. The new instance is due at once: the runner (or a
+    /// call to [`Flows::advance`], or [`Flows::advance_in_background`]) runs its steps.
     ///
     /// # Errors
     /// A [`FlowError`] for a bad request (nothing is written then) or a store failure.
@@ -134,17 +135,6 @@ impl Flows {
         let out = self.store.flows().start_instance(StartRequest { input, definition: (*definition).clone() }).await?;
         if out.decision == StartDecision::Created {
             metrics::counter!("idem_workflows_started_total").increment(1);
-            // Idem's own steps start now, not at the runner's next pass.
-            if definition.steps.iter().any(|s| s.connector.is_some())
-                && let Some(this) = self.me.upgrade()
-            {
-                let (tenant, id) = (out.instance.tenant.clone(), out.instance.instance_id.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = this.advance(&tenant, &id).await {
-                        tracing::warn!(tenant = %tenant, error = %e, "workflow pass failed; the runner retries it");
-                    }
-                });
-            }
         }
         Ok(out)
     }

@@ -101,6 +101,16 @@ fn describe() {
     describe_gauge!("idem_operations", "Operation records per state, all tenants");
     describe_gauge!("idem_review_queue_depth", "Operations flagged for review, all tenants");
     describe_gauge!("idem_unknown_stale", "UNKNOWN operations unchanged for 15 minutes or more");
+    describe_counter!("idem_workflows_started_total", "Workflow instances created (a repeated start is not counted)");
+    describe_counter!(
+        "idem_workflow_transitions_total",
+        "Workflow instance state changes made by the engine, by the state entered"
+    );
+    describe_gauge!("idem_workflow_instances", "Workflow instances per state, all tenants");
+    describe_gauge!(
+        "idem_workflows_paused",
+        "Workflow instances PAUSED, waiting for a person (a step in the review queue), all tenants"
+    );
     describe_gauge!(
         "idem_clock_offset_ms",
         "PostgreSQL: the database's clock minus this node's wall clock (ms), at the last reading"
@@ -172,6 +182,16 @@ pub async fn serve(State(state): State<AppState>, headers: axum::http::HeaderMap
                 metrics::gauge!("idem_unknown_stale").set(o.unknown_stale as f64);
             }
             Err(e) => tracing::warn!(error = %e, "metrics: reading the counts failed"),
+        }
+        match state.store.flows().count_instances(None).await {
+            Ok(counts) => {
+                let of = |s| counts.iter().find(|(st, _)| *st == s).map_or(0, |(_, n)| *n) as f64;
+                for s in idem_core::flow::InstanceState::ALL {
+                    metrics::gauge!("idem_workflow_instances", "state" => s.as_str()).set(of(s));
+                }
+                metrics::gauge!("idem_workflows_paused").set(of(idem_core::flow::InstanceState::Paused));
+            }
+            Err(e) => tracing::warn!(error = %e, "metrics: reading the workflow counts failed"),
         }
     }
     if let Some(s) = state.database_clock.as_ref().map(|c| c.status()) {

@@ -117,6 +117,10 @@ pub trait WorkflowStore: Send + Sync {
         instance_id: &str,
     ) -> Result<Option<InstanceTombstone>, StoreError>;
 
+    /// How many instances are in each state, of `tenant` (all tenants when `None`, for
+    /// metrics). A scan of the instances: for pages and scrapes, not the hot path.
+    async fn count_instances(&self, tenant: Option<&str>) -> Result<Vec<(InstanceState, i64)>, StoreError>;
+
     /// Removes up to `limit` final instances past their retention (with their step rows
     /// and events), leaving a tombstone each, and up to `limit` expired tombstones. Their
     /// step operations become sweepable by [`crate::Store::sweep`]. Returns how many

@@ -259,6 +259,17 @@ macro_rules! flow_ops {
             row.map(StepRowRow::into_row).transpose()
         }
 
+        pub(crate) async fn count_instances(conn: &mut $Conn, tenant: Option<&str>) -> Result<Vec<(idem_core::flow::InstanceState, i64)>, StoreError> {
+            let rows: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT state, COUNT(*) FROM workflow_instances WHERE (CAST($1 AS TEXT) IS NULL OR tenant = $1) \
+                 GROUP BY state ORDER BY state",
+            )
+            .bind(tenant)
+            .fetch_all(&mut *conn)
+            .await?;
+            rows.into_iter().map(|(s, n)| Ok(($crate::flow_row::parse_instance_state(&s)?, n))).collect()
+        }
+
         /// Removes up to `limit` final instances past `expires_at` (step rows and events
         /// too), leaving a tombstone each, and up to `limit` expired tombstones.
         pub(crate) async fn sweep_instances(conn: &mut $Conn, retention: &idem_core::Retention, now_ms: i64, limit: i64) -> Result<u64, StoreError> {

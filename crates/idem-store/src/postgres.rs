@@ -720,6 +720,13 @@ impl crate::flow::WorkflowStore for PgStore {
         Ok(t.filter(|t| t.expires_at > self.clock.now_ms()))
     }
 
+    async fn count_instances(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<(idem_core::flow::InstanceState, i64)>, StoreError> {
+        flow_ops::count_instances(&mut *self.pool.acquire().await?, tenant).await
+    }
+
     async fn sweep_instances(&self, limit: i64) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
         let n = flow_ops::sweep_instances(&mut tx, &self.config.retention, self.clock.now_ms(), limit).await?;

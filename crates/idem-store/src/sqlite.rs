@@ -631,6 +631,13 @@ impl crate::flow::WorkflowStore for SqliteStore {
         Ok(t.filter(|t| t.expires_at > self.clock.now_ms()))
     }
 
+    async fn count_instances(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<(idem_core::flow::InstanceState, i64)>, StoreError> {
+        flow_ops::count_instances(&mut *self.readers.acquire().await?, tenant).await
+    }
+
     async fn sweep_instances(&self, limit: i64) -> Result<u64, StoreError> {
         self.send(|r| Command::SweepInstances(limit, r)).await
     }

@@ -8,7 +8,8 @@
 //!   (SQLite, and PostgreSQL when `--postgres-url` is given), against the raw baseline of
 //!   the same two statements issued to the same kind of database by as many clients;
 //! - replays/s of a SUCCEEDED key over HTTP;
-//! - peak RSS (VmHWM) of the server process under that load.
+//! - peak RSS (VmHWM) of the server process under that load;
+//! - three-step workflows per second (`bench_workflows`), SQLite and PostgreSQL.
 //!
 //! The ceiling of group commit is about C / (2·F) pairs/s for concurrency C and fsync
 //! latency F (two commits per pair); the run measures F and prints that ceiling too.
@@ -243,7 +244,7 @@ fn postgres_cpu() -> f64 {
 }
 
 /// CPU time of process `pid` (seconds).
-fn process_cpu(pid: u32) -> f64 {
+pub(crate) fn process_cpu(pid: u32) -> f64 {
     cpu_seconds(|p, _| p == pid)
 }
 
@@ -444,6 +445,29 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             extra: format!("server peak RSS {rss}"),
         });
     }
+    // Three-step workflows, the engine embedded, each step an HTTP call to a no-op provider.
+    let mut wf_targets = vec![("SQLite", format!("sqlite://{}", dir.path().join("workflows.db").display()))];
+    if let Some(admin) = &args.postgres_url {
+        let (name, url) = fresh_pg(admin).await?;
+        created.push(name);
+        wf_targets.push(("PostgreSQL", url));
+    }
+    for (name, url) in wf_targets {
+        let pg_cpu = postgres_cpu();
+        let start = Instant::now();
+        let (rate, cpu_us) = crate::bench_workflows::workflows_per_second(&url, c, args.seconds).await?;
+        let mut extra = format!("3 HTTP steps each; idem CPU {cpu_us:.0} µs per workflow");
+        if name == "PostgreSQL" {
+            let n = (rate * start.elapsed().as_secs_f64()).max(1.0);
+            extra += &format!(", PostgreSQL {:.0} µs", (postgres_cpu() - pg_cpu) * 1e6 / n);
+        }
+        rows.push(Row {
+            what: format!("{name} 3-step workflows/s, concurrency {c}"),
+            idem: rate,
+            baseline: None,
+            extra,
+        });
+    }
     if let Some(admin) = &args.postgres_url {
         drop_pg(admin, &created).await?;
     }
@@ -453,6 +477,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
          Baselines: embedded = the same writes, one SQLite transaction (and fsync) per statement;\n\
          HTTP SQLite = that naive store; HTTP PostgreSQL = an INSERT and an UPDATE per pair sent\n\
          straight to the database by the same number of clients. Replays trigger one finished key.\n\
+         A 3-step workflow: a start, then per step an acquire, an HTTP call to a no-op provider on\n\
+         loopback and a completion, each write durable; compare with ../shared/bench/peers (DBOS).\n\
          Group-commit ceiling C/(2F): C concurrent clients, F = fsync time, two commits per pair."
     );
     if args.postgres_url.is_none() {

@@ -118,6 +118,8 @@ async fn metrics_match_what_the_suite_did(s: &Server, report: &str) {
     assert_eq!(metric(&text, "idem_http_requests_total", &wf), starts, "every workflow start was counted");
     let created = start_statuses.iter().find(|(s, _)| s == "201").map_or(0.0, |(_, n)| *n);
     assert_eq!(metric(&text, "idem_workflows_started_total", &[]), created, "one start counted per new instance");
+    assert!(metric(&text, "idem_workflows_paused", &[]) >= 1.0, "W3's paused instance shows\n{text}");
+    assert!(metric(&text, "idem_workflow_instances", &[("state", "SUCCEEDED")]) >= 3.0, "{text}");
     let n = |status: &str| statuses.iter().find(|(s, _)| s == status).map_or(0.0, |(_, n)| *n);
     assert_eq!(metric(&text, "idem_acquires_total", &[]), triggers, "one decision per trigger\n{text}");
     assert_eq!(metric(&text, "idem_acquires_total", &[("decision", "mismatch")]), n("422"));

@@ -8,7 +8,7 @@
 mod common;
 
 use common::mail::{IMAP_PASSWORD, IMAP_USER, MailServers};
-use common::{ADMIN_KEY, Backend, Db, Resp, Server, enc, start_provider};
+use common::{ADMIN_KEY, Backend, Db, Resp, Server, enc, start_provider, ui_session};
 use idem::acceptance::provider::{Provider, Step};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -265,6 +265,20 @@ async fn a_lost_reply_is_looked_up_or_waits_for_a_person() {
     let queue = s.get(ADMIN_KEY, "/v1/operations?needs_review=true").await.body;
     assert!(queue["items"].as_array().unwrap().iter().any(|o| o["key"] == "ORD-21:write_back"));
     assert_eq!(w.provider.calls("ORD-21:write_back"), 1, "not redone while paused");
+    // The admin page lists it first, waiting for a person, with its last good step; its
+    // page links the stopped step to that operation's page (where it is resolved).
+    let cookie = ui_session(&s, ADMIN_KEY).await;
+    let page = |path: &str| {
+        let (http, url, cookie) = (s.http.clone(), s.url(path), cookie.clone());
+        async move { http.get(url).header("cookie", cookie).send().await.unwrap().text().await.unwrap() }
+    };
+    let list = page("/ui/workflows").await;
+    let waiting = list.split("id=\"waiting\"").nth(1).expect("a table of instances waiting for a person");
+    let row = waiting.split("</tr>").find(|r| r.contains("ORD-21")).expect("ORD-21 waits");
+    assert!(row.contains("PAUSED") && row.contains("send_confirmation") && row.contains("write_back"), "{row}");
+    let one = page("/ui/workflows/ORD-21").await;
+    assert!(one.contains("id=\"last-good-step\">send_confirmation"), "{one}");
+    assert!(one.contains("href=\"/ui/operations/ORD%2D21%3Awrite%5Fback\""), "{one}");
     let resolved = s
         .post(
             ADMIN_KEY,

@@ -17,6 +17,7 @@
 
 mod pages;
 pub mod session;
+mod workflows;
 
 use crate::AppState;
 use axum::Router;
@@ -82,6 +83,8 @@ pub fn router() -> Router<AppState> {
         .route("/ui/operations/{key}/resolve", post(pages::resolve))
         .route("/ui/operations/{key}/reconcile", post(pages::reconcile))
         .route("/ui/review", get(pages::review))
+        .route("/ui/workflows", get(workflows::list))
+        .route("/ui/workflows/{instance}", get(workflows::one))
         .route("/ui/style.css", get(pages::style))
 }
 

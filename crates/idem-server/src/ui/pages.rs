@@ -45,16 +45,16 @@ impl Nav {
 }
 
 /// `s` percent-encoded for a path segment or a query value.
-fn enc(s: &str) -> String {
+pub(super) fn enc(s: &str) -> String {
     utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
 }
 
 /// The admin page's link to one operation.
-fn op_href(key: &str) -> String {
+pub(super) fn op_href(key: &str) -> String {
     format!("/ui/operations/{}", enc(key))
 }
 
-fn fail(user: &UiUser, e: idem_store::StoreError) -> Response {
+pub(super) fn fail(user: &UiUser, e: idem_store::StoreError) -> Response {
     let p = store_problem(e);
     error_page(Some(user), p.status_code(), &p.detail)
 }

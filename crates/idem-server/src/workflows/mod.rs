@@ -100,6 +100,10 @@ pub async fn start(
         actor: caller.actor(),
     };
     let out = state.flows.start(call).await.map_err(|e| with_rid(flow_problem(e), &caller))?;
+    // A new declared workflow's steps start now, not at the runner's next look.
+    if out.decision == StartDecision::Created && state.flows.performs_steps(&out.instance.workflow) {
+        state.flows.advance_in_background(&out.instance.tenant, &out.instance.instance_id);
+    }
     let view = || axum::Json(InstanceView::of(out.instance.clone()));
     Ok(match out.decision {
         StartDecision::Created => (StatusCode::CREATED, view()).into_response(),

@@ -208,4 +208,8 @@ pub(super) async fn instances_list_with_filters_and_pages(h: Harness) {
     let ids: Vec<_> =
         flows.list_instances(&h.tenant, &window).await.unwrap().items.into_iter().map(|i| i.instance_id).collect();
     assert_eq!(ids, ["L-2", "L-1"]);
+    let counts = flows.count_instances(Some(&h.tenant)).await.unwrap();
+    assert_eq!(counts, [(InstanceState::Running, 5)]);
+    let other = format!("{}-b", h.tenant);
+    assert!(flows.count_instances(Some(&other)).await.unwrap().is_empty());
 }

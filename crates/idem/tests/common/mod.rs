@@ -320,3 +320,37 @@ pub fn orders_config(addr: std::net::SocketAddr, extra_retry: &str) -> String {
          retry = {{ base_ms = 100, cap_ms = 400, max_attempts = 4{extra_retry} }}\n"
     )
 }
+
+/// Signs in to the admin page with `api_key` over HTTP; the session cookie
+/// (`idem_session=…`) to send with page requests.
+pub async fn ui_session(s: &Server, api_key: &str) -> String {
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let cookie_of = |r: &reqwest::Response, name: &str| -> String {
+        let set = r
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} cookie"))
+            .to_string();
+        set.split(';').next().unwrap().to_string()
+    };
+    let login = cookie_of(&http.get(s.url("/ui/login")).send().await.unwrap(), "idem_login");
+    let token = login.split_once('=').unwrap().1.to_string();
+    let body = reqwest::Url::parse_with_params("http://x/", [("api_key", api_key), ("csrf", token.as_str())])
+        .unwrap()
+        .query()
+        .unwrap()
+        .to_string();
+    let r = http
+        .post(s.url("/ui/login"))
+        .header("cookie", login)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "signed in");
+    cookie_of(&r, "idem_session")
+}
