@@ -8,6 +8,7 @@
 //! - [`registry`]: the configured connectors by name.
 //! - [`executor`]: runs attempts and the durable retry loop.
 //! - [`reconciler`]: settles UNKNOWN operations by lookup.
+//! - [`labels`]: bounded metric label values chosen by clients.
 //! - [`crash`]: named crash points for the kill -9 tests (`IDEM_TEST_CRASH_AT`).
 //!
 //! This crate owns talking to providers and the loops; it must not decide protocol
@@ -20,6 +21,7 @@ pub mod crash;
 pub mod executor;
 pub mod http;
 pub mod http_status;
+pub mod labels;
 pub mod reconciler;
 pub mod registry;
 pub mod smtp;

@@ -22,7 +22,51 @@ use serde_json::Value;
 /// this node (ms).
 const NO_CONNECTOR_WAIT_MS: i64 = 60_000;
 
-/// What performing a `Run` led to.
+/// An operation the engine performs: a step, or a step's compensation.
+#[derive(Debug, Clone, Copy)]
+struct Job<'a> {
+    /// The step's index.
+    index: usize,
+    /// The operation's key.
+    key: &'a str,
+    /// Its action.
+    action: &'a str,
+    /// The connector that performs it.
+    connector: &'a str,
+    /// Whether an expired lease is re-granted (policy `redo_safe`).
+    redo_safe: bool,
+    /// `step` or `compensation`, for metrics.
+    kind: &'static str,
+}
+
+impl<'a> Job<'a> {
+    /// Step `step` (a connector step: `plan_advance` runs no other).
+    fn step(step: &'a StepDef, cp: &'a Checkpoint) -> Self {
+        Job {
+            index: cp.row.position as usize,
+            key: &cp.row.op_key,
+            action: &step.action,
+            connector: step.connector.as_deref().unwrap_or_default(),
+            redo_safe: step.policy == RecoveryPolicy::RedoSafe,
+            kind: "step",
+        }
+    }
+
+    /// The compensation of `step`, if it has one with a connector.
+    fn compensation(step: &'a StepDef, cp: &'a Checkpoint) -> Option<Self> {
+        let comp = step.compensation.as_ref()?;
+        Some(Job {
+            index: cp.row.position as usize,
+            key: &cp.row.comp_key,
+            action: &comp.action,
+            connector: comp.connector.as_deref()?,
+            redo_safe: false,
+            kind: "compensation",
+        })
+    }
+}
+
+/// What performing a `Run` or a `Compensate` led to.
 enum StepRun {
     /// The step's operation moved (or was found finished): plan again from its record as
     /// stored now.
@@ -62,10 +106,25 @@ impl Flows {
             let next = plan_advance(&inst, &def, &checkpoints, now)?;
             let next = match next {
                 Next::Run { index, payload } => {
-                    match self.run_step(&inst, &def.steps[index], &checkpoints[index], payload).await? {
+                    let job = Job::step(&def.steps[index], &checkpoints[index]);
+                    match self.run_operation(&inst, job, payload).await? {
                         StepRun::Progressed(op) => {
-                            let row = checkpoints[index].row.clone();
-                            checkpoints[index] = Checkpoint::of(row, Some(op));
+                            let cp = &mut checkpoints[index];
+                            *cp = Checkpoint::with_compensation(cp.row.clone(), Some(op), cp.compensation.take());
+                            known = Some((inst, checkpoints));
+                            continue;
+                        }
+                        StepRun::Blocked(next) => next,
+                    }
+                }
+                Next::Compensate { index, payload } => {
+                    let Some(job) = Job::compensation(&def.steps[index], &checkpoints[index]) else {
+                        return Err(FlowError::Invalid("a compensation without a connector was planned".into()));
+                    };
+                    match self.run_operation(&inst, job, payload).await? {
+                        StepRun::Progressed(op) => {
+                            let cp = &mut checkpoints[index];
+                            *cp = Checkpoint::with_compensation(cp.row.clone(), cp.operation.take(), Some(op));
                             known = Some((inst, checkpoints));
                             continue;
                         }
@@ -87,7 +146,7 @@ impl Flows {
                 continue;
             }
             count(&inst, &record);
-            if next == Next::Resume {
+            if matches!(next, Next::Resume { .. } | Next::BeginCompensation { .. }) {
                 known = Some((record, checkpoints));
                 continue;
             }
@@ -108,52 +167,46 @@ impl Flows {
         });
     }
 
-    /// Acquires step `step`'s operation with `payload` and, when granted, performs it.
-    async fn run_step(
-        &self,
-        inst: &InstanceRecord,
-        step: &StepDef,
-        cp: &Checkpoint,
-        payload: Value,
-    ) -> Result<StepRun, FlowError> {
+    /// Acquires the operation of `job` with `payload` and, when granted, performs it with
+    /// the job's connector (through the executor, which completes it with its token).
+    async fn run_operation(&self, inst: &InstanceRecord, job: Job<'_>, payload: Value) -> Result<StepRun, FlowError> {
         let now = self.clock.now_ms();
-        let connector = step.connector.as_deref().expect("plan_advance runs only connector steps");
-        let Some(entry) = self.registry.get(connector).filter(|e| e.executes) else {
+        let index = job.index;
+        let Some(entry) = self.registry.get(job.connector).filter(|e| e.executes) else {
             tracing::warn!(
-                workflow = %inst.workflow, step = %step.name, connector,
-                "the step's connector is not configured on this node; the instance waits"
+                workflow = %inst.workflow, key_hash = %idem_core::key::log_hash(job.key), connector = job.connector,
+                "the connector is not configured on this node; the instance waits"
             );
-            return Ok(StepRun::Blocked(Next::Wait {
-                index: cp.row.position as usize,
-                until_ms: now + NO_CONNECTOR_WAIT_MS,
-            }));
+            return Ok(StepRun::Blocked(Next::Wait { index, until_ms: now + NO_CONNECTOR_WAIT_MS }));
         };
         let fingerprint = idem_core::fingerprint(&payload, None).map_err(|e| FlowError::Invalid(e.to_string()))?.0;
         let input = AcquireInput {
             tenant: inst.tenant.clone(),
-            key: cp.row.op_key.clone(),
-            action: step.action.clone(),
+            key: job.key.to_owned(),
+            action: job.action.to_owned(),
             payload,
             fingerprint,
             lease_ms: entry.connector.lease_ms(),
-            redo_safe: step.policy == RecoveryPolicy::RedoSafe,
-            connector: Some(connector.to_owned()),
+            redo_safe: job.redo_safe,
+            connector: Some(job.connector.to_owned()),
             // Connector operations keep no holder: a resend must never start a second call.
             holder: None,
             actor: Actor::executor(),
         };
-        let index = cp.row.position as usize;
         let out = self.store.acquire(input).await?;
         Ok(match out.decision {
             Decision::Acquire => {
+                let started = std::time::Instant::now();
                 let done = self.executor.run_attempt(out.record).await?;
-                idem_connect::crash::crash_point("flow.after_step", &cp.row.op_key);
+                metrics::histogram!("idem_workflow_step_seconds", "kind" => job.kind)
+                    .record(started.elapsed().as_secs_f64());
+                idem_connect::crash::crash_point("flow.after_step", job.key);
                 StepRun::Progressed(done)
             }
             Decision::InProgress { retry_after_ms } | Decision::RetryNotDue { retry_after_ms } => {
                 StepRun::Blocked(Next::Wait { index, until_ms: now + retry_after_ms.max(1) })
             }
-            // Never for a connector step (it keeps no holder); if it were, the lease is held.
+            // Never for a connector operation (it keeps no holder); if it were, the lease is held.
             Decision::AlreadyHeld => StepRun::Blocked(Next::Wait {
                 index,
                 until_ms: out.record.lease_expires_at.unwrap_or(now).max(now + 1),
@@ -163,8 +216,8 @@ impl Flows {
                 index,
                 class: "step_key_conflict",
                 reason: format!(
-                    "the step's operation key {:?} is taken by another operation (another payload or action, or one removed after retention)",
-                    cp.row.op_key
+                    "the operation key {:?} is taken by another operation (another payload or action, or one removed after retention)",
+                    job.key
                 ),
             }),
         })
@@ -199,6 +252,13 @@ fn count(before: &InstanceRecord, after: &InstanceRecord) {
     }
     let state = after.state.as_str();
     metrics::counter!("idem_workflow_transitions_total", "to" => state).increment(1);
+    if after.state == InstanceState::Compensated
+        || after.error_class.as_deref().is_some_and(|c| c.starts_with("compensation"))
+    {
+        let outcome = if after.state == InstanceState::Compensated { "compensated" } else { "paused" };
+        let workflow = idem_connect::labels::bounded_label("workflow", &after.workflow);
+        metrics::counter!("idem_compensations_total", "workflow" => workflow, "outcome" => outcome).increment(1);
+    }
     if after.state == InstanceState::Paused {
         tracing::warn!(
             tenant = %after.tenant, workflow = %after.workflow, step = ?after.stopped_step,

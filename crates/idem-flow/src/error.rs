@@ -87,4 +87,13 @@ pub enum FlowError {
     /// The step rows of an instance do not match its pinned definition: corruption.
     #[error(transparent)]
     DefinitionMismatch(#[from] idem_core::flow::plan::DefinitionMismatch),
+    /// An operator's re-run is refused (nothing changed).
+    #[error(transparent)]
+    Rerun(#[from] idem_core::flow::RerunRefusal),
+    /// An operator's request to compensate is refused (nothing changed).
+    #[error(transparent)]
+    Compensation(#[from] idem_core::flow::CompensationRefusal),
+    /// An operator's action without a reason (it is mandatory and audited).
+    #[error("a reason is mandatory: it is kept in the instance's events with who asked")]
+    MissingReason,
 }

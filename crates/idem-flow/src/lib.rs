@@ -9,6 +9,7 @@
 //!   trigger) → write → plan again. The only place a plan turns into I/O.
 //! - [`driven`]: the code-driven mode — a worker in any language acquires and completes the
 //!   steps idem has no connector for; finished steps replay.
+//! - [`operator`]: guarded re-runs (dry run, plan hash, reason) and compensation on request.
 //! - [`runner`]: the durable loop over due instances (start-up recovery included).
 //! - [`error`]: [`FlowError`].
 //!
@@ -20,12 +21,13 @@ pub mod config;
 pub mod driven;
 pub mod engine;
 pub mod error;
+pub mod operator;
 pub mod runner;
 pub mod start;
 
 pub use error::FlowError;
 
-use idem_connect::{Executor, Registry};
+use idem_connect::{Executor, Reconciler, Registry};
 use idem_core::Clock;
 use idem_core::flow::{Checkpoint, Definition, InstanceEvent, InstanceRecord, Progress};
 use idem_store::Store;
@@ -36,6 +38,7 @@ use std::sync::{Arc, Mutex};
 pub struct Flows {
     store: Arc<dyn Store>,
     executor: Arc<Executor>,
+    reconciler: Arc<Reconciler>,
     registry: Arc<Registry>,
     clock: Arc<dyn Clock>,
     declared: BTreeMap<String, Arc<Definition>>,
@@ -66,10 +69,12 @@ pub struct InstanceView {
 
 impl Flows {
     /// The workflows of `declared` (validated against `registry` by [`config::definitions`])
-    /// over `store`, performing connector steps with `executor`.
+    /// over `store`, performing connector steps with `executor`; an operator's re-run looks
+    /// steps up with `reconciler`.
     pub fn new(
         store: Arc<dyn Store>,
         executor: Arc<Executor>,
+        reconciler: Arc<Reconciler>,
         registry: Arc<Registry>,
         clock: Arc<dyn Clock>,
         declared: BTreeMap<String, Definition>,
@@ -78,6 +83,7 @@ impl Flows {
         Arc::new_cyclic(|me| Flows {
             store,
             executor,
+            reconciler,
             registry,
             clock,
             declared,

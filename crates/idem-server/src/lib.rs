@@ -93,7 +93,14 @@ impl AppState {
             clock.clone(),
             Duration::from_millis(config.reconciler.interval_ms),
         ));
-        let flows = idem_flow::Flows::new(store.clone(), executor.clone(), registry, clock.clone(), workflows);
+        let flows = idem_flow::Flows::new(
+            store.clone(),
+            executor.clone(),
+            reconciler.clone(),
+            registry,
+            clock.clone(),
+            workflows,
+        );
         AppState {
             store,
             clock,
@@ -174,6 +181,8 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .route("/v1/operations/{key}/reconcile", post(review::reconcile))
         .route("/v1/workflows", post(workflows::start).get(workflows::list))
         .route("/v1/workflows/{instance}", get(workflows::get_one))
+        .route("/v1/workflows/{instance}/rerun", post(workflows::rerun))
+        .route("/v1/workflows/{instance}/compensate", post(workflows::compensate))
         .route("/v1/workflows/{instance}/steps/{step}", post(workflows::acquire_step))
         .route("/v1/workflows/{instance}/steps/{step}/complete", post(workflows::complete_step))
         .route("/v1/keys", post(keys::create).get(keys::list))

@@ -40,6 +40,8 @@ Prometheus counters (no API key; no tenant data), and `/ui` is the admin page (H
         crate::workflows::list,
         crate::workflows::acquire_step,
         crate::workflows::complete_step,
+        crate::workflows::rerun,
+        crate::workflows::compensate,
         crate::review::resolve,
         crate::review::reconcile,
         crate::keys::create,
@@ -49,7 +51,7 @@ Prometheus counters (no API key; no tenant data), and `/ui` is the admin page (H
         crate::readyz,
         crate::metrics::serve,
     ),
-    components(schemas(AcquireBody, RenewBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView, crate::workflows::dto::StartBody, crate::workflows::dto::StepDeclBody, crate::workflows::dto::StepAcquireBody, crate::workflows::dto::InstanceView, crate::workflows::dto::CheckpointView, crate::workflows::dto::InstanceEventView, crate::workflows::dto::InstancePage)),
+    components(schemas(AcquireBody, RenewBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView, crate::workflows::dto::StartBody, crate::workflows::dto::StepDeclBody, crate::workflows::dto::StepAcquireBody, crate::workflows::dto::InstanceView, crate::workflows::dto::CheckpointView, crate::workflows::dto::CompensationView, crate::workflows::dto::InstanceEventView, crate::workflows::dto::InstancePage, crate::workflows::dto::RerunBody, crate::workflows::dto::CompensateBody, crate::workflows::dto::RerunView, crate::workflows::dto::PlannedStepView)),
     modifiers(&BearerAuth),
     tags((name = "operations", description = "The ledger of side effects"), (name = "workflows", description = "Multi-step workflows: instances whose steps are operations (`{instance}:{step}`), with a checkpoint per step; idem runs declared workflows, your code runs the steps idem has no connector for"), (name = "review", description = "Operator actions: reconcile now, resolve by hand (operator role)"), (name = "keys", description = "API keys of the caller's tenant (admin role)"), (name = "health", description = "Probes"))
 )]

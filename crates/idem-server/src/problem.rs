@@ -148,6 +148,45 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The workflow instance is not running",
         "The instance is PAUSED, FAILED, SUCCEEDED, COMPENSATING or COMPENSATED (the problem's `state`): no step may start. Finished steps are still replayed.",
     ),
+    (
+        "missing-reason",
+        "A reason is mandatory",
+        "An operator's re-run, compensation or resolution needs a reason; it is kept in the events with who asked. Nothing was changed.",
+    ),
+    (
+        "plan-changed",
+        "The instance changed since the plan you approved",
+        "A re-run passed the `plan_hash` of a dry run, and the plan is another now (the instance moved on, or its steps changed). Nothing was changed: look at the new plan.",
+    ),
+    (
+        "instance-running",
+        "The workflow instance is running",
+        "A re-run needs the instance FAILED, PAUSED or SUCCEEDED; wait until it pauses or finishes.",
+    ),
+    (
+        "instance-compensated",
+        "The workflow instance was compensated",
+        "Its effects were undone; start a new instance for a new attempt.",
+    ),
+    (
+        "instance-not-stopped",
+        "The workflow instance is not stopped",
+        "Only a FAILED instance, or one PAUSED before any compensation, can be compensated on request.",
+    ),
+    (
+        "compensation-in-progress",
+        "Compensation already began",
+        "The instance's compensation began: a re-run redoes a failed compensation; steps are not redone then.",
+    ),
+    ("nothing-to-compensate", "Nothing to compensate", "No step whose effect may exist has a compensation."),
+    ("nothing-to-rerun", "Nothing to re-run", "The instance SUCCEEDED: name the steps to redo."),
+    ("step-busy", "The step is on its way", "The step is PENDING or EXECUTING: it cannot be redone now."),
+    (
+        "step-needs-resolution",
+        "The step's outcome is unknown and cannot be looked up",
+        "Resolve the step's operation (POST /v1/operations/{key}/resolve), or name the step to redo it on purpose.",
+    ),
+    ("too-many-reruns", "The step was re-run too often", "A step can be re-run 999 times; start a new instance."),
     ("contention", "Too much contention on this key", "Concurrent writers kept changing the record; retry shortly."),
     (
         "clock-uncertain",

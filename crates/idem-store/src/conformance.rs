@@ -64,6 +64,7 @@ cases!(
     due_instances_are_claimed_by_one_runner_at_a_time,
     finished_instances_keep_their_steps_then_leave_tombstones,
     instances_list_with_filters_and_pages,
+    compensations_are_checkpointed_and_reruns_repoint_steps,
 );
 
 mod flow;

@@ -101,6 +101,11 @@ pub trait WorkflowStore: Send + Sync {
     /// retention window when the instance became final; true if written.
     async fn update_instance(&self, update: InstanceUpdate) -> Result<bool, StoreError>;
 
+    /// Applies an operator's re-run: `update` (the instance, conditional on the version it
+    /// was planned from, with its audit event) and the step rows pointed at new keys
+    /// `(position, op_key, comp_key)`, in one transaction; true if written.
+    async fn apply_rerun(&self, update: InstanceUpdate, keys: Vec<(i64, String, String)>) -> Result<bool, StoreError>;
+
     /// Claims up to `limit` instances whose `next_run_at` has come, across tenants, oldest
     /// first, by moving their `next_run_at` `hold_ms` into the future (so no other runner
     /// takes them meanwhile; a runner that dies lets the hold run out). Returns them as

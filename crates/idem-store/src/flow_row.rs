@@ -121,6 +121,7 @@ pub(crate) struct StepRowRow {
     pub position: i64,
     pub step: String,
     pub op_key: String,
+    pub comp_key: String,
     pub policy: String,
 }
 
@@ -132,26 +133,36 @@ impl StepRowRow {
             position: self.position,
             step: self.step,
             op_key: self.op_key,
+            comp_key: self.comp_key,
             policy: parse_policy(&self.policy)?,
         })
     }
 }
 
 /// The checkpoints statement: each step row (`s_…` columns) with its operation's columns
-/// (NULL when the operation does not exist yet).
+/// (NULL when the operation does not exist yet), then (`UNION ALL`, `s_kind` 1) each
+/// compensation operation that exists, so one round trip reads both.
 pub(crate) static CHECKPOINTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let op_cols: Vec<String> = crate::row::operation_columns!().split(',').map(|c| format!("o.{}", c.trim())).collect();
+    let cols = |t: &str| -> String {
+        crate::row::operation_columns!().split(',').map(|c| format!("{t}.{}", c.trim())).collect::<Vec<_>>().join(", ")
+    };
+    let step = "s.tenant AS s_tenant, s.instance_id AS s_instance_id, s.position AS s_position, s.step AS s_step, \
+         s.op_key AS s_op_key, s.comp_key AS s_comp_key, s.policy AS s_policy";
     format!(
-        "SELECT s.tenant AS s_tenant, s.instance_id AS s_instance_id, s.position AS s_position, s.step AS s_step, \
-         s.op_key AS s_op_key, s.policy AS s_policy, {} FROM workflow_steps s \
+        "SELECT 0 AS s_kind, {step}, {} FROM workflow_steps s \
          LEFT JOIN operations o ON o.tenant = s.tenant AND o.op_key = s.op_key \
-         WHERE s.tenant = $1 AND s.instance_id = $2 ORDER BY s.position",
-        op_cols.join(", ")
+         WHERE s.tenant = $1 AND s.instance_id = $2 \
+         UNION ALL SELECT 1 AS s_kind, {step}, {} FROM workflow_steps s \
+         JOIN operations c ON c.tenant = s.tenant AND c.op_key = s.comp_key \
+         WHERE s.tenant = $1 AND s.instance_id = $2 ORDER BY s_position, s_kind",
+        cols("o"),
+        cols("c")
     )
 });
 
-/// One row of [`CHECKPOINTS_SQL`] as a checkpoint.
-pub(crate) fn checkpoint_of<R>(row: &R) -> Result<Checkpoint, StoreError>
+/// The rows of [`CHECKPOINTS_SQL`] as checkpoints: each step's row, then its
+/// compensation's, if any.
+pub(crate) fn checkpoints_of<R>(rows: &[R]) -> Result<Vec<Checkpoint>, StoreError>
 where
     R: sqlx::Row,
     for<'r> OperationRow: sqlx::FromRow<'r, R>,
@@ -159,20 +170,33 @@ where
     String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     Option<String>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let step = StepRowRow {
-        tenant: row.try_get("s_tenant")?,
-        instance_id: row.try_get("s_instance_id")?,
-        position: row.try_get("s_position")?,
-        step: row.try_get("s_step")?,
-        op_key: row.try_get("s_op_key")?,
-        policy: row.try_get("s_policy")?,
+    let mut out: Vec<Checkpoint> = Vec::with_capacity(rows.len());
+    for row in rows {
+        let kind: i32 = row.try_get("s_kind")?;
+        let step = StepRowRow {
+            tenant: row.try_get("s_tenant")?,
+            instance_id: row.try_get("s_instance_id")?,
+            position: row.try_get("s_position")?,
+            step: row.try_get("s_step")?,
+            op_key: row.try_get("s_op_key")?,
+            comp_key: row.try_get("s_comp_key")?,
+            policy: row.try_get("s_policy")?,
+        }
+        .into_row()?;
+        let exists: Option<String> = row.try_get("state")?;
+        let op = match exists {
+            Some(_) => Some(<OperationRow as sqlx::FromRow<R>>::from_row(row)?.into_record()?),
+            None => None,
+        };
+        match (kind, out.last_mut()) {
+            (1, Some(last)) if last.row.position == step.position => {
+                *last = Checkpoint::with_compensation(last.row.clone(), last.operation.take(), op);
+            }
+            (1, _) => return Err(StoreError::Corrupt("a compensation without its step in the checkpoints".into())),
+            _ => out.push(Checkpoint::of(step, op)),
+        }
     }
-    .into_row()?;
-    let exists: Option<String> = row.try_get("state")?;
-    let op = match exists {
-        Some(_) => Some(<OperationRow as sqlx::FromRow<R>>::from_row(row)?.into_record()?),
-        None => None,
-    };
-    Ok(Checkpoint::of(step, op))
+    Ok(out)
 }

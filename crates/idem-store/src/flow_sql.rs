@@ -120,14 +120,15 @@ macro_rules! flow_ops {
                 }
                 for row in StepRow::all_of(&input.tenant, &input.instance_id, &req.definition) {
                     sqlx::query(
-                        "INSERT INTO workflow_steps (tenant, instance_id, position, step, op_key, policy) \
-                         VALUES ($1,$2,$3,$4,$5,$6)",
+                        "INSERT INTO workflow_steps (tenant, instance_id, position, step, op_key, comp_key, policy) \
+                         VALUES ($1,$2,$3,$4,$5,$6,$7)",
                     )
                     .bind(&row.tenant)
                     .bind(&row.instance_id)
                     .bind(row.position)
                     .bind(&row.step)
                     .bind(&row.op_key)
+                    .bind(&row.comp_key)
                     .bind(row.policy.as_str())
                     .execute(&mut *conn)
                     .await?;
@@ -173,13 +174,41 @@ macro_rules! flow_ops {
             Ok(true)
         }
 
+        /// An operator's re-run: `u` (the instance, conditional on its version) and the step
+        /// rows pointed at their new keys `(position, op_key, comp_key)`, in one transaction;
+        /// false if the instance changed since it was read.
+        pub(crate) async fn apply_rerun_once(
+            conn: &mut $Conn,
+            u: &InstanceUpdate,
+            keys: &[(i64, String, String)],
+            retention: &idem_core::Retention,
+        ) -> Result<bool, StoreError> {
+            if !update_instance_once(conn, u, retention).await? {
+                return Ok(false);
+            }
+            for (position, op_key, comp_key) in keys {
+                sqlx::query(
+                    "UPDATE workflow_steps SET op_key = $1, comp_key = $2 \
+                     WHERE tenant = $3 AND instance_id = $4 AND position = $5",
+                )
+                .bind(op_key)
+                .bind(comp_key)
+                .bind(&u.record.tenant)
+                .bind(&u.record.instance_id)
+                .bind(position)
+                .execute(&mut *conn)
+                .await?;
+            }
+            Ok(true)
+        }
+
         pub(crate) async fn checkpoints(conn: &mut $Conn, tenant: &str, id: &str) -> Result<Vec<Checkpoint>, StoreError> {
             let rows = sqlx::query($crate::flow_row::CHECKPOINTS_SQL.as_str())
                 .bind(tenant)
                 .bind(id)
                 .fetch_all(&mut *conn)
                 .await?;
-            rows.iter().map($crate::flow_row::checkpoint_of).collect()
+            $crate::flow_row::checkpoints_of(&rows)
         }
 
         pub(crate) async fn definition(conn: &mut $Conn, tenant: &str, name: &str, version: &str) -> Result<Option<Definition>, StoreError> {
@@ -249,7 +278,7 @@ macro_rules! flow_ops {
 
         pub(crate) async fn step_of_operation(conn: &mut $Conn, tenant: &str, op_key: &str) -> Result<Option<StepRow>, StoreError> {
             let row: Option<StepRowRow> = sqlx::query_as(
-                "SELECT tenant, instance_id, position, step, op_key, policy FROM workflow_steps \
+                "SELECT tenant, instance_id, position, step, op_key, comp_key, policy FROM workflow_steps \
                  WHERE tenant = $1 AND op_key = $2",
             )
             .bind(tenant)

@@ -695,6 +695,21 @@ impl crate::flow::WorkflowStore for PgStore {
         Ok(written)
     }
 
+    async fn apply_rerun(
+        &self,
+        update: crate::flow::InstanceUpdate,
+        keys: Vec<(i64, String, String)>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let written = flow_ops::apply_rerun_once(&mut tx, &update, &keys, &self.config.retention).await?;
+        if written {
+            committed(tx.commit()).await?;
+        } else {
+            tx.rollback().await?;
+        }
+        Ok(written)
+    }
+
     async fn claim_due_instances(
         &self,
         limit: i64,

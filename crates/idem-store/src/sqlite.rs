@@ -56,6 +56,7 @@ enum Command {
     RevokeKey(String, Reply<bool>),
     StartInstance(Box<crate::flow::StartRequest>, Reply<crate::flow::StartOutcome>),
     UpdateInstance(Box<crate::flow::InstanceUpdate>, Reply<bool>),
+    ApplyRerun(Box<(crate::flow::InstanceUpdate, Vec<(i64, String, String)>)>, Reply<bool>),
     ClaimDueInstances { limit: i64, hold_ms: i64, reply: Reply<Vec<idem_core::flow::InstanceRecord>> },
     SweepInstances(i64, Reply<u64>),
 }
@@ -231,6 +232,9 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
         Command::UpdateInstance(u, reply) => {
             guarded!(reply, flow_ops::update_instance_once(conn, &u, &config.retention).await)
         }
+        Command::ApplyRerun(r, reply) => {
+            guarded!(reply, flow_ops::apply_rerun_once(conn, &r.0, &r.1, &config.retention).await)
+        }
         Command::ClaimDueInstances { limit, hold_ms, reply } => {
             guarded!(reply, flow_ops::claim_due(conn, now, hold_ms, limit).await)
         }
@@ -316,6 +320,7 @@ fn fail(cmd: Command, e: StoreError) -> Pending {
         Command::RevokeKey(_, r) => pending(r, Err(e)),
         Command::StartInstance(_, r) => pending(r, Err(e)),
         Command::UpdateInstance(_, r) => pending(r, Err(e)),
+        Command::ApplyRerun(_, r) => pending(r, Err(e)),
         Command::ClaimDueInstances { reply, .. } => pending(reply, Err(e)),
         Command::SweepInstances(_, r) => pending(r, Err(e)),
     }
@@ -604,6 +609,14 @@ impl crate::flow::WorkflowStore for SqliteStore {
 
     async fn update_instance(&self, update: crate::flow::InstanceUpdate) -> Result<bool, StoreError> {
         self.send(|r| Command::UpdateInstance(Box::new(update), r)).await
+    }
+
+    async fn apply_rerun(
+        &self,
+        update: crate::flow::InstanceUpdate,
+        keys: Vec<(i64, String, String)>,
+    ) -> Result<bool, StoreError> {
+        self.send(|r| Command::ApplyRerun(Box::new((update, keys)), r)).await
     }
 
     async fn claim_due_instances(

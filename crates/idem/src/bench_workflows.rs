@@ -66,7 +66,13 @@ pub async fn workflows_per_second(db_url: &str, c: usize, secs: f64) -> anyhow::
         c,
         Duration::from_secs(3600),
     ));
-    let flows = idem_flow::Flows::new(store, executor, registry, clock, declared);
+    let reconciler = Arc::new(idem_connect::Reconciler::new(
+        store.clone(),
+        registry.clone(),
+        clock.clone(),
+        Duration::from_secs(3600),
+    ));
+    let flows = idem_flow::Flows::new(store, executor, reconciler, registry, clock, declared);
     let done = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let run = format!("{:x}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_micros());

@@ -315,6 +315,39 @@ pub enum WfCommand {
         #[arg(long, value_delimiter = ',')]
         steps: Vec<String>,
     },
+    /// Re-run an instance (operator role), guarded: --dry-run prints exactly what it would do
+    /// per step (kept, runs, redone under a new key, looked up first, compensated) and the
+    /// plan's hash; a run with --plan-hash is refused if the instance changed since.
+    Rerun {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Instance id.
+        instance_id: String,
+        /// Why (mandatory for a run; kept in the instance's events with who asked).
+        #[arg(long)]
+        reason: Option<String>,
+        /// A step to redo although it SUCCEEDED (a new side effect under a new key); repeat
+        /// for several. Without: continue from where the instance stopped.
+        #[arg(long = "step")]
+        steps: Vec<String>,
+        /// Only show the plan; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// The hash of the plan you approved (from --dry-run).
+        #[arg(long)]
+        plan_hash: Option<String>,
+    },
+    /// Ask to compensate an instance (operator role): a FAILED one, or one PAUSED before
+    /// any compensation; the compensations of its steps run, last step first.
+    Compensate {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Instance id.
+        instance_id: String,
+        /// Why (mandatory; kept in the instance's events with who asked).
+        #[arg(long)]
+        reason: String,
+    },
     /// Show one instance: its steps (checkpoints), last good step and events.
     Get {
         #[command(flatten)]

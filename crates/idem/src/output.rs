@@ -224,6 +224,32 @@ pub fn instance_with_steps(v: &Value) -> String {
     out.trim_end().to_owned()
 }
 
+/// A re-run's plan: one line per step, and what to do next.
+pub fn rerun_plan(v: &Value) -> String {
+    let dry = v.get("dry_run").and_then(Value::as_bool).unwrap_or(true);
+    let mut out = format!(
+        "{} (resumes as {}), plan {}\n",
+        if dry { "dry run: nothing changed" } else { "re-run started" },
+        s(v, "resumes_as"),
+        s(v, "plan_hash")
+    );
+    for st in v.get("steps").and_then(Value::as_array).into_iter().flatten() {
+        let input = st.get("input").filter(|i| !i.is_null()).map(|i| format!(" input {i}")).unwrap_or_default();
+        out.push_str(&format!(
+            "  {:<24} {:<11} {}{}{}\n",
+            s(st, "step"),
+            s(st, "disposition"),
+            s(st, "operation_key"),
+            st.get("connector").and_then(Value::as_str).map(|c| format!(" via {c}")).unwrap_or_default(),
+            input
+        ));
+    }
+    if dry {
+        out.push_str(&format!("run it: idem wf rerun … --reason \"…\" --plan-hash {}\n", s(v, "plan_hash")));
+    }
+    out.trim_end().to_owned()
+}
+
 /// A table of a page of instances, with the next cursor.
 pub fn instance_table(v: &Value) -> String {
     let mut out = format!("{:<40}  {:<24}  {:<12}  {}\n", "INSTANCE", "WORKFLOW", "STATE", "CREATED");

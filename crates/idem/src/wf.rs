@@ -28,6 +28,21 @@ pub async fn run(cmd: WfCommand) -> anyhow::Result<ExitCode> {
             check(&a)?;
             print(server.json, &a, |v| output::instance_summary(a.status.as_u16(), v));
         }
+        WfCommand::Rerun { server, instance_id, reason, steps, dry_run, plan_hash } => {
+            let api = Api::new(&server)?;
+            let body = json!({"reason": reason, "steps": steps, "dry_run": dry_run, "plan_hash": plan_hash});
+            let a = api.call(Method::POST, api.url(&["v1", "workflows", &instance_id, "rerun"])?, Some(body)).await?;
+            check(&a)?;
+            print(server.json, &a, output::rerun_plan);
+        }
+        WfCommand::Compensate { server, instance_id, reason } => {
+            let api = Api::new(&server)?;
+            let body = json!({"reason": reason});
+            let a =
+                api.call(Method::POST, api.url(&["v1", "workflows", &instance_id, "compensate"])?, Some(body)).await?;
+            check(&a)?;
+            print(server.json, &a, |v| output::instance_summary(a.status.as_u16(), v));
+        }
         WfCommand::Get { server, instance_id } => {
             let api = Api::new(&server)?;
             let a = api.call(Method::GET, api.url(&["v1", "workflows", &instance_id])?, None).await?;

@@ -341,3 +341,77 @@ async fn sessions_are_http_only_csrf_checked_and_end_with_their_key() {
     let r = http.get(s.url("/ui")).header("cookie", &cookie).send().await.unwrap();
     assert_eq!(r.status(), 303, "a revoked key's session is over");
 }
+
+/// The workflow view in Chromium: an operator finds a PAUSED instance among those waiting
+/// for a person, sees its last good step, previews a re-run naming the stopped step (the
+/// plan says it is redone under a new key and everything else is kept), gives a reason and
+/// runs it; the instance finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_reruns_a_paused_workflow_in_chromium() {
+    let (provider, addr) = common::start_provider().await;
+    let config = format!(
+        "{}\n[workflows.order-intake]\nsteps = [\n  {{ name = \"create_order\", connector = \"orders\" }},\n  {{ name = \"reserve_stock\", connector = \"orders\", policy = \"manual\" }},\n  {{ name = \"notify\", connector = \"orders\" }},\n]\n",
+        common::orders_config(addr, "")
+    );
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &config);
+    let id = "ORD-UI-1";
+    provider.script(&format!("{id}:reserve_stock"), vec![idem::acceptance::provider::Step::Hang]);
+    let r = s
+        .post(
+            ADMIN_KEY,
+            "/v1/workflows",
+            &json!({"workflow": "order-intake", "instance_id": id, "input": {"sku": "A-1"}}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let start = std::time::Instant::now();
+    while s.get(ADMIN_KEY, &format!("/v1/workflows/{id}")).await.body["state"] != "PAUSED" {
+        assert!(start.elapsed().as_secs() < 30, "the instance never paused");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    let shots = shots_dir();
+    let b = Browser::start(&shots).await;
+    sign_in(&b, &s, ADMIN_KEY).await;
+    b.click_and_wait("nav a[href='/ui/workflows']").await;
+    let waiting = b.text("#waiting").await;
+    assert!(waiting.contains(id) && waiting.contains("PAUSED") && waiting.contains("create_order"), "{waiting}");
+    b.screenshot("08-workflows-waiting").await;
+    b.click_and_wait(&format!("#waiting a[href='/ui/workflows/{}']", enc_all(id))).await;
+    assert_eq!(b.text("#state").await, "PAUSED");
+    assert_eq!(b.text("#last-good-step").await, "create_order");
+    b.screenshot("09-workflow-paused").await;
+
+    // Preview: the stopped step, named, is redone under a new key; nothing changes yet.
+    b.type_into("#rerun input[name=steps]", "reserve_stock").await;
+    b.click_and_wait("#rerun button[type=submit]").await;
+    let plan = b.text("#plan").await;
+    assert!(plan.contains("redone") && plan.contains(&format!("{id}:reserve_stock:rerun-1")), "{plan}");
+    assert!(plan.contains("kept"), "{plan}");
+    assert_eq!(b.text("#state").await, "PAUSED", "a preview changes nothing");
+    b.screenshot("10-rerun-preview").await;
+
+    // Run exactly that plan, with a reason.
+    b.type_into("#rerun-confirm input[name=reason]", "nothing arrived at the stock system; send it again").await;
+    b.click_and_wait("#rerun-confirm button[type=submit]").await;
+    assert!(b.text("#message").await.contains("Re-run started"), "{}", b.source().await);
+    let start = std::time::Instant::now();
+    loop {
+        b.goto(&s.url(&format!("/ui/workflows/{}", enc_all(id)))).await;
+        if b.text("#state").await == "SUCCEEDED" {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 30, "the re-run did not finish: {}", b.source().await);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let events = b.text("#events").await;
+    assert!(events.contains("rerun") && events.contains("send it again"), "{events}");
+    b.screenshot("11-rerun-done").await;
+    b.quit().await;
+    assert_eq!(provider.effects(&format!("{id}:reserve_stock:rerun-1")), 1);
+    assert_eq!(provider.effects(&format!("{id}:create_order")), 1, "the kept step was not redone");
+    for name in ["08-workflows-waiting", "09-workflow-paused", "10-rerun-preview", "11-rerun-done"] {
+        assert!(shots.join(format!("{name}.png")).metadata().unwrap().len() > 1000);
+    }
+}

@@ -35,20 +35,37 @@
 //!   thing to do for an instance), [`plan_instance_update`] (the instance write for it).
 //! - [`recovery`]: [`plan_recovery`], the per-policy answer for a step whose outcome is
 //!   UNKNOWN or whose worker died.
+//! - [`rerun`]: guarded operator re-runs: [`plan_rerun`] (the dry run, with a plan hash)
+//!   and [`plan_rerun_apply`].
+//!
+//! Compensation is part of [`plan_advance`]: a step that fails finally (or is UNKNOWN
+//! under the `compensate` policy) turns the instance COMPENSATING, and the compensations of
+//! the steps whose effects may exist run last first, each as its own operation
+//! (`{op_key}:compensate`, see [`compensation_key`]); COMPENSATED when all succeeded, PAUSED
+//! when one fails finally or waits for a person.
 
 pub mod definition;
 pub mod input;
 pub mod plan;
 pub mod record;
 pub mod recovery;
+pub mod rerun;
 pub mod state;
+
+#[cfg(test)]
+mod canned;
 
 pub use definition::{CompensationDef, Definition, DefinitionError, RecoveryPolicy, StepDef};
 pub use input::{InputError, build_step_input};
-pub use plan::{Next, StartDecision, StartInput, StartPlan, plan_advance, plan_instance_update, plan_start};
+pub use plan::{
+    CompensationRefusal, Next, StartDecision, StartInput, StartPlan, needs_compensation, plan_advance,
+    plan_instance_update, plan_operator_compensation, plan_start,
+};
 pub use record::{
     Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, InstanceTombstone, Progress, StepRow,
-    compensation_key, rerun_key, step_key, validate_instance_id, validate_step_name, validate_workflow_name,
+    compensation_key, compensation_rerun_key, rerun_key, step_key, validate_instance_id, validate_step_name,
+    validate_workflow_name,
 };
 pub use recovery::{Recovery, plan_recovery};
+pub use rerun::{PlannedStep, RerunPlan, RerunRefusal, StepDisposition, plan_rerun, plan_rerun_apply};
 pub use state::{InstanceState, StepState};

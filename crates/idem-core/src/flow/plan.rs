@@ -8,11 +8,12 @@
 //! checkpoints, a worker that never saw the first worker's memory resumes from the right
 //! place, and a finished step is never performed again: its operation replays.
 
-use super::definition::Definition;
+use super::definition::{Definition, RecoveryPolicy, StepDef};
 use super::input::build_step_input;
 use super::record::{Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, InstanceTombstone, input_context};
 use super::recovery::{Recovery, plan_recovery};
 use super::state::{InstanceState, StepState};
+use crate::State;
 use crate::record::Actor;
 use serde_json::Value;
 
@@ -201,11 +202,31 @@ pub enum Next {
         /// Reason.
         reason: String,
     },
-    /// A paused instance whose step no longer needs a person: RUNNING again.
-    Resume,
+    /// A paused instance whose step no longer needs a person: RUNNING again (or
+    /// COMPENSATING, when it paused during compensation).
+    Resume {
+        /// The state it goes back to.
+        to: InstanceState,
+    },
+    /// Begin compensation: a step failed finally (or its outcome is UNKNOWN under the
+    /// `compensate` policy), and earlier steps' effects have compensations.
+    BeginCompensation {
+        /// The step that failed.
+        index: usize,
+        /// Why.
+        reason: String,
+    },
+    /// Acquire the operation of step `index`'s compensation (`comp_key`) with `payload`
+    /// and, with a connector, perform it.
+    Compensate {
+        /// Step index.
+        index: usize,
+        /// The compensation's payload (built, or the stored one of an existing operation).
+        payload: Value,
+    },
     /// The instance is done.
     Finish {
-        /// SUCCEEDED or FAILED.
+        /// SUCCEEDED, FAILED or COMPENSATED.
         state: InstanceState,
         /// The step that decided it (FAILED).
         index: Option<usize>,
@@ -252,11 +273,147 @@ pub fn plan_advance(
     }
     match inst.state {
         InstanceState::Running => Ok(next_running(inst, def, checkpoints, now_ms)),
+        InstanceState::Compensating => Ok(next_compensating(inst, def, checkpoints, now_ms)),
+        // Paused during compensation once a compensation exists; else in the forward run.
+        InstanceState::Paused if checkpoints.iter().any(|c| c.compensation.is_some()) => {
+            Ok(match next_compensating(inst, def, checkpoints, now_ms) {
+                Next::Pause { .. } => Next::Idle,
+                _ => Next::Resume { to: InstanceState::Compensating },
+            })
+        }
         InstanceState::Paused => Ok(match next_running(inst, def, checkpoints, now_ms) {
             Next::Pause { .. } => Next::Idle,
-            _ => Next::Resume,
+            _ => Next::Resume { to: InstanceState::Running },
         }),
         _ => Ok(Next::Idle),
+    }
+}
+
+/// Whether step `step`'s effect may exist and has a compensation to undo it: its operation
+/// SUCCEEDED, or is UNKNOWN under the `compensate` policy.
+pub fn needs_compensation(step: &StepDef, c: &Checkpoint) -> bool {
+    step.compensation.is_some()
+        && match c.operation.as_ref().map(|o| o.state) {
+            Some(State::Succeeded) => true,
+            Some(State::Unknown) => step.policy == RecoveryPolicy::Compensate,
+            _ => false,
+        }
+}
+
+/// Why an operator's request to compensate is refused (nothing changes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompensationRefusal {
+    /// Only a FAILED instance, or one PAUSED before any compensation, can be compensated.
+    #[error("the instance is {state}: only a FAILED or PAUSED instance can be compensated")]
+    NotStopped {
+        /// Its state.
+        state: InstanceState,
+    },
+    /// Its compensation already began (re-run it to redo a failed compensation).
+    #[error("the instance's compensation already began: re-run it to redo a failed compensation")]
+    AlreadyCompensating,
+    /// No step's effect has a compensation to run.
+    #[error("no step whose effect may exist has a compensation: there is nothing to compensate")]
+    NothingToCompensate,
+}
+
+/// An operator's request to compensate `inst` (FAILED, or PAUSED before any compensation):
+/// COMPENSATING from now, with an audited event naming who and why.
+///
+/// # Errors
+/// A [`CompensationRefusal`]; nothing may be written then.
+pub fn plan_operator_compensation(
+    inst: &InstanceRecord,
+    def: &Definition,
+    checkpoints: &[Checkpoint],
+    reason: &str,
+    actor: &Actor,
+    now_ms: i64,
+) -> Result<(InstanceRecord, InstanceEvent), CompensationRefusal> {
+    if !matches!(inst.state, InstanceState::Failed | InstanceState::Paused) {
+        return Err(CompensationRefusal::NotStopped { state: inst.state });
+    }
+    if checkpoints.iter().any(|c| c.compensation.is_some()) {
+        return Err(CompensationRefusal::AlreadyCompensating);
+    }
+    if !def.steps.iter().zip(checkpoints).any(|(s, c)| needs_compensation(s, c)) {
+        return Err(CompensationRefusal::NothingToCompensate);
+    }
+    let mut rec = inst.clone();
+    rec.state = InstanceState::Compensating;
+    rec.completed_at = None;
+    rec.expires_at = None;
+    rec.next_run_at = Some(now_ms);
+    rec.updated_at = now_ms;
+    rec.version += 1;
+    let mut e = InstanceEvent::new(actor, &rec, InstanceEventKind::Compensating, now_ms);
+    e.from_state = Some(inst.state);
+    e.step = inst.stopped_step.clone();
+    e.reason = Some(format!("operator asked to compensate: {}", reason.trim()));
+    Ok((rec, e))
+}
+
+/// [`plan_advance`] for a COMPENSATING instance: the compensations of the steps whose
+/// effects may exist, last step first, each as its own operation; COMPENSATED when all
+/// succeeded. A compensation that failed finally, or waits for a person, pauses it.
+fn next_compensating(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Next {
+    let mut done = 0;
+    for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate().rev() {
+        let Some(comp) = step.compensation.as_ref().filter(|_| needs_compensation(step, c)) else { continue };
+        let pause = |class: &'static str, why: String| Next::Pause {
+            index,
+            class,
+            reason: format!("the compensation of step {:?} ({}) {why}", step.name, comp.action),
+        };
+        let Some(op) = c.compensation.as_ref() else {
+            if comp.connector.is_none() {
+                return pause(
+                    "compensation_by_hand",
+                    "is performed by a person: compensate it, then resolve the step".into(),
+                );
+            }
+            return match build_step_input(&comp.input, &input_context(inst, checkpoints)) {
+                Ok(payload) => Next::Compensate { index, payload },
+                Err(e) => pause("compensation_input", format!("cannot be built: {e}")),
+            };
+        };
+        let why = || {
+            format!(
+                "{}{}",
+                op.error_class.as_deref().unwrap_or("failed"),
+                op.error_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+            )
+        };
+        match op.state {
+            State::Succeeded => done += 1,
+            State::Pending => {
+                return match op.next_attempt_at.filter(|at| *at > now_ms) {
+                    Some(at) => Next::Wait { index, until_ms: at },
+                    None => Next::Compensate { index, payload: op.payload.clone() },
+                };
+            }
+            State::Executing => {
+                return match op.lease_expires_at.filter(|end| *end > now_ms) {
+                    Some(end) => Next::Wait { index, until_ms: end },
+                    None => Next::Compensate { index, payload: op.payload.clone() },
+                };
+            }
+            State::Unknown if op.needs_review => {
+                let what = op.error_message.as_deref().unwrap_or("its outcome is unknown");
+                return pause("compensation_needs_review", format!("is UNKNOWN and in the review queue: {what}"));
+            }
+            State::Unknown => {
+                let until = op.next_attempt_at.unwrap_or(now_ms).max(now_ms + super::recovery::LOOKUP_POLL_MS);
+                return Next::Wait { index, until_ms: until };
+            }
+            State::Failed => return pause("compensation_failed", format!("failed: {}", why())),
+        }
+    }
+    Next::Finish {
+        state: InstanceState::Compensated,
+        index: None,
+        class: None,
+        reason: format!("{done} compensation(s) succeeded, last step first"),
     }
 }
 
@@ -279,19 +436,27 @@ fn next_running(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoi
             };
         };
         match c.state {
-            StepState::Succeeded | StepState::Compensated => continue,
+            StepState::Succeeded => continue,
+            // A compensated step's instance is COMPENSATING or beyond; if an operator's
+            // re-run made it RUNNING again, it is a step to do again, not one done.
+            StepState::Compensated => continue,
             StepState::NotStarted => unreachable!("a checkpoint with an operation has started"),
             StepState::Failed => {
+                let reason = format!(
+                    "step {:?} failed: {}{}",
+                    step.name,
+                    op.error_class.as_deref().unwrap_or("failed"),
+                    op.error_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+                );
+                let compensable = def.steps.iter().zip(checkpoints).take(index).any(|(s, c)| needs_compensation(s, c));
+                if compensable {
+                    return Next::BeginCompensation { index, reason };
+                }
                 return Next::Finish {
                     state: InstanceState::Failed,
                     index: Some(index),
                     class: Some("step_failed"),
-                    reason: format!(
-                        "step {:?} failed: {}{}",
-                        step.name,
-                        op.error_class.as_deref().unwrap_or("failed"),
-                        op.error_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
-                    ),
+                    reason,
                 };
             }
             StepState::Pending => {
@@ -315,6 +480,7 @@ fn next_running(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoi
                     Recovery::Redo => Next::Redo { index },
                     Recovery::AwaitLookup { until_ms } => Next::Wait { index, until_ms },
                     Recovery::Pause { class, reason } => Next::Pause { index, class, reason },
+                    Recovery::Compensate { reason } => Next::BeginCompensation { index, reason },
                 };
             }
         }
@@ -340,7 +506,7 @@ pub fn plan_instance_update(
     let mut event = None;
     let step_name = |i: usize| def.steps.get(i).map(|s| s.name.clone());
     match next {
-        Next::Run { .. } | Next::Redo { .. } => return None,
+        Next::Run { .. } | Next::Redo { .. } | Next::Compensate { .. } => return None,
         Next::Wait { until_ms, .. } | Next::WaitForCaller { until_ms, .. } => {
             if rec.next_run_at == Some(*until_ms) {
                 return None;
@@ -368,9 +534,9 @@ pub fn plan_instance_update(
             e.reason = Some(reason.clone());
             event = Some(e);
         }
-        Next::Resume => {
+        Next::Resume { to } => {
             let step = rec.stopped_step.take();
-            rec.state = InstanceState::Running;
+            rec.state = *to;
             rec.error_class = None;
             rec.error_message = None;
             rec.next_run_at = Some(now_ms);
@@ -382,6 +548,17 @@ pub fn plan_instance_update(
             e.step = step;
             event = Some(e);
         }
+        Next::BeginCompensation { index, reason } => {
+            rec.state = InstanceState::Compensating;
+            rec.stopped_step = step_name(*index);
+            rec.error_class = Some("step_failed".into());
+            rec.error_message = Some(reason.clone());
+            rec.next_run_at = Some(now_ms);
+            let mut e = InstanceEvent::new(actor, &rec, InstanceEventKind::Compensating, now_ms);
+            e.step = rec.stopped_step.clone();
+            e.reason = Some(format!("{reason}; compensating the steps before it, last first"));
+            event = Some(e);
+        }
         Next::Finish { state, index, class, reason } => {
             rec.state = *state;
             rec.stopped_step = index.and_then(step_name);
@@ -389,10 +566,10 @@ pub fn plan_instance_update(
             rec.error_message = class.map(|_| reason.clone());
             rec.next_run_at = None;
             rec.completed_at = Some(now_ms);
-            let kind = if *state == InstanceState::Succeeded {
-                InstanceEventKind::Succeeded
-            } else {
-                InstanceEventKind::Failed
+            let kind = match state {
+                InstanceState::Succeeded => InstanceEventKind::Succeeded,
+                InstanceState::Compensated => InstanceEventKind::Compensated,
+                _ => InstanceEventKind::Failed,
             };
             let mut e = InstanceEvent::new(actor, &rec, kind, now_ms);
             e.step = rec.stopped_step.clone();

@@ -11,9 +11,11 @@ use crate::retention::Retention;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-/// Longest instance id, in characters. Leaves room for `:{step}` (≤ 48) and
-/// `:compensate` / `:rerun-N` within the 255 characters of an idempotency key.
-pub const MAX_INSTANCE_ID_LEN: usize = 192;
+/// Longest instance id, in characters. Leaves room for `:{step}` (≤ 48), a re-run's
+/// `:rerun-N` (N ≤ 999) and `:compensate` within the 255 characters of an idempotency key.
+pub const MAX_INSTANCE_ID_LEN: usize = 180;
+/// Most operator re-runs of one step (its keys end `:rerun-1` … `:rerun-999`).
+pub const MAX_RERUNS: u32 = 999;
 /// Longest step name, in characters.
 pub const MAX_STEP_NAME_LEN: usize = 48;
 /// Longest workflow name, in characters.
@@ -75,15 +77,33 @@ pub fn step_key(instance: &str, step: &str) -> String {
     format!("{instance}:{step}")
 }
 
-/// The key of the compensation of a step: `{instance}:{step}:compensate`.
-pub fn compensation_key(instance: &str, step: &str) -> String {
-    format!("{instance}:{step}:compensate")
+/// The key of the compensation of the step operation `op_key`: `{op_key}:compensate`
+/// (`{instance}:{step}:compensate`, or `{instance}:{step}:rerun-N:compensate` for a re-run's
+/// effect): one compensation per effect, so each runs at most once.
+pub fn compensation_key(op_key: &str) -> String {
+    format!("{op_key}:compensate")
+}
+
+/// The key of the `n`-th (n ≥ 2) operator-requested redo of a failed compensation of
+/// `op_key`: `{op_key}:compensate-{n}` (a new intent, audited).
+pub fn compensation_rerun_key(op_key: &str, n: u32) -> String {
+    format!("{op_key}:compensate-{n}")
+}
+
+/// Which attempt a compensation key is: 1 for `…:compensate`, N for `…:compensate-N`.
+pub fn compensation_number(comp_key: &str) -> u32 {
+    comp_key.rsplit_once(":compensate-").and_then(|(_, n)| n.parse().ok()).unwrap_or(1)
 }
 
 /// The key of the `n`-th operator-requested redo of a step: `{instance}:{step}:rerun-{n}`
 /// (a new intent, so a new key).
 pub fn rerun_key(instance: &str, step: &str, n: u32) -> String {
     format!("{instance}:{step}:rerun-{n}")
+}
+
+/// Which re-run a step's operation key is: 0 for `{instance}:{step}`, N for `…:rerun-N`.
+pub fn rerun_number(op_key: &str) -> u32 {
+    op_key.rsplit_once(":rerun-").and_then(|(_, n)| n.parse().ok()).unwrap_or(0)
 }
 
 /// One workflow instance.
@@ -142,6 +162,9 @@ pub struct StepRow {
     pub step: String,
     /// Key of the step's operation ([`step_key`]; a re-run points it at a [`rerun_key`]).
     pub op_key: String,
+    /// Key of the operation that compensates it ([`compensation_key`] of `op_key`; an
+    /// operator's re-run of a failed compensation points it at `…:compensate-N`).
+    pub comp_key: String,
     /// The step's recovery policy, pinned with the definition (the reconciler reads it:
     /// it never looks up a `manual` or `compensate` step, it flags it for review).
     pub policy: RecoveryPolicy,
@@ -153,36 +176,56 @@ impl StepRow {
         def.steps
             .iter()
             .enumerate()
-            .map(|(i, s)| StepRow {
-                tenant: tenant.to_owned(),
-                instance_id: instance_id.to_owned(),
-                position: i as i64,
-                step: s.name.clone(),
-                op_key: step_key(instance_id, &s.name),
-                policy: s.policy,
+            .map(|(i, s)| {
+                let op_key = step_key(instance_id, &s.name);
+                StepRow {
+                    tenant: tenant.to_owned(),
+                    instance_id: instance_id.to_owned(),
+                    position: i as i64,
+                    step: s.name.clone(),
+                    comp_key: compensation_key(&op_key),
+                    op_key,
+                    policy: s.policy,
+                }
             })
             .collect()
     }
 }
 
-/// What a resuming worker reads for one step: the step row, its operation (if it exists)
-/// and the versions it runs under. Derived, never stored.
+/// What a resuming worker reads for one step: the step row, its operation (if it exists),
+/// its compensation's operation (if one ran) and the versions it runs under. Derived, never
+/// stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Checkpoint {
     /// The step row.
     pub row: StepRow,
-    /// The step's state (its operation's).
+    /// The step's state: its operation's, or COMPENSATED once its compensation SUCCEEDED.
     pub state: StepState,
     /// The step's operation, once it exists: result, provider reference, attempts, error
     /// class, times.
     pub operation: Option<OperationRecord>,
+    /// The operation of the step's compensation (`{op_key}:compensate`), once it exists.
+    pub compensation: Option<OperationRecord>,
 }
 
 impl Checkpoint {
-    /// The checkpoint of `row` given its operation record.
+    /// The checkpoint of `row` given its operation record (no compensation).
     pub fn of(row: StepRow, operation: Option<OperationRecord>) -> Self {
-        let state = StepState::of_operation(operation.as_ref().map(|o| o.state));
-        Checkpoint { row, state, operation }
+        Checkpoint::with_compensation(row, operation, None)
+    }
+
+    /// The checkpoint of `row` given its operation and its compensation's operation.
+    pub fn with_compensation(
+        row: StepRow,
+        operation: Option<OperationRecord>,
+        compensation: Option<OperationRecord>,
+    ) -> Self {
+        let compensated = compensation.as_ref().is_some_and(|c| c.state == crate::State::Succeeded);
+        let state = match operation.as_ref().map(|o| o.state) {
+            _ if compensated => StepState::Compensated,
+            s => StepState::of_operation(s),
+        };
+        Checkpoint { row, state, operation, compensation }
     }
 }
 
@@ -216,7 +259,11 @@ impl Progress {
 pub fn input_context(inst: &InstanceRecord, checkpoints: &[Checkpoint]) -> Value {
     let mut steps = Map::new();
     for c in checkpoints {
-        if let Some(op) = c.operation.as_ref().filter(|o| o.state == crate::State::Succeeded) {
+        // A step whose outcome is UNKNOWN is there too (its result null): a compensation may
+        // have to undo an effect that may exist (policy `compensate`).
+        if let Some(op) =
+            c.operation.as_ref().filter(|o| matches!(o.state, crate::State::Succeeded | crate::State::Unknown))
+        {
             steps.insert(
                 c.row.step.clone(),
                 json!({"result": op.result.clone().unwrap_or(Value::Null), "provider_ref": op.provider_ref}),
@@ -293,6 +340,12 @@ pub enum InstanceEventKind {
     Succeeded,
     /// A step failed finally, or its input could not be built.
     Failed,
+    /// Compensation began: the compensations of succeeded steps run in reverse order.
+    Compensating,
+    /// Every compensation needed SUCCEEDED.
+    Compensated,
+    /// An operator re-ran the instance (its plan, reason and the steps redone).
+    Rerun,
 }
 
 impl InstanceEventKind {
@@ -306,6 +359,9 @@ impl InstanceEventKind {
             InstanceEventKind::Resumed => "resumed",
             InstanceEventKind::Succeeded => "succeeded",
             InstanceEventKind::Failed => "failed",
+            InstanceEventKind::Compensating => "compensating",
+            InstanceEventKind::Compensated => "compensated",
+            InstanceEventKind::Rerun => "rerun",
         }
     }
 }
@@ -366,9 +422,16 @@ mod tests {
         let step = "s".repeat(MAX_STEP_NAME_LEN);
         validate_instance_id(&id).unwrap();
         validate_step_name(&step).unwrap();
-        for key in [step_key(&id, &step), compensation_key(&id, &step), rerun_key(&id, &step, 999)] {
+        let rerun = rerun_key(&id, &step, MAX_RERUNS);
+        for key in
+            [step_key(&id, &step), compensation_key(&step_key(&id, &step)), compensation_key(&rerun), rerun.clone()]
+        {
             IdempotencyKey::parse(&key).unwrap();
         }
+        assert_eq!((rerun_number(&rerun), rerun_number(&step_key(&id, &step))), (MAX_RERUNS, 0));
+        let again = compensation_rerun_key(&rerun, MAX_RERUNS);
+        IdempotencyKey::parse(&again).unwrap();
+        assert_eq!((compensation_number(&again), compensation_number(&compensation_key(&rerun))), (MAX_RERUNS, 1));
         assert_eq!(step_key("ORD-7:intake", "create_order"), "ORD-7:intake:create_order");
     }
 

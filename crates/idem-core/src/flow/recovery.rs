@@ -2,11 +2,16 @@
 //! blindly": a redo needs the `redo_safe` declaration or a lookup that proved absence (the
 //! reconciler's answer, which moves the operation to PENDING by itself).
 //!
-//! | step's operation                       | redo_safe | lookup_before_redo       | manual, compensate |
-//! |----------------------------------------|-----------|--------------------------|--------------------|
-//! | UNKNOWN, in the review queue           | pause     | pause                    | pause              |
-//! | UNKNOWN                                | redo      | wait for the lookup      | pause              |
-//! | UNKNOWN, performed by the caller       | pause     | (not allowed)            | pause              |
+//! | step's operation                 | redo_safe | lookup_before_redo  | manual | compensate  |
+//! |----------------------------------|-----------|---------------------|--------|-------------|
+//! | UNKNOWN, in the review queue     | pause     | pause               | pause  | pause       |
+//! | UNKNOWN                          | redo      | wait for the lookup | pause  | compensate  |
+//! | UNKNOWN, performed by the caller | pause     | (not allowed)       | pause  | pause       |
+//!
+//! `compensate` runs the compensations of this step (its effect may exist) and of the
+//! earlier steps, last first; a compensation must therefore tolerate an effect that does
+//! not exist (cancelling an order that was never created is a no-op, or a final 4xx the
+//! operator resolves).
 //!
 //! A worker that died mid-step leaves an EXECUTING operation whose lease ran out: the
 //! engine acquires it like any trigger, which records the expiry (UNKNOWN) or, for a
@@ -28,6 +33,12 @@ pub enum Recovery {
     AwaitLookup {
         /// When (epoch ms).
         until_ms: i64,
+    },
+    /// Compensate: undo this step's possible effect and the earlier steps' (policy
+    /// `compensate`).
+    Compensate {
+        /// Why.
+        reason: String,
     },
     /// Pause the instance for a person.
     Pause {
@@ -63,10 +74,9 @@ pub fn plan_recovery(step: &StepDef, op: &OperationRecord, now_ms: i64) -> Recov
             class: "unknown_manual",
             reason: format!("step {:?} ended UNKNOWN and its policy is manual: {why}", step.name),
         },
-        RecoveryPolicy::Compensate => Recovery::Pause {
-            class: "unknown_compensate",
+        RecoveryPolicy::Compensate => Recovery::Compensate {
             reason: format!(
-                "step {:?} ended UNKNOWN; it has a compensation, so a person decides (resolve it, or compensate): {why}",
+                "step {:?} ended UNKNOWN and its policy is compensate: its effect (if any) and the earlier ones are undone: {why}",
                 step.name
             ),
         },

@@ -85,6 +85,8 @@ pub fn router() -> Router<AppState> {
         .route("/ui/review", get(pages::review))
         .route("/ui/workflows", get(workflows::list))
         .route("/ui/workflows/{instance}", get(workflows::one))
+        .route("/ui/workflows/{instance}/rerun", post(workflows::rerun))
+        .route("/ui/workflows/{instance}/compensate", post(workflows::compensate))
         .route("/ui/style.css", get(pages::style))
 }
 

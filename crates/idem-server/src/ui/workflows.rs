@@ -1,6 +1,8 @@
 //! The admin page's workflow view: instances by state with their last good step and
 //! current step (`/ui/workflows`), and one instance with its steps as a timeline, its
-//! checkpoints and its events (`/ui/workflows/{instance}`). Read-only: a paused step is
+//! checkpoints, compensations and events (`/ui/workflows/{instance}`), with the operator's
+//! guarded re-run (preview the plan, give a reason, confirm: the server checks the role,
+//! the CSRF token and the plan's hash again) and compensation forms. A paused step is
 //! resolved on its operation's page, which the step links to; its instance then resumes.
 
 use super::pages::{Nav, enc, op_href};
@@ -11,9 +13,10 @@ use crate::workflows::dto::{CheckpointView, InstanceEventView};
 use askama::Template;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use idem_core::flow::{InstanceRecord, InstanceState, Progress};
 use idem_store::flow::InstanceFilter;
+use idem_store::keys::Role;
 use serde::Deserialize;
 
 /// The admin page's link to one instance.
@@ -141,6 +144,7 @@ pub async fn list(
 struct StepLine {
     c: CheckpointView,
     href: String,
+    comp_href: String,
 }
 
 #[derive(Template)]
@@ -148,17 +152,34 @@ struct StepLine {
 struct InstancePage {
     nav: Nav,
     i: crate::workflows::dto::InstanceView,
+    href: String,
     steps: Vec<StepLine>,
     events: Vec<InstanceEventView>,
+    can_act: bool,
+    can_rerun: bool,
+    can_compensate: bool,
+    /// A re-run's dry run, to confirm.
+    plan: Option<crate::workflows::dto::RerunView>,
+    /// What the operator typed (kept after a preview or an error).
+    reason: String,
+    steps_named: String,
+    message: String,
+    error: String,
 }
 
-/// `GET /ui/workflows/{instance}`.
-pub async fn one(
-    State(state): State<AppState>,
-    user: UiUser,
-    axum::extract::Path(id): axum::extract::Path<String>,
-) -> Response {
-    match state.flows.view(&user.caller.tenant, &id).await {
+/// What the instance page shows besides the instance.
+#[derive(Default)]
+struct Extra {
+    plan: Option<crate::workflows::dto::RerunView>,
+    reason: String,
+    steps_named: String,
+    message: String,
+    error: String,
+}
+
+/// The instance page, with `extra`.
+async fn show(state: &AppState, user: &UiUser, id: &str, status: StatusCode, extra: Extra) -> Response {
+    match state.flows.view(&user.caller.tenant, id).await {
         Ok(Some(v)) => {
             let mut i = crate::workflows::dto::InstanceView::full(v);
             let steps = i
@@ -166,15 +187,154 @@ pub async fn one(
                 .take()
                 .unwrap_or_default()
                 .into_iter()
-                .map(|c| StepLine { href: op_href(&c.operation_key), c })
+                .map(|c| StepLine { href: op_href(&c.operation_key), comp_href: op_href(&c.compensation_key), c })
                 .collect();
             let events = i.events.take().unwrap_or_default();
-            html(StatusCode::OK, &InstancePage { nav: Nav::of(Some(&user)), i, steps, events })
+            let can_act = user.caller.role >= Role::Operator;
+            let st = i.state.as_str();
+            let page = InstancePage {
+                nav: Nav::of(Some(user)),
+                href: instance_href(&i.instance_id),
+                can_rerun: matches!(st, "FAILED" | "PAUSED" | "SUCCEEDED"),
+                can_compensate: matches!(st, "FAILED" | "PAUSED"),
+                i,
+                steps,
+                events,
+                can_act,
+                plan: extra.plan,
+                reason: extra.reason,
+                steps_named: extra.steps_named,
+                message: extra.message,
+                error: extra.error,
+            };
+            html(status, &page)
         }
-        Ok(None) => error_page(Some(&user), StatusCode::NOT_FOUND, "No workflow instance with this id."),
+        Ok(None) => error_page(Some(user), StatusCode::NOT_FOUND, "No workflow instance with this id."),
         Err(e) => {
             let p = crate::workflows::flow_problem(e);
-            error_page(Some(&user), p.status_code(), &p.detail)
+            error_page(Some(user), p.status_code(), &p.detail)
+        }
+    }
+}
+
+/// `?done=…` after a form post.
+#[derive(Debug, Default, Deserialize)]
+pub struct DoneParams {
+    #[serde(default)]
+    done: String,
+}
+
+/// `GET /ui/workflows/{instance}`.
+pub async fn one(
+    State(state): State<AppState>,
+    user: UiUser,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    super::UiQuery(q): super::UiQuery<DoneParams>,
+) -> Response {
+    let message = match q.done.as_str() {
+        "rerun" => "Re-run started: the plan you approved runs now.".into(),
+        "compensate" => "Compensation started: the steps' compensations run now, last step first.".into(),
+        _ => String::new(),
+    };
+    show(&state, &user, &id, StatusCode::OK, Extra { message, ..Default::default() }).await
+}
+
+/// The re-run form: preview (a dry run) or run (with the previewed plan's hash).
+#[derive(Debug, Default, Deserialize)]
+pub struct RerunForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+    /// Steps to redo although they SUCCEEDED, comma-separated.
+    #[serde(default)]
+    steps: String,
+    /// The hash of the plan previewed (set by the confirm form).
+    #[serde(default)]
+    plan_hash: String,
+    /// `preview` or `run`.
+    #[serde(default)]
+    action: String,
+}
+
+/// The operator checks of a form post: CSRF token, then the operator role.
+fn operator_form(user: &UiUser, csrf: &str) -> Result<(), Response> {
+    user.check_csrf(csrf)?;
+    user.caller.require(Role::Operator).map_err(|p| error_page(Some(user), StatusCode::FORBIDDEN, &p.detail))
+}
+
+/// `POST /ui/workflows/{instance}/rerun`: preview a re-run, or run the previewed plan (the
+/// server checks the role, the CSRF token and the plan's hash again).
+pub async fn rerun(
+    State(state): State<AppState>,
+    user: UiUser,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    super::UiForm(f): super::UiForm<RerunForm>,
+) -> Response {
+    if let Err(r) = operator_form(&user, &f.csrf) {
+        return r;
+    }
+    let named: Vec<String> = f.steps.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
+    let keep = |error: String, plan| Extra {
+        plan,
+        reason: f.reason.clone(),
+        steps_named: f.steps.clone(),
+        error,
+        ..Default::default()
+    };
+    let tenant = &user.caller.tenant;
+    if f.action != "run" {
+        return match state.flows.preview_rerun(tenant, &id, &named).await {
+            Ok(plan) => {
+                let view = crate::workflows::dto::RerunView::of(plan, None);
+                show(&state, &user, &id, StatusCode::OK, keep(String::new(), Some(view))).await
+            }
+            Err(e) => {
+                let p = crate::workflows::flow_problem(e);
+                show(&state, &user, &id, p.status_code(), keep(p.detail, None)).await
+            }
+        };
+    }
+    let approved = Some(f.plan_hash.as_str()).filter(|h| !h.is_empty());
+    if approved.is_none() {
+        let why = "Preview the re-run first: only a plan you saw runs.".to_owned();
+        return show(&state, &user, &id, StatusCode::BAD_REQUEST, keep(why, None)).await;
+    }
+    match state.flows.rerun(tenant, &id, &named, approved, &f.reason, &user.caller.actor()).await {
+        Ok(_) => axum::response::Redirect::to(&format!("{}?done=rerun", instance_href(&id))).into_response(),
+        Err(e) => {
+            let p = crate::workflows::flow_problem(e);
+            show(&state, &user, &id, p.status_code(), keep(p.detail, None)).await
+        }
+    }
+}
+
+/// The compensate form.
+#[derive(Debug, Default, Deserialize)]
+pub struct CompensateForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /ui/workflows/{instance}/compensate`: an operator asks for compensation.
+pub async fn compensate(
+    State(state): State<AppState>,
+    user: UiUser,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    super::UiForm(f): super::UiForm<CompensateForm>,
+) -> Response {
+    if let Err(r) = operator_form(&user, &f.csrf) {
+        return r;
+    }
+    match state.flows.compensate(&user.caller.tenant, &id, &f.reason, &user.caller.actor()).await {
+        Ok(_) => axum::response::Redirect::to(&format!("{}?done=compensate", instance_href(&id))).into_response(),
+        Err(e) => {
+            let p = crate::workflows::flow_problem(e);
+            let status = p.status_code();
+            let extra = Extra { reason: f.reason, error: p.detail, ..Default::default() };
+            show(&state, &user, &id, status, extra).await
         }
     }
 }

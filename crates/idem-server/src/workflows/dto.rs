@@ -30,7 +30,7 @@ pub struct StartBody {
     /// name with `steps` (your code runs it).
     #[schema(example = "order-intake")]
     pub workflow: String,
-    /// Stable business id of the instance (the rules of an idempotency key, at most 192
+    /// Stable business id of the instance (the rules of an idempotency key, at most 180
     /// characters, no `/`): the same id and input are the same instance.
     #[schema(example = "ORD-7:intake")]
     pub instance_id: String,
@@ -111,6 +111,30 @@ pub struct CheckpointView {
     pub updated_at: Option<String>,
     /// When it became final.
     pub completed_at: Option<String>,
+    /// Key of the operation that compensates the step (`{operation_key}:compensate`, or
+    /// `…:compensate-N` after an operator re-ran a failed compensation).
+    pub compensation_key: String,
+    /// That operation, once it exists.
+    pub compensation: Option<CompensationView>,
+}
+
+/// A step's compensation operation.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CompensationView {
+    /// Its action.
+    pub action: String,
+    /// PENDING, EXECUTING, SUCCEEDED, FAILED or UNKNOWN.
+    pub state: String,
+    /// Attempts granted so far.
+    pub attempts: i64,
+    /// The provider's reference for the compensating effect.
+    pub provider_ref: Option<String>,
+    /// The last error.
+    pub error: Option<ErrorView>,
+    /// Flagged for an operator's review.
+    pub needs_review: bool,
+    /// Its last change.
+    pub updated_at: String,
 }
 
 impl CheckpointView {
@@ -138,6 +162,17 @@ impl CheckpointView {
             started_at: op.map(|o| rfc3339(o.created_at)),
             updated_at: op.map(|o| rfc3339(o.updated_at)),
             completed_at: op.and_then(|o| o.completed_at).map(rfc3339),
+            compensation_key: c.row.comp_key.clone(),
+            compensation: c.compensation.as_ref().map(|k| CompensationView {
+                action: k.action.clone(),
+                state: k.state.as_str().into(),
+                attempts: k.attempt_count,
+                provider_ref: k.provider_ref.clone(),
+                error: (k.error_class.is_some() || k.error_message.is_some())
+                    .then(|| ErrorView { class: k.error_class.clone(), message: k.error_message.clone() }),
+                needs_review: k.needs_review,
+                updated_at: rfc3339(k.updated_at),
+            }),
         }
     }
 }
@@ -295,4 +330,94 @@ pub struct InstanceQuery {
     pub limit: Option<i64>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
+}
+
+/// `POST /v1/workflows/{instance}/rerun`: an operator's guarded re-run.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerunBody {
+    /// Why (mandatory, at most 2000 bytes): kept in the instance's events with who asked.
+    #[schema(example = "the CRM was down; it is back")]
+    pub reason: Option<String>,
+    /// Steps to redo although they SUCCEEDED (each a new intent under a new key). Leave out
+    /// to continue from where the instance stopped.
+    pub steps: Option<Vec<String>>,
+    /// Only show the plan; change nothing (default false).
+    pub dry_run: Option<bool>,
+    /// The `hash` of the plan you approved (from a dry run): refused with 409
+    /// `plan-changed` if the plan is another now.
+    pub plan_hash: Option<String>,
+}
+
+/// `POST /v1/workflows/{instance}/compensate`: an operator asks for compensation.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompensateBody {
+    /// Why (mandatory, at most 2000 bytes): kept in the instance's events with who asked.
+    #[schema(example = "the customer cancelled the order")]
+    pub reason: Option<String>,
+}
+
+/// One step of a re-run plan.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PlannedStepView {
+    /// Step name.
+    pub step: String,
+    /// `kept` (its recorded result is reused), `runs` (for the first time), `redone` (a new
+    /// side effect, under a new key), `looked_up` (its provider is asked first) or
+    /// `compensated` (its compensation is redone, under a new key).
+    #[schema(example = "redone")]
+    pub disposition: String,
+    /// The operation key the step runs under.
+    pub operation_key: String,
+    /// The key of its compensation.
+    pub compensation_key: String,
+    /// The connector that performs it (absent: your code).
+    pub connector: Option<String>,
+    /// The input it would send (a step idem redoes or runs now).
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Value>,
+}
+
+/// What a re-run does (or did), with the plan's hash.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RerunView {
+    /// True for a dry run: nothing was changed.
+    pub dry_run: bool,
+    /// SHA-256 hex of the plan: pass it as `plan_hash` to run exactly this plan.
+    pub plan_hash: String,
+    /// The state the instance goes to: RUNNING, or COMPENSATING (a compensation re-run).
+    pub resumes_as: String,
+    /// Every step, in order.
+    pub steps: Vec<PlannedStepView>,
+    /// The instance after the re-run (absent for a dry run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceView>,
+}
+
+impl RerunView {
+    /// The view of `plan`, with the instance it left (none: a dry run).
+    pub fn of(plan: idem_core::flow::RerunPlan, instance: Option<InstanceRecord>) -> Self {
+        RerunView {
+            dry_run: instance.is_none(),
+            plan_hash: plan.hash,
+            resumes_as: plan.resumes_as.as_str().into(),
+            steps: plan
+                .steps
+                .into_iter()
+                .map(|s| PlannedStepView {
+                    step: s.step,
+                    disposition: serde_json::to_value(s.disposition)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    operation_key: s.op_key,
+                    compensation_key: s.comp_key,
+                    connector: s.connector,
+                    input: s.input,
+                })
+                .collect(),
+            instance: instance.map(InstanceView::of),
+        }
+    }
 }

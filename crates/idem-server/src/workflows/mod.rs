@@ -18,7 +18,9 @@ use crate::problem::Problem;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use dto::{InstancePage, InstanceQuery, InstanceView, StartBody, StepAcquireBody};
+use dto::{
+    CompensateBody, InstancePage, InstanceQuery, InstanceView, RerunBody, RerunView, StartBody, StepAcquireBody,
+};
 use idem_core::decision::{DEFAULT_LEASE_MS, MAX_LEASE_MS, MIN_LEASE_MS};
 use idem_core::flow::{InstanceState, StartDecision};
 use idem_flow::FlowError;
@@ -52,11 +54,45 @@ pub fn flow_problem(e: FlowError) -> Problem {
             p.state = Some(state.as_str().into());
             p
         }
+        FlowError::MissingReason => Problem::new(StatusCode::BAD_REQUEST, "missing-reason", detail),
+        FlowError::Rerun(r) => rerun_problem(r, detail),
+        FlowError::Compensation(c) => {
+            use idem_core::flow::CompensationRefusal as C;
+            let (slug, state) = match c {
+                C::NotStopped { state } => ("instance-not-stopped", Some(state)),
+                C::AlreadyCompensating => ("compensation-in-progress", None),
+                C::NothingToCompensate => ("nothing-to-compensate", None),
+            };
+            let mut p = Problem::new(StatusCode::CONFLICT, slug, detail);
+            p.state = state.map(|s| s.as_str().into());
+            p
+        }
         FlowError::DefinitionMissing { .. } | FlowError::DefinitionMismatch(_) => {
             tracing::error!(error = %detail, "workflow storage is inconsistent");
             Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
         }
     }
+}
+
+/// The problem of a refused re-run.
+fn rerun_problem(r: idem_core::flow::RerunRefusal, detail: String) -> Problem {
+    use idem_core::flow::RerunRefusal as R;
+    let (status, slug) = match &r {
+        R::StillRunning { .. } => (StatusCode::CONFLICT, "instance-running"),
+        R::Compensated => (StatusCode::CONFLICT, "instance-compensated"),
+        R::UnknownStep(_) => (StatusCode::BAD_REQUEST, "unknown-step"),
+        R::StepBusy { .. } => (StatusCode::CONFLICT, "step-busy"),
+        R::Compensating(_) => (StatusCode::CONFLICT, "compensation-in-progress"),
+        R::NothingToRedo => (StatusCode::CONFLICT, "nothing-to-rerun"),
+        R::NeedsResolution(_) => (StatusCode::CONFLICT, "step-needs-resolution"),
+        R::TooManyReruns(_) => (StatusCode::CONFLICT, "too-many-reruns"),
+        R::PlanChanged { .. } => (StatusCode::CONFLICT, "plan-changed"),
+    };
+    let mut p = Problem::new(status, slug, detail);
+    if let R::StillRunning { state } = r {
+        p.state = Some(state.as_str().into());
+    }
+    p
 }
 
 /// A path segment (instance id or step name), percent-decoded by the extractor.
@@ -294,4 +330,81 @@ pub async fn complete_step(
     };
     let done = state.flows.complete_step(call).await.map_err(|e| rid(flow_problem(e)))?;
     Ok((StatusCode::OK, axum::Json(OperationView::of(done.record))).into_response())
+}
+
+/// Re-run an instance, guarded (`operator` role, a reason): a dry run shows exactly what it
+/// would do — per step kept, runs, redone (a new side effect under a new key), looked up
+/// first, or compensated — with a plan hash; a run may pass that hash and is refused if the
+/// instance changed since. A step that SUCCEEDED is redone only when named.
+#[utoipa::path(
+    post, path = "/v1/workflows/{instance}/rerun", tag = "workflows",
+    params(("instance" = String, Path, description = "Instance id (percent-encoded)")),
+    request_body = RerunBody,
+    responses(
+        (status = 200, description = "The plan (a dry run: nothing changed), or the plan run and the instance after it", body = RerunView),
+        (status = 400, description = "No reason (`missing-reason`), a step the definition does not have (`unknown-step`), or a malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The key's role is not `operator` or `admin`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such instance in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Refused, nothing changed: `plan-changed` (the instance changed since the approved plan), `instance-running`, `instance-compensated`, `step-busy`, `compensation-in-progress`, `nothing-to-rerun`, `step-needs-resolution`, `too-many-reruns`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The instance was removed after its retention window", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn rerun(
+    State(state): State<AppState>,
+    caller: Caller,
+    crate::json::ApiPath(raw): crate::json::ApiPath,
+    ApiJson(body): ApiJson<RerunBody>,
+) -> Result<Response, Problem> {
+    let rid = |p| with_rid(p, &caller);
+    caller.require(idem_store::keys::Role::Operator).map_err(rid)?;
+    let id = segment("the instance id", &raw).map_err(rid)?;
+    let named = body.steps.unwrap_or_default();
+    let view = if body.dry_run.unwrap_or(false) {
+        let plan = state.flows.preview_rerun(&caller.tenant, id, &named).await.map_err(|e| rid(flow_problem(e)))?;
+        RerunView::of(plan, None)
+    } else {
+        let reason = body.reason.unwrap_or_default();
+        let (plan, inst) = state
+            .flows
+            .rerun(&caller.tenant, id, &named, body.plan_hash.as_deref(), &reason, &caller.actor())
+            .await
+            .map_err(|e| rid(flow_problem(e)))?;
+        RerunView::of(plan, Some(inst))
+    };
+    Ok(axum::Json(view).into_response())
+}
+
+/// Ask to compensate an instance (`operator` role, a reason): a FAILED one, or one PAUSED
+/// before any compensation. The compensations of the steps whose effects may exist run,
+/// last step first, each as its own operation (`{operation key}:compensate`).
+#[utoipa::path(
+    post, path = "/v1/workflows/{instance}/compensate", tag = "workflows",
+    params(("instance" = String, Path, description = "Instance id (percent-encoded)")),
+    request_body = CompensateBody,
+    responses(
+        (status = 200, description = "COMPENSATING: the compensations start", body = InstanceView),
+        (status = 400, description = "No reason (`missing-reason`), or a malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The key's role is not `operator` or `admin`", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such instance in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Refused, nothing changed: `instance-not-stopped`, `compensation-in-progress`, `nothing-to-compensate`", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The instance was removed after its retention window", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn compensate(
+    State(state): State<AppState>,
+    caller: Caller,
+    crate::json::ApiPath(raw): crate::json::ApiPath,
+    ApiJson(body): ApiJson<CompensateBody>,
+) -> Result<Response, Problem> {
+    let rid = |p| with_rid(p, &caller);
+    caller.require(idem_store::keys::Role::Operator).map_err(rid)?;
+    let id = segment("the instance id", &raw).map_err(rid)?;
+    let reason = body.reason.unwrap_or_default();
+    let inst =
+        state.flows.compensate(&caller.tenant, id, &reason, &caller.actor()).await.map_err(|e| rid(flow_problem(e)))?;
+    Ok(axum::Json(InstanceView::of(inst)).into_response())
 }

@@ -1,6 +1,7 @@
 -- Workflows (DESIGN.md §8). A step's state is its operation's state: `workflow_steps` keeps
--- only what the operation record lacks (position, name, the operation's key, the pinned
--- recovery policy), so a checkpoint and its step's state can never disagree.
+-- only what the operation record lacks (position, name, the keys of its operation and of
+-- its compensation's, the pinned recovery policy), so a checkpoint and its step's state
+-- can never disagree.
 CREATE TABLE workflow_definitions (
     tenant     TEXT   NOT NULL,
     name       TEXT   NOT NULL,
@@ -42,11 +43,14 @@ CREATE TABLE workflow_steps (
     position    BIGINT NOT NULL,
     step        TEXT   NOT NULL,
     op_key      TEXT   NOT NULL,
+    comp_key    TEXT   NOT NULL,
     policy      TEXT   NOT NULL CHECK (policy IN ('redo_safe','lookup_before_redo','compensate','manual')),
     PRIMARY KEY (tenant, instance_id, position)
 );
--- An operation belongs to at most one step (the reconciler and the sweeper ask by key).
+-- An operation belongs to at most one step, as its effect or as its compensation (the
+-- checkpoints join, the reconciler and the sweeper ask by key).
 CREATE UNIQUE INDEX workflow_steps_by_op ON workflow_steps (tenant, op_key);
+CREATE UNIQUE INDEX workflow_steps_by_comp ON workflow_steps (tenant, comp_key);
 
 CREATE TABLE workflow_events (
     seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

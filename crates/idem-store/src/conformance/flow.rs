@@ -213,3 +213,47 @@ pub(super) async fn instances_list_with_filters_and_pages(h: Harness) {
     let other = format!("{}-b", h.tenant);
     assert!(flows.count_instances(Some(&other)).await.unwrap().is_empty());
 }
+
+pub(super) async fn compensations_are_checkpointed_and_reruns_repoint_steps(h: Harness) {
+    let flows = h.store.flows();
+    let inst = flows.start_instance(start(&h, "ORD-13", json!({}))).await.unwrap().instance;
+    let t = h.store.acquire(step_input(&h, "ORD-13", "create_order")).await.unwrap().record.fencing_token;
+    h.store.complete(complete(&h, "ORD-13:create_order", t, success("ord-13"))).await.unwrap();
+    let cps = flows.checkpoints(&h.tenant, "ORD-13").await.unwrap();
+    assert_eq!(cps[0].row.comp_key, "ORD-13:create_order:compensate");
+    assert!(cps[0].compensation.is_none());
+    let mut undo = step_input(&h, "ORD-13", "create_order");
+    undo.key = cps[0].row.comp_key.clone();
+    let t = h.store.acquire(undo).await.unwrap().record.fencing_token;
+    h.store.complete(complete(&h, "ORD-13:create_order:compensate", t, success("cancel-13"))).await.unwrap();
+    let cps = flows.checkpoints(&h.tenant, "ORD-13").await.unwrap();
+    assert_eq!(cps.len(), 3, "one checkpoint per step, the compensation inside it");
+    assert_eq!(cps[0].state, StepState::Compensated);
+    assert_eq!(cps[0].compensation.as_ref().unwrap().provider_ref.as_deref(), Some("cancel-13"));
+    assert_eq!(cps[0].operation.as_ref().unwrap().provider_ref.as_deref(), Some("ord-13"));
+    h.clock.advance(10_000);
+    while h.store.sweep(100).await.unwrap() != crate::SweepOutcome::default() {}
+    assert!(
+        h.store.get(&h.tenant, "ORD-13:create_order:compensate").await.unwrap().is_some(),
+        "kept with its instance"
+    );
+
+    let now = 1_010_000;
+    let next = Next::Wait { index: 1, until_ms: now };
+    let (rec, events) = plan_instance_update(&inst, &definition(), &next, &Actor::system(), now).unwrap();
+    let keys = vec![(
+        1,
+        "ORD-13:send_confirmation:rerun-1".to_string(),
+        "ORD-13:send_confirmation:rerun-1:compensate".to_string(),
+    )];
+    let stale = InstanceUpdate { record: rec.clone(), read_version: inst.version - 1, events: events.clone() };
+    assert!(!flows.apply_rerun(stale, keys.clone()).await.unwrap(), "a stale version writes nothing");
+    assert_eq!(flows.checkpoints(&h.tenant, "ORD-13").await.unwrap()[1].row.op_key, "ORD-13:send_confirmation");
+    let update = InstanceUpdate { record: rec, read_version: inst.version, events };
+    assert!(flows.apply_rerun(update, keys).await.unwrap());
+    let cps = flows.checkpoints(&h.tenant, "ORD-13").await.unwrap();
+    assert_eq!(cps[1].row.op_key, "ORD-13:send_confirmation:rerun-1");
+    assert_eq!(cps[1].row.comp_key, "ORD-13:send_confirmation:rerun-1:compensate");
+    let step = flows.step_of_operation(&h.tenant, "ORD-13:send_confirmation:rerun-1").await.unwrap().unwrap();
+    assert_eq!(step.step, "send_confirmation");
+}

@@ -29,8 +29,10 @@
 //! A workflow scenario (W1…) names a `workflow` declared in idem's configuration instead
 //! of triggers: its `starts` start instance `key` (with an `input`, default
 //! `{"customer": "C-1"}`; `copies`, `created`, `expect_status`, `delay_ms` as for
-//! triggers), `providers` scripts the provider per *step name*, and `expect.state` is the
-//! instance's final state; calls and effects are counted over the instance's steps.
+//! triggers), `providers` scripts the provider per *step name* (`create_order`, or
+//! `create_order:compensate` for its compensation), and `expect.state` is the instance's
+//! final state; calls and effects are counted over the instance's steps and their
+//! compensations.
 //!
 //! ```toml
 //! [[scenario]]
@@ -328,6 +330,14 @@ impl Run {
             calls += c;
             effects += e;
             if step["state"] == "UNKNOWN" {
+                unrecorded += e;
+            }
+            // Its compensation, which the provider sees as an effect of its own.
+            let comp = step["compensation_key"].as_str().unwrap_or_default();
+            let (c, e) = self.stats_raw(comp).await?;
+            calls += c;
+            effects += e;
+            if step["compensation"]["state"] == "UNKNOWN" {
                 unrecorded += e;
             }
         }

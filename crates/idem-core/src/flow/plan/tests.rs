@@ -1,93 +1,15 @@
-//! Plan-level tests: given records, assert the returned plan. The canned histories below
-//! are the shared fixtures of DESIGN.md §8's checks; each doc comment lists its checkpoints.
+//! Plan-level tests: given records, assert the returned plan. The canned histories (see
+//! `flow::canned`) are the shared fixtures of DESIGN.md §8's checks; each test's doc comment
+//! lists its checkpoints.
 
 use super::*;
-use crate::flow::definition::{Definition, RecoveryPolicy};
-use crate::flow::record::{Checkpoint, StepRow, step_key};
-use crate::record::OperationRecord;
-use crate::{AcquireInput, State};
+use crate::State;
+use crate::flow::canned::{NOW, checkpoints, checkpoints_with, comp, def, instance, op, start};
+use crate::flow::definition::RecoveryPolicy;
+use crate::flow::record::InstanceTombstone;
 use serde_json::json;
 
-const NOW: i64 = 1_000_000;
-
-fn def() -> Definition {
-    serde_json::from_value(json!({
-        "name": "order-intake",
-        "steps": [
-            {"name": "create_order", "action": "create_order", "connector": "erp", "policy": "lookup_before_redo",
-             "input": {"customer": {"from": "/input/customer"}}},
-            {"name": "send_confirmation", "action": "send_confirmation", "connector": "mail", "policy": "manual",
-             "input": {"order_id": {"from": "/steps/create_order/result/id"}}},
-            {"name": "write_back", "action": "write_back", "connector": "crm", "policy": "redo_safe",
-             "input": {"order": {"from": "/steps/create_order/provider_ref"}}}
-        ]
-    }))
-    .unwrap()
-}
-
-fn start() -> StartInput {
-    StartInput {
-        tenant: "t".into(),
-        instance_id: "ORD-7:intake".into(),
-        workflow: "order-intake".into(),
-        definition_version: def().version(),
-        definition_given: false,
-        source_event: Some("evt_1".into()),
-        input: json!({"customer": "C-1"}),
-        input_fingerprint: "f".repeat(64),
-        trace_id: None,
-        actor: Actor { principal: "p".into(), request_id: None },
-    }
-}
-
-fn instance() -> InstanceRecord {
-    plan_start(None, None, &start(), NOW - 10_000).record
-}
-
-/// An operation of step `step` in `state`.
-fn op(step: &str, state: State) -> OperationRecord {
-    let input = AcquireInput {
-        tenant: "t".into(),
-        key: step_key("ORD-7:intake", step),
-        action: step.into(),
-        payload: json!({"p": step}),
-        fingerprint: "x".into(),
-        lease_ms: 1000,
-        redo_safe: false,
-        connector: Some("c".into()),
-        holder: None,
-        actor: Actor::default(),
-    };
-    let mut r = input.new_record(NOW - 5_000);
-    r.state = state;
-    if state == State::Succeeded {
-        r.provider_ref = Some(format!("{step}-ref"));
-        r.result = Some(json!({"id": 42}));
-    }
-    r
-}
-
-/// Checkpoints of [`def`] with `ops[i]` as step i's operation (missing = not started).
-fn checkpoints(ops: Vec<Option<OperationRecord>>) -> Vec<Checkpoint> {
-    let names = ["create_order", "send_confirmation", "write_back"];
-    names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let row = StepRow {
-                tenant: "t".into(),
-                instance_id: "ORD-7:intake".into(),
-                position: i as i64,
-                step: (*n).into(),
-                op_key: step_key("ORD-7:intake", n),
-                policy: def().steps[i].policy,
-            };
-            Checkpoint::of(row, ops.get(i).cloned().flatten())
-        })
-        .collect()
-}
-
-fn advance(inst: &InstanceRecord, ops: Vec<Option<OperationRecord>>) -> Next {
+fn advance(inst: &InstanceRecord, ops: Vec<Option<crate::record::OperationRecord>>) -> Next {
     plan_advance(inst, &def(), &checkpoints(ops), NOW).unwrap()
 }
 
@@ -198,7 +120,7 @@ fn second_step_unknown_manual() {
     assert_eq!(advance(&paused, vec![Some(s1.clone()), Some(s2)]), Next::Idle, "still waiting for a person");
     let resolved = op("send_confirmation", State::Succeeded);
     let next = advance(&paused, vec![Some(s1), Some(resolved)]);
-    assert_eq!(next, Next::Resume);
+    assert_eq!(next, Next::Resume { to: InstanceState::Running });
     let (running, events) = plan_instance_update(&paused, &def(), &next, &Actor::system(), NOW).unwrap();
     assert_eq!((running.state, running.stopped_step.as_deref()), (InstanceState::Running, None));
     assert_eq!(events[0].kind, "resumed");
@@ -298,4 +220,131 @@ fn final_instances_are_idle_and_waits_write_only_when_the_time_changes() {
     assert!(plan_instance_update(&rec, &def(), &next, &Actor::system(), NOW).is_none());
     inst.state = InstanceState::Succeeded;
     assert_eq!(plan_advance(&inst, &def(), &checkpoints(vec![]), NOW).unwrap(), Next::Idle);
+}
+
+/// `third_step_failed_compensated`: create_order SUCCEEDED, send_confirmation SUCCEEDED,
+/// write_back FAILED → COMPENSATING; send_correction, then cancel_order (last step first),
+/// each built from its step's checkpoint → COMPENSATED, both steps COMPENSATED.
+#[test]
+fn third_step_failed_compensated() {
+    let inst = instance();
+    let ops = || {
+        vec![
+            Some(op("create_order", State::Succeeded)),
+            Some(op("send_confirmation", State::Succeeded)),
+            Some(op("write_back", State::Failed)),
+        ]
+    };
+    let next = plan_advance(&inst, &def(), &checkpoints(ops()), NOW).unwrap();
+    let Next::BeginCompensation { index: 2, .. } = &next else { panic!("{next:?}") };
+    let (compensating, events) = plan_instance_update(&inst, &def(), &next, &Actor::system(), NOW).unwrap();
+    assert_eq!((compensating.state, compensating.next_run_at), (InstanceState::Compensating, Some(NOW)));
+    assert_eq!(events[0].kind, "compensating");
+    let at = |comps| plan_advance(&compensating, &def(), &checkpoints_with(ops(), comps), NOW).unwrap();
+    assert_eq!(at(vec![]), Next::Compensate { index: 1, payload: json!({"customer": "C-1"}) }, "the last step first");
+    assert_eq!(
+        at(vec![None, Some(comp("send_confirmation", State::Succeeded))]),
+        Next::Compensate { index: 0, payload: json!({"order": "create_order-ref"}) },
+        "built from the step's own checkpoint"
+    );
+    let all = vec![Some(comp("create_order", State::Succeeded)), Some(comp("send_confirmation", State::Succeeded))];
+    let cps = checkpoints_with(ops(), all.clone());
+    assert_eq!(
+        (cps[0].state, cps[1].state, cps[2].state),
+        (StepState::Compensated, StepState::Compensated, StepState::Failed)
+    );
+    let next = at(all);
+    let Next::Finish { state: InstanceState::Compensated, .. } = &next else { panic!("{next:?}") };
+    let (done, events) = plan_instance_update(&compensating, &def(), &next, &Actor::system(), NOW).unwrap();
+    assert_eq!((done.state, done.completed_at, done.next_run_at), (InstanceState::Compensated, Some(NOW), None));
+    assert_eq!(events[0].kind, "compensated");
+}
+
+/// `compensation_failed_paused`: the steps as in `third_step_failed_compensated`, COMPENSATING,
+/// send_correction FAILED → PAUSED (the compensation failed); still paused while it is;
+/// once an operator settles it (a re-run's new compensation SUCCEEDED) → back to
+/// COMPENSATING, not RUNNING.
+#[test]
+fn compensation_failed_paused() {
+    let mut inst = instance();
+    inst.state = InstanceState::Compensating;
+    let ops = || {
+        vec![
+            Some(op("create_order", State::Succeeded)),
+            Some(op("send_confirmation", State::Succeeded)),
+            Some(op("write_back", State::Failed)),
+        ]
+    };
+    let failed = vec![None, Some(comp("send_confirmation", State::Failed))];
+    let next = plan_advance(&inst, &def(), &checkpoints_with(ops(), failed.clone()), NOW).unwrap();
+    let Next::Pause { index: 1, class: "compensation_failed", reason } = &next else { panic!("{next:?}") };
+    assert!(reason.contains("send_correction"), "{reason}");
+    let (paused, _) = plan_instance_update(&inst, &def(), &next, &Actor::system(), NOW).unwrap();
+    assert_eq!(plan_advance(&paused, &def(), &checkpoints_with(ops(), failed), NOW).unwrap(), Next::Idle);
+    let settled = vec![None, Some(comp("send_confirmation", State::Succeeded))];
+    assert_eq!(
+        plan_advance(&paused, &def(), &checkpoints_with(ops(), settled), NOW).unwrap(),
+        Next::Resume { to: InstanceState::Compensating }
+    );
+    let mut review = comp("send_confirmation", State::Unknown);
+    review.needs_review = true;
+    let next = plan_advance(&inst, &def(), &checkpoints_with(ops(), vec![None, Some(review)]), NOW).unwrap();
+    assert!(matches!(next, Next::Pause { class: "compensation_needs_review", .. }), "{next:?}");
+    let mut later = comp("send_confirmation", State::Pending);
+    later.next_attempt_at = Some(NOW + 700);
+    let next = plan_advance(&inst, &def(), &checkpoints_with(ops(), vec![None, Some(later)]), NOW).unwrap();
+    assert_eq!(next, Next::Wait { index: 1, until_ms: NOW + 700 }, "a retryable compensation waits for its retry");
+}
+
+/// Under `compensate`, an UNKNOWN step starts compensation, and its own compensation runs
+/// (its effect may exist); a step failing first with nothing to undo just FAILS.
+#[test]
+fn an_unknown_step_under_compensate_is_compensated_with_the_earlier_ones() {
+    let mut d = def();
+    d.steps[1].policy = RecoveryPolicy::Compensate;
+    let inst = instance();
+    let ops = || vec![Some(op("create_order", State::Succeeded)), Some(op("send_confirmation", State::Unknown))];
+    let next = plan_advance(&inst, &d, &checkpoints(ops()), NOW).unwrap();
+    assert!(matches!(next, Next::BeginCompensation { index: 1, .. }), "{next:?}");
+    let mut compensating = inst.clone();
+    compensating.state = InstanceState::Compensating;
+    let next = plan_advance(&compensating, &d, &checkpoints(ops()), NOW).unwrap();
+    assert!(matches!(next, Next::Compensate { index: 1, .. }), "the UNKNOWN step is compensated too: {next:?}");
+    let first_failed = vec![Some(op("create_order", State::Failed))];
+    assert!(matches!(
+        plan_advance(&inst, &def(), &checkpoints(first_failed), NOW).unwrap(),
+        Next::Finish { state: InstanceState::Failed, .. }
+    ));
+    let _ = start();
+}
+
+#[test]
+fn an_operator_compensates_a_failed_or_paused_instance_with_a_reason() {
+    let mut failed = instance();
+    failed.state = InstanceState::Failed;
+    let ops = vec![Some(op("create_order", State::Succeeded)), Some(op("send_confirmation", State::Unknown))];
+    let ops_ = checkpoints(ops);
+    let anna = Actor { principal: "ops-anna".into(), request_id: None };
+    let (rec, e) = plan_operator_compensation(&failed, &def(), &ops_, "customer cancelled", &anna, NOW).unwrap();
+    assert_eq!((rec.state, rec.next_run_at), (InstanceState::Compensating, Some(NOW)));
+    assert_eq!((e.kind.as_str(), e.principal.as_str()), ("compensating", "ops-anna"));
+    assert!(e.reason.unwrap().contains("customer cancelled"));
+    let running = instance();
+    assert!(matches!(
+        plan_operator_compensation(&running, &def(), &ops_, "r", &anna, NOW),
+        Err(CompensationRefusal::NotStopped { .. })
+    ));
+    let nothing = checkpoints(vec![Some(op("create_order", State::Failed))]);
+    assert_eq!(
+        plan_operator_compensation(&failed, &def(), &nothing, "r", &anna, NOW),
+        Err(CompensationRefusal::NothingToCompensate)
+    );
+    let begun = checkpoints_with(
+        vec![Some(op("create_order", State::Succeeded))],
+        vec![Some(comp("create_order", State::Failed))],
+    );
+    assert_eq!(
+        plan_operator_compensation(&failed, &def(), &begun, "r", &anna, NOW),
+        Err(CompensationRefusal::AlreadyCompensating)
+    );
 }

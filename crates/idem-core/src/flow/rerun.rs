@@ -1,0 +1,323 @@
+//! Guarded operator re-runs (DESIGN.md §8; seed 003: "the re-run entry itself needs
+//! guardrails").
+//!
+//! [`plan_rerun`] says, for every step, exactly what a re-run would do — without changing
+//! anything (the dry run) — and gives the plan a hash. [`plan_rerun_apply`] turns a plan
+//! into the instance write. The store applies it only if the instance is still at the
+//! version the plan was made from, so what the operator approved is what runs (a plan hash
+//! the caller saw and the one planned now must be equal, too).
+//!
+//! | step                                     | not named                        | named            |
+//! |------------------------------------------|----------------------------------|------------------|
+//! | SUCCEEDED                                | kept (its result is reused)      | redone: new key `{instance}:{step}:rerun-N` |
+//! | the first that did not succeed: FAILED   | redone: new key                  | redone           |
+//! | the first that did not succeed: UNKNOWN  | looked up first (needs a lookup) | redone           |
+//! | not started                              | runs                             | runs             |
+//! | PENDING, EXECUTING                       | kept (it is on its way)          | refused          |
+//!
+//! An instance that paused during compensation re-runs its compensation: a compensation
+//! that FAILED is redone under a new key (`…:compensate-N`), one that is UNKNOWN is looked
+//! up first; no step is redone then. A re-run never takes a changed definition or input:
+//! the instance's pinned version is used (start a new instance for another). A redone
+//! step is a new intent: its old operation stays, with its own evidence, in the history.
+
+use super::definition::Definition;
+use super::input::build_step_input;
+use super::record::{
+    Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, MAX_RERUNS, compensation_key, compensation_number,
+    compensation_rerun_key, input_context, rerun_key, rerun_number,
+};
+use super::state::{InstanceState, StepState};
+use crate::State;
+use crate::fingerprint::{canonical_json, sha256_hex};
+use crate::record::Actor;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// What a re-run does to one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepDisposition {
+    /// Left as it is: a finished step's recorded result is reused (or a step on its way).
+    Kept,
+    /// Runs for the first time.
+    Runs,
+    /// Performed again as a new intent, under a new operation key: a new side effect.
+    Redone,
+    /// Its provider is asked first (the reconciler's lookup); redone only if absence is
+    /// proven.
+    LookedUp,
+    /// Its compensation is redone under a new key (it failed).
+    Compensated,
+}
+
+/// One step of a [`RerunPlan`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedStep {
+    /// Step name.
+    pub step: String,
+    /// What happens to it.
+    pub disposition: StepDisposition,
+    /// The operation key the step will run under (a new one when redone).
+    pub op_key: String,
+    /// The key of its compensation (a new one when its compensation is redone).
+    pub comp_key: String,
+    /// The connector that performs it (`None`: the caller's code).
+    pub connector: Option<String>,
+    /// The input it would send, for a step idem performs and redoes or runs now (when it
+    /// can be built already; a later step's input is built when its turn comes).
+    pub input: Option<Value>,
+}
+
+/// What a re-run would do, step by step, and its hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RerunPlan {
+    /// The instance version the plan was made from.
+    pub instance_version: i64,
+    /// The state the instance goes to: RUNNING, or COMPENSATING (a compensation re-run).
+    pub resumes_as: InstanceState,
+    /// Every step, in order.
+    pub steps: Vec<PlannedStep>,
+    /// SHA-256 (hex) of the canonical JSON of the above: what the operator approves.
+    pub hash: String,
+}
+
+/// Why a re-run is refused (nothing changes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RerunRefusal {
+    /// The instance is RUNNING or COMPENSATING: wait for it to pause or finish.
+    #[error("the instance is {state}: a re-run needs it FAILED, PAUSED or SUCCEEDED")]
+    StillRunning {
+        /// Its state.
+        state: InstanceState,
+    },
+    /// The instance was compensated: its effects were undone; start a new instance.
+    #[error("the instance was COMPENSATED: its effects were undone; start a new instance for a new attempt")]
+    Compensated,
+    /// A named step is not in the instance's definition.
+    #[error("no step {0:?} in the instance's definition")]
+    UnknownStep(String),
+    /// A named step is on its way (PENDING or EXECUTING): it cannot be redone now.
+    #[error("step {step:?} is {state}: it is on its way and cannot be redone now")]
+    StepBusy {
+        /// The step.
+        step: String,
+        /// Its state.
+        state: StepState,
+    },
+    /// A named step cannot be redone during a compensation re-run.
+    #[error("the instance paused during compensation: a re-run redoes its compensation, not step {0:?}")]
+    Compensating(String),
+    /// Nothing would change (a SUCCEEDED instance re-run without naming a step).
+    #[error("nothing to re-run: the instance SUCCEEDED; name the steps to redo")]
+    NothingToRedo,
+    /// A step's outcome is UNKNOWN and its provider cannot be asked: resolve it, or name it
+    /// to redo it on purpose.
+    #[error(
+        "step {0:?} is UNKNOWN and cannot be looked up (no lookup): resolve it (idem ops resolve), or name it to redo it on purpose"
+    )]
+    NeedsResolution(String),
+    /// A step was re-run too often.
+    #[error("step {0:?} was re-run {MAX_RERUNS} times; start a new instance")]
+    TooManyReruns(String),
+    /// The plan approved (its hash) is not the plan now: the instance changed since.
+    #[error("the instance changed since the plan {approved} was made (the plan now is {now}): look at the new plan")]
+    PlanChanged {
+        /// The hash the caller approved.
+        approved: String,
+        /// The hash of the plan now.
+        now: String,
+    },
+}
+
+/// Plans a re-run of `inst` (its pinned `def`, its checkpoints in order) redoing the steps
+/// `named` (empty: continue from where it stopped). `has_lookup` tells whether a
+/// connector can look effects up.
+///
+/// # Errors
+/// A [`RerunRefusal`]; nothing may be written then.
+pub fn plan_rerun(
+    inst: &InstanceRecord,
+    def: &Definition,
+    checkpoints: &[Checkpoint],
+    named: &[String],
+    has_lookup: &dyn Fn(&str) -> bool,
+) -> Result<RerunPlan, RerunRefusal> {
+    if let Some(unknown) = named.iter().find(|n| def.position(n).is_none()) {
+        return Err(RerunRefusal::UnknownStep(unknown.clone()));
+    }
+    match inst.state {
+        InstanceState::Running | InstanceState::Compensating => {
+            return Err(RerunRefusal::StillRunning { state: inst.state });
+        }
+        InstanceState::Compensated => return Err(RerunRefusal::Compensated),
+        _ => {}
+    }
+    let compensating = checkpoints.iter().any(|c| c.compensation.is_some());
+    if inst.state == InstanceState::Paused && compensating {
+        if let Some(n) = named.first() {
+            return Err(RerunRefusal::Compensating(n.clone()));
+        }
+        return plan_compensation_rerun(inst, def, checkpoints, has_lookup);
+    }
+    let ctx = input_context(inst, checkpoints);
+    let mut steps = Vec::with_capacity(def.steps.len());
+    let mut first_open = true;
+    for (step, c) in def.steps.iter().zip(checkpoints) {
+        let is_named = named.iter().any(|n| *n == step.name);
+        let state = c.operation.as_ref().map(|o| o.state);
+        let first = first_open && state != Some(State::Succeeded);
+        if first {
+            first_open = false;
+        }
+        let disposition = match (state, is_named) {
+            (None, _) => StepDisposition::Runs,
+            (Some(State::Pending | State::Executing), true) => {
+                return Err(RerunRefusal::StepBusy { step: step.name.clone(), state: c.state });
+            }
+            (Some(_), true) => StepDisposition::Redone,
+            (Some(State::Failed), false) if first => StepDisposition::Redone,
+            (Some(State::Unknown), false) if first => {
+                let asks = step.connector.as_deref().is_some_and(has_lookup);
+                if !asks {
+                    return Err(RerunRefusal::NeedsResolution(step.name.clone()));
+                }
+                StepDisposition::LookedUp
+            }
+            (Some(_), false) => StepDisposition::Kept,
+        };
+        let op_key = match disposition {
+            StepDisposition::Redone => {
+                let n = rerun_number(&c.row.op_key) + 1;
+                if n > MAX_RERUNS {
+                    return Err(RerunRefusal::TooManyReruns(step.name.clone()));
+                }
+                rerun_key(&inst.instance_id, &step.name, n)
+            }
+            _ => c.row.op_key.clone(),
+        };
+        let comp_key = if op_key == c.row.op_key { c.row.comp_key.clone() } else { compensation_key(&op_key) };
+        let input = match disposition {
+            StepDisposition::Redone | StepDisposition::Runs if step.connector.is_some() => {
+                build_step_input(&step.input, &ctx).ok()
+            }
+            _ => None,
+        };
+        steps.push(PlannedStep {
+            step: step.name.clone(),
+            disposition,
+            op_key,
+            comp_key,
+            connector: step.connector.clone(),
+            input,
+        });
+    }
+    if steps.iter().all(|s| s.disposition == StepDisposition::Kept) {
+        return Err(RerunRefusal::NothingToRedo);
+    }
+    Ok(seal(inst, InstanceState::Running, steps))
+}
+
+/// A re-run of an instance that paused during compensation: its failed compensation is
+/// redone under a new key, an UNKNOWN one looked up first; the steps are kept.
+fn plan_compensation_rerun(
+    inst: &InstanceRecord,
+    def: &Definition,
+    checkpoints: &[Checkpoint],
+    has_lookup: &dyn Fn(&str) -> bool,
+) -> Result<RerunPlan, RerunRefusal> {
+    let mut steps = Vec::with_capacity(def.steps.len());
+    for (step, c) in def.steps.iter().zip(checkpoints) {
+        let comp = c.compensation.as_ref();
+        let (disposition, comp_key) = match comp.map(|o| o.state) {
+            Some(State::Failed) => {
+                let n = compensation_number(&c.row.comp_key) + 1;
+                if n > MAX_RERUNS {
+                    return Err(RerunRefusal::TooManyReruns(step.name.clone()));
+                }
+                (StepDisposition::Compensated, compensation_rerun_key(&c.row.op_key, n))
+            }
+            Some(State::Unknown) => {
+                let connector = step.compensation.as_ref().and_then(|k| k.connector.as_deref());
+                if !connector.is_some_and(has_lookup) {
+                    return Err(RerunRefusal::NeedsResolution(format!("{} (its compensation)", step.name)));
+                }
+                (StepDisposition::LookedUp, c.row.comp_key.clone())
+            }
+            _ => (StepDisposition::Kept, c.row.comp_key.clone()),
+        };
+        steps.push(PlannedStep {
+            step: step.name.clone(),
+            disposition,
+            op_key: c.row.op_key.clone(),
+            comp_key,
+            connector: step.compensation.as_ref().and_then(|k| k.connector.clone()),
+            input: None,
+        });
+    }
+    if steps.iter().all(|s| s.disposition == StepDisposition::Kept) {
+        return Err(RerunRefusal::NothingToRedo);
+    }
+    Ok(seal(inst, InstanceState::Compensating, steps))
+}
+
+/// The plan with its hash.
+fn seal(inst: &InstanceRecord, resumes_as: InstanceState, steps: Vec<PlannedStep>) -> RerunPlan {
+    let canonical = json!({
+        "instance": inst.instance_id,
+        "instance_version": inst.version,
+        "resumes_as": resumes_as,
+        "steps": steps,
+    });
+    let hash = sha256_hex(canonical_json(&canonical).expect("a plan canonicalizes").as_bytes());
+    RerunPlan { instance_version: inst.version, resumes_as, steps, hash }
+}
+
+/// The instance write of an approved plan: RUNNING (or COMPENSATING) from now, the reason
+/// and the plan in an audited event. The step rows to point at new keys are the plan's
+/// steps whose `op_key` or `comp_key` changed.
+///
+/// # Errors
+/// [`RerunRefusal::PlanChanged`] when `approved` (a hash the caller saw) is not the plan's.
+pub fn plan_rerun_apply(
+    inst: &InstanceRecord,
+    plan: &RerunPlan,
+    approved: Option<&str>,
+    reason: &str,
+    actor: &Actor,
+    now_ms: i64,
+) -> Result<(InstanceRecord, InstanceEvent), RerunRefusal> {
+    if let Some(a) = approved
+        && a != plan.hash
+    {
+        return Err(RerunRefusal::PlanChanged { approved: a.to_owned(), now: plan.hash.clone() });
+    }
+    let mut rec = inst.clone();
+    rec.state = plan.resumes_as;
+    rec.stopped_step = None;
+    rec.error_class = None;
+    rec.error_message = None;
+    rec.completed_at = None;
+    rec.expires_at = None;
+    rec.next_run_at = Some(now_ms);
+    rec.updated_at = now_ms;
+    rec.version += 1;
+    let summary: Vec<String> = plan
+        .steps
+        .iter()
+        .filter(|s| s.disposition != StepDisposition::Kept)
+        .map(|s| match s.disposition {
+            StepDisposition::Redone => format!("{} redone as {}", s.step, s.op_key),
+            StepDisposition::Compensated => format!("{} compensated again as {}", s.step, s.comp_key),
+            StepDisposition::LookedUp => format!("{} looked up first", s.step),
+            _ => format!("{} runs", s.step),
+        })
+        .collect();
+    let mut e = InstanceEvent::new(actor, &rec, InstanceEventKind::Rerun, now_ms);
+    e.from_state = Some(inst.state);
+    e.reason = Some(format!("operator re-run: {}; plan {}: {}", reason.trim(), &plan.hash[..12], summary.join(", ")));
+    Ok((rec, e))
+}
+
+#[cfg(test)]
+mod tests;

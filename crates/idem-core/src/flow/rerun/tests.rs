@@ -1,0 +1,140 @@
+//! Re-run plans over canned histories (see `flow::canned`).
+
+use super::*;
+use crate::flow::canned::{NOW, checkpoints, checkpoints_with, comp, def, instance, op};
+use crate::flow::state::InstanceState;
+use crate::record::Actor;
+use serde_json::json;
+
+fn lookups(name: &str) -> bool {
+    name == "erp"
+}
+
+fn failed_at_write_back() -> InstanceRecord {
+    let mut i = instance();
+    i.state = InstanceState::Failed;
+    i
+}
+
+fn dispositions(p: &RerunPlan) -> Vec<(String, StepDisposition)> {
+    p.steps.iter().map(|s| (s.step.clone(), s.disposition)).collect()
+}
+
+/// create_order SUCCEEDED, send_confirmation SUCCEEDED, write_back FAILED (an instance whose
+/// steps have no compensation to run, FAILED): a plain re-run keeps the finished steps and
+/// redoes write_back under a new key; naming create_order redoes it too.
+#[test]
+fn a_plain_rerun_continues_from_the_failed_step_and_keeps_the_finished_ones() {
+    let inst = failed_at_write_back();
+    let cps = checkpoints(vec![
+        Some(op("create_order", State::Succeeded)),
+        Some(op("send_confirmation", State::Succeeded)),
+        Some(op("write_back", State::Failed)),
+    ]);
+    let p = plan_rerun(&inst, &def(), &cps, &[], &lookups).unwrap();
+    use StepDisposition::*;
+    assert_eq!(
+        dispositions(&p),
+        [("create_order".into(), Kept), ("send_confirmation".into(), Kept), ("write_back".into(), Redone)]
+    );
+    assert_eq!(p.steps[2].op_key, "ORD-7:intake:write_back:rerun-1", "a new intent, a new key");
+    assert_eq!(p.steps[2].comp_key, "ORD-7:intake:write_back:rerun-1:compensate");
+    assert_eq!(p.steps[2].input, Some(json!({"order": "create_order-ref"})), "shows what it would send");
+    assert_eq!(p.steps[0].op_key, "ORD-7:intake:create_order");
+    assert_eq!(p.resumes_as, InstanceState::Running);
+    let again = plan_rerun(&inst, &def(), &cps, &[], &lookups).unwrap();
+    assert_eq!(again.hash, p.hash, "the same state gives the same plan and hash");
+    let named = plan_rerun(&inst, &def(), &cps, &["create_order".into()], &lookups).unwrap();
+    assert_eq!(named.steps[0].disposition, Redone);
+    assert_ne!(named.hash, p.hash);
+    let mut moved = inst.clone();
+    moved.version += 1;
+    assert_ne!(plan_rerun(&moved, &def(), &cps, &[], &lookups).unwrap().hash, p.hash, "the hash pins the version");
+}
+
+#[test]
+fn refusals_say_why_and_change_nothing() {
+    let cps = checkpoints(vec![Some(op("create_order", State::Succeeded))]);
+    let running = instance();
+    assert!(matches!(plan_rerun(&running, &def(), &cps, &[], &lookups), Err(RerunRefusal::StillRunning { .. })));
+    let mut done = instance();
+    done.state = InstanceState::Succeeded;
+    let all = checkpoints(vec![
+        Some(op("create_order", State::Succeeded)),
+        Some(op("send_confirmation", State::Succeeded)),
+        Some(op("write_back", State::Succeeded)),
+    ]);
+    assert_eq!(plan_rerun(&done, &def(), &all, &[], &lookups), Err(RerunRefusal::NothingToRedo));
+    assert!(plan_rerun(&done, &def(), &all, &["write_back".into()], &lookups).is_ok(), "named: redone");
+    assert_eq!(
+        plan_rerun(&done, &def(), &all, &["nope".into()], &lookups),
+        Err(RerunRefusal::UnknownStep("nope".into()))
+    );
+    let mut compensated = instance();
+    compensated.state = InstanceState::Compensated;
+    assert_eq!(plan_rerun(&compensated, &def(), &all, &[], &lookups), Err(RerunRefusal::Compensated));
+    let mut paused = instance();
+    paused.state = InstanceState::Paused;
+    let unknown_mail =
+        checkpoints(vec![Some(op("create_order", State::Succeeded)), Some(op("send_confirmation", State::Unknown))]);
+    assert_eq!(
+        plan_rerun(&paused, &def(), &unknown_mail, &[], &lookups),
+        Err(RerunRefusal::NeedsResolution("send_confirmation".into())),
+        "mail has no lookup: a person resolves it, or names it"
+    );
+    let named = plan_rerun(&paused, &def(), &unknown_mail, &["send_confirmation".into()], &lookups).unwrap();
+    assert_eq!(named.steps[1].disposition, StepDisposition::Redone);
+    let unknown_erp = checkpoints(vec![Some(op("create_order", State::Unknown))]);
+    let p = plan_rerun(&paused, &def(), &unknown_erp, &[], &lookups).unwrap();
+    assert_eq!(p.steps[0].disposition, StepDisposition::LookedUp);
+    assert_eq!(p.steps[1].disposition, StepDisposition::Runs);
+}
+
+/// Paused during compensation (create_order SUCCEEDED, send_confirmation SUCCEEDED,
+/// write_back FAILED; send_correction FAILED): the re-run redoes the compensation under
+/// `…:compensate-2`, resumes COMPENSATING, and refuses to redo a step.
+#[test]
+fn a_compensation_rerun_redoes_the_failed_compensation() {
+    let mut paused = instance();
+    paused.state = InstanceState::Paused;
+    let cps = checkpoints_with(
+        vec![
+            Some(op("create_order", State::Succeeded)),
+            Some(op("send_confirmation", State::Succeeded)),
+            Some(op("write_back", State::Failed)),
+        ],
+        vec![None, Some(comp("send_confirmation", State::Failed))],
+    );
+    let p = plan_rerun(&paused, &def(), &cps, &[], &lookups).unwrap();
+    assert_eq!(p.resumes_as, InstanceState::Compensating);
+    assert_eq!(p.steps[1].disposition, StepDisposition::Compensated);
+    assert_eq!(p.steps[1].comp_key, "ORD-7:intake:send_confirmation:compensate-2");
+    assert_eq!(p.steps[0].disposition, StepDisposition::Kept);
+    assert!(matches!(
+        plan_rerun(&paused, &def(), &cps, &["create_order".into()], &lookups),
+        Err(RerunRefusal::Compensating(_))
+    ));
+}
+
+#[test]
+fn applying_checks_the_approved_hash_and_audits_the_reason() {
+    let inst = failed_at_write_back();
+    let cps = checkpoints(vec![
+        Some(op("create_order", State::Succeeded)),
+        Some(op("send_confirmation", State::Succeeded)),
+        Some(op("write_back", State::Failed)),
+    ]);
+    let plan = plan_rerun(&inst, &def(), &cps, &[], &lookups).unwrap();
+    let ops = Actor { principal: "ops-anna".into(), request_id: Some("r-1".into()) };
+    let stale = plan_rerun_apply(&inst, &plan, Some("0".repeat(64).as_str()), "retry after the CRM fix", &ops, NOW);
+    assert!(matches!(stale, Err(RerunRefusal::PlanChanged { .. })));
+    let (rec, e) =
+        plan_rerun_apply(&inst, &plan, Some(plan.hash.as_str()), "retry after the CRM fix", &ops, NOW).unwrap();
+    assert_eq!((rec.state, rec.next_run_at, rec.version), (InstanceState::Running, Some(NOW), inst.version + 1));
+    assert_eq!((e.kind.as_str(), e.principal.as_str()), ("rerun", "ops-anna"));
+    let why = e.reason.unwrap();
+    assert!(
+        why.contains("retry after the CRM fix") && why.contains("write_back redone as ORD-7:intake:write_back:rerun-1"),
+        "{why}"
+    );
+}

@@ -1,0 +1,307 @@
+//! Compensation and guarded re-runs against real `idem serve` processes and the provider
+//! double (issue 14, seed 003's last check): a third step that fails finally compensates
+//! the first two, last first, each exactly once even with kill -9 in the middle; a
+//! compensation that keeps failing pauses the instance, moves the alert metrics, and waits
+//! for an operator, who resolves it or re-runs it; re-runs are previewed, guarded by role,
+//! reason and plan hash, and audited.
+
+mod common;
+
+use common::{ADMIN_KEY, Backend, Db, Server, enc, start_provider};
+use idem::acceptance::provider::{Provider, Step};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+/// Three HTTP steps on the provider double; the first two have compensations (on the same
+/// provider: an order created under the compensation's key stands for "cancelled"). The
+/// `cancels` connector has no lookup, so an UNKNOWN compensation on it waits for a person.
+fn config(orders: SocketAddr) -> String {
+    format!(
+        r#"[executor]
+poll_interval_ms = 50
+workflow_hold_ms = 1000
+[reconciler]
+interval_ms = 100
+
+[connectors.orders]
+kind = "http"
+url = "http://{orders}/orders"
+timeout_ms = 600
+connect_timeout_ms = 300
+lease_ms = 1500
+provider_ref = {{ json_pointer = "/id" }}
+lookup = {{ url = "http://{orders}/orders?client_reference={{idempotency_key}}", found_pointer = "/0/id", absent_after_ms = 200 }}
+retry = {{ base_ms = 100, cap_ms = 300, max_attempts = 3 }}
+
+[connectors.cancels]
+kind = "http"
+url = "http://{orders}/orders"
+timeout_ms = 600
+connect_timeout_ms = 300
+lease_ms = 1500
+provider_ref = {{ json_pointer = "/id" }}
+retry = {{ base_ms = 100, cap_ms = 300, max_attempts = 3 }}
+
+[workflows.order-intake]
+steps = [
+  {{ name = "create_order", connector = "orders", input = {{ customer = {{ from = "/input/customer" }} }},
+     compensation = {{ action = "cancel_order", connector = "orders", input = {{ order = {{ from = "/steps/create_order/provider_ref" }} }} }} }},
+  {{ name = "reserve_stock", connector = "orders", input = {{ order = {{ from = "/steps/create_order/provider_ref" }} }},
+     compensation = {{ action = "release_stock", connector = "cancels", input = {{ reservation = {{ from = "/steps/reserve_stock/provider_ref" }} }} }} }},
+  {{ name = "charge", connector = "orders", input = {{ order = {{ from = "/steps/create_order/provider_ref" }} }} }},
+]
+"#
+    )
+}
+
+async fn instance(s: &Server, id: &str) -> Value {
+    s.get(ADMIN_KEY, &format!("/v1/workflows/{}", enc(id))).await.body
+}
+
+async fn wait_instance(s: &Server, id: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let v = instance(s, id).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(secs), "gave up waiting on {id}: {v:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn start(s: &Server, id: &str) {
+    let body = json!({"workflow": "order-intake", "instance_id": id, "input": {"customer": "C-1"}});
+    let r = s.post(ADMIN_KEY, "/v1/workflows", &body).await;
+    assert_eq!(r.status, 201, "{r:?}");
+}
+
+/// The number in `ord-N` of the order made under `key` (the provider numbers its orders
+/// in the order they were made).
+fn order_no(p: &Provider, key: &str) -> u64 {
+    let ids = p.order_ids(key);
+    assert_eq!(ids.len(), 1, "{key}: exactly one effect: {ids:?}");
+    ids[0].trim_start_matches("ord-").parse().unwrap()
+}
+
+/// Seed 003: the third step fails finally ⇒ the second's and the first's compensations
+/// run, last first, each exactly once — also when idem is killed (kill -9) right after a
+/// compensation's call, before its outcome is recorded.
+async fn a_failed_last_step_compensates_the_earlier_ones_last_first(b: Backend, crash: bool) {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(b).await;
+    let id = if crash { "ORD-C2" } else { "ORD-C1" };
+    provider.script(&format!("{id}:charge"), vec![Step::Status(422, None)]);
+    let env = format!("executor.after_call@{id}:reserve_stock:compensate");
+    let env: Vec<(&str, &str)> = if crash { vec![("IDEM_TEST_CRASH_AT", &env)] } else { vec![] };
+    let s = Server::start_with_config_env(&db.url, &config(addr), &env);
+    start(&s, id).await;
+    let s = if crash {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while s.http.get(s.url("/healthz")).send().await.is_ok() {
+            assert!(Instant::now() < deadline, "the crash point was never reached");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(s);
+        // The release happened; its outcome was not recorded. The restarted node finds it
+        // UNKNOWN; `cancels` has no lookup, so it waits for a person: the operator checks
+        // the stock system and records the evidence.
+        let s = Server::start_with_config(&db.url, &config(addr));
+        let v = wait_instance(&s, id, 20, |v| v["state"] == "PAUSED").await;
+        assert_eq!(v["error"]["class"], "compensation_needs_review", "{v:#}");
+        let key = format!("{id}:reserve_stock:compensate");
+        let r = s
+            .post(
+                ADMIN_KEY,
+                &format!("/v1/operations/{}/resolve", enc(&key)),
+                &json!({"to": "SUCCEEDED", "reason": "the stock system shows it released", "evidence": "rel-1"}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{r:?}");
+        s
+    } else {
+        s
+    };
+    let v = wait_instance(&s, id, 30, |v| v["state"] == "COMPENSATED").await;
+    let states: Vec<_> = v["steps"].as_array().unwrap().iter().map(|c| c["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["COMPENSATED", "COMPENSATED", "FAILED"], "{v:#}");
+    for step in ["create_order", "reserve_stock"] {
+        assert_eq!(provider.effects(&format!("{id}:{step}")), 1, "{step}: one effect");
+        assert_eq!(provider.effects(&format!("{id}:{step}:compensate")), 1, "{step}: compensated exactly once");
+    }
+    assert_eq!(provider.effects(&format!("{id}:charge")), 0);
+    assert!(
+        order_no(&provider, &format!("{id}:reserve_stock:compensate"))
+            < order_no(&provider, &format!("{id}:create_order:compensate")),
+        "the second step is compensated before the first"
+    );
+    let kinds: Vec<_> = v["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"compensating") && kinds.last() == Some(&"compensated"), "{kinds:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_failed_last_step_compensates_the_earlier_ones_last_first() {
+    a_failed_last_step_compensates_the_earlier_ones_last_first(Backend::Sqlite, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_compensation_survives_kill_9_between_call_and_record() {
+    a_failed_last_step_compensates_the_earlier_ones_last_first(Backend::Postgres, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_compensation_survives_kill_9_between_call_and_record() {
+    a_failed_last_step_compensates_the_earlier_ones_last_first(Backend::Sqlite, true).await;
+}
+
+/// The sum of the samples of `name` whose labels include `labels`.
+fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| v.parse::<f64>().unwrap())
+        .sum()
+}
+
+/// Seed 003's last check: the compensation itself fails — the provider refuses the release
+/// (503, retried with backoff), then refuses it for good (422): the instance pauses, the
+/// alert metrics move, the context is there; the operator previews a re-run of the
+/// compensation (a new key), runs it, and the instance ends COMPENSATED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_compensation_pauses_alerts_and_the_operator_reruns_it() {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &config(addr));
+    let id = "ORD-C3";
+    provider.script(&format!("{id}:charge"), vec![Step::Status(422, None)]);
+    provider.script(&format!("{id}:reserve_stock:compensate"), vec![Step::Status(503, None), Step::Status(422, None)]);
+    start(&s, id).await;
+    let v = wait_instance(&s, id, 30, |v| v["state"] == "PAUSED").await;
+    assert_eq!(
+        (v["stopped_step"].as_str(), v["error"]["class"].as_str()),
+        (Some("reserve_stock"), Some("compensation_failed"))
+    );
+    assert!(v["error"]["message"].as_str().unwrap().contains("release_stock"), "{v:#}");
+    let comp = &v["steps"][1]["compensation"];
+    assert_eq!(
+        (comp["state"].as_str(), comp["attempts"].as_i64()),
+        (Some("FAILED"), Some(2)),
+        "retried, then refused: {v:#}"
+    );
+    assert_eq!(v["steps"][0]["provider_ref"], "ord-1", "the context shows the effects made");
+    assert!(v["steps"][0]["compensation"].is_null(), "create_order not compensated yet");
+    assert_eq!(provider.calls(&format!("{id}:reserve_stock:compensate")), 2);
+    let text = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metric(&text, "idem_workflows_paused", &[]) >= 1.0, "{text}");
+    assert!(metric(&text, "idem_compensations_total", &[("workflow", "order-intake"), ("outcome", "paused")]) >= 1.0);
+
+    // The operator: a dry run shows the compensation redone under a new key and nothing else.
+    let operator = s.create_key("default", "operator");
+    let client = s.create_key("default", "client");
+    let path = format!("/v1/workflows/{}/rerun", enc(id));
+    let denied = s.post(&client, &path, &json!({"reason": "r", "dry_run": true})).await;
+    assert_eq!((denied.status.as_u16(), denied.problem()), (403, "forbidden"));
+    let dry = s.post(&operator, &path, &json!({"dry_run": true})).await;
+    assert_eq!(dry.status, 200, "{dry:?}");
+    assert_eq!(dry.body["resumes_as"], "COMPENSATING");
+    let plan: Vec<_> =
+        dry.body["steps"].as_array().unwrap().iter().map(|s| s["disposition"].as_str().unwrap()).collect();
+    assert_eq!(plan, ["kept", "compensated", "kept"]);
+    assert_eq!(dry.body["steps"][1]["compensation_key"], format!("{id}:reserve_stock:compensate-2"));
+    let no_reason = s.post(&operator, &path, &json!({"plan_hash": dry.body["plan_hash"]})).await;
+    assert_eq!((no_reason.status.as_u16(), no_reason.problem()), (400, "missing-reason"));
+    let run = s
+        .post(&operator, &path, &json!({"reason": "the stock system is fixed", "plan_hash": dry.body["plan_hash"]}))
+        .await;
+    assert_eq!(run.status, 200, "{run:?}");
+    let v = wait_instance(&s, id, 30, |v| v["state"] == "COMPENSATED").await;
+    assert_eq!(v["steps"][1]["compensation_key"], format!("{id}:reserve_stock:compensate-2"));
+    assert_eq!(provider.effects(&format!("{id}:reserve_stock:compensate-2")), 1);
+    assert_eq!(provider.effects(&format!("{id}:create_order:compensate")), 1);
+    let rerun = v["events"].as_array().unwrap().iter().find(|e| e["kind"] == "rerun").expect("an audited re-run");
+    assert_ne!(rerun["principal"], "system");
+    assert!(rerun["reason"].as_str().unwrap().contains("the stock system is fixed"), "{rerun}");
+}
+
+/// A re-run of a FAILED instance (no compensation defined for its failed step's
+/// predecessors here: the charge fails first) is previewed without changing anything,
+/// refused with a stale plan hash, and runs exactly the plan approved: the failed step is
+/// redone under a new key, finished steps are kept (named, one is redone too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reruns_are_previewed_guarded_and_audited() {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(Backend::Sqlite).await;
+    // No compensations: a failed step makes the instance FAILED.
+    let s = Server::start_with_config(&db.url, &plain_config(addr));
+    let id = "ORD-R1";
+    provider.script(&format!("{id}:charge"), vec![Step::Status(422, None)]);
+    start(&s, id).await;
+    let failed = wait_instance(&s, id, 20, |v| v["state"] == "FAILED").await;
+    assert_eq!(failed["stopped_step"], "charge");
+    let operator = s.create_key("default", "operator");
+    let path = format!("/v1/workflows/{}/rerun", enc(id));
+
+    // The dry run changes nothing: the instance, its steps, events and operations are the same.
+    let snapshot = || async {
+        let ops = s.get(ADMIN_KEY, &format!("/v1/operations?key_prefix={}&limit=500", enc(id))).await.body;
+        (instance(&s, id).await, ops)
+    };
+    let before = snapshot().await;
+    let dry = s.post(&operator, &path, &json!({"dry_run": true})).await;
+    assert_eq!(dry.status, 200, "{dry:?}");
+    let plan: Vec<_> =
+        dry.body["steps"].as_array().unwrap().iter().map(|s| s["disposition"].as_str().unwrap()).collect();
+    assert_eq!(plan, ["kept", "kept", "redone"]);
+    assert_eq!(dry.body["steps"][2]["operation_key"], format!("{id}:charge:rerun-1"));
+    assert_eq!(dry.body["steps"][2]["input"], json!({"order": "ord-1"}), "shows what it would send");
+    assert_eq!(snapshot().await, before, "a dry run changes nothing");
+
+    let stale = s.post(&operator, &path, &json!({"reason": "r", "plan_hash": "0".repeat(64)})).await;
+    assert_eq!((stale.status.as_u16(), stale.problem()), (409, "plan-changed"));
+    assert_eq!(snapshot().await, before, "a refused re-run changes nothing");
+    let named = s.post(&operator, &path, &json!({"dry_run": true, "steps": ["reserve_stock"]})).await;
+    assert_ne!(named.body["plan_hash"], dry.body["plan_hash"], "another plan, another hash");
+    let wrong = s
+        .post(&operator, &path, &json!({"reason": "r", "steps": ["reserve_stock"], "plan_hash": dry.body["plan_hash"]}))
+        .await;
+    assert_eq!((wrong.status.as_u16(), wrong.problem()), (409, "plan-changed"), "what was approved is what runs");
+
+    let run =
+        s.post(&operator, &path, &json!({"reason": "the card was updated", "plan_hash": dry.body["plan_hash"]})).await;
+    assert_eq!(run.status, 200, "{run:?}");
+    let v = wait_instance(&s, id, 20, |v| v["state"] == "SUCCEEDED").await;
+    assert_eq!(v["steps"][2]["operation_key"], format!("{id}:charge:rerun-1"));
+    assert_eq!(provider.effects(&format!("{id}:charge:rerun-1")), 1);
+    assert_eq!(provider.effects(&format!("{id}:create_order")), 1, "a finished step is never redone unasked");
+    let e = v["events"].as_array().unwrap().iter().find(|e| e["kind"] == "rerun").unwrap().clone();
+    assert!(e["reason"].as_str().unwrap().contains("the card was updated"), "{e}");
+    assert!(e["principal"].as_str().unwrap() != "system");
+    let old = s.record(&format!("{id}:charge")).await.body;
+    assert_eq!(old["state"], "FAILED", "the old intent stays in the history with its own outcome");
+
+    // Redoing a SUCCEEDED step must be named, and is a new intent under a new key.
+    let again =
+        s.post(&operator, &path, &json!({"reason": "resend", "steps": ["create_order"], "dry_run": true})).await;
+    let plan: Vec<_> =
+        again.body["steps"].as_array().unwrap().iter().map(|s| s["disposition"].as_str().unwrap()).collect();
+    assert_eq!(plan, ["redone", "kept", "kept"]);
+    let nothing = s.post(&operator, &path, &json!({"reason": "r"})).await;
+    assert_eq!((nothing.status.as_u16(), nothing.problem()), (409, "nothing-to-rerun"));
+    let comp = s.post(&operator, &format!("/v1/workflows/{}/compensate", enc(id)), &json!({"reason": "r"})).await;
+    assert_eq!((comp.status.as_u16(), comp.problem()), (409, "instance-not-stopped"));
+}
+
+/// The workflow of [`config`] without compensations.
+fn plain_config(addr: SocketAddr) -> String {
+    let c = config(addr);
+    let start = c.find("[workflows.order-intake]").unwrap();
+    format!(
+        "{}[workflows.order-intake]\nsteps = [\n  {{ name = \"create_order\", connector = \"orders\", input = {{ customer = {{ from = \"/input/customer\" }} }} }},\n  {{ name = \"reserve_stock\", connector = \"orders\", input = {{ order = {{ from = \"/steps/create_order/provider_ref\" }} }} }},\n  {{ name = \"charge\", connector = \"orders\", input = {{ order = {{ from = \"/steps/create_order/provider_ref\" }} }} }},\n]\n",
+        &c[..start]
+    )
+}
