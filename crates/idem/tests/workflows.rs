@@ -276,6 +276,8 @@ async fn a_lost_reply_is_looked_up_or_waits_for_a_person() {
     let waiting = list.split("id=\"waiting\"").nth(1).expect("a table of instances waiting for a person");
     let row = waiting.split("</tr>").find(|r| r.contains("ORD-21")).expect("ORD-21 waits");
     assert!(row.contains("PAUSED") && row.contains("send_confirmation") && row.contains("write_back"), "{row}");
+    let later = page("/ui/workflows?from=2099-01-01T00:00").await;
+    assert!(!later.contains("ORD-21"), "the creation-time filter applies to the waiting list too");
     let one = page("/ui/workflows/ORD-21").await;
     assert!(one.contains("id=\"last-good-step\">send_confirmation"), "{one}");
     assert!(one.contains("href=\"/ui/operations/ORD%2D21%3Awrite%5Fback\""), "{one}");

@@ -344,7 +344,7 @@ struct ListPage {
 }
 
 /// Epoch ms of a form's time field: RFC 3339, or a `datetime-local` value taken as UTC.
-fn parse_time(field: &str, text: &str) -> Result<Option<i64>, String> {
+pub(super) fn parse_time(field: &str, text: &str) -> Result<Option<i64>, String> {
     let t = text.trim();
     if t.is_empty() {
         return Ok(None);

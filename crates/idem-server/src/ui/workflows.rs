@@ -44,6 +44,11 @@ pub struct WorkflowParams {
     state: String,
     #[serde(default)]
     workflow: String,
+    /// RFC 3339, or `YYYY-MM-DDTHH:MM` (a datetime-local field) taken as UTC.
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    to: String,
 }
 
 #[derive(Template)]
@@ -122,17 +127,33 @@ pub async fn list(
         return html(StatusCode::BAD_REQUEST, &page);
     }
     let workflow = Some(page.p.workflow.clone()).filter(|w| !w.is_empty());
+    let times = super::pages::parse_time("from", &page.p.from)
+        .and_then(|from| Ok((from, super::pages::parse_time("to", &page.p.to)?)));
+    let (created_from, created_before) = match times {
+        Ok(t) => t,
+        Err(e) => {
+            page.error = e;
+            return html(StatusCode::BAD_REQUEST, &page);
+        }
+    };
     let tenant = &user.caller.tenant;
     if wanted.is_none() {
         for s in [InstanceState::Paused, InstanceState::Compensating] {
-            let f = InstanceFilter { state: Some(s), workflow: workflow.clone(), limit: LIST, ..Default::default() };
+            let f = InstanceFilter {
+                state: Some(s),
+                workflow: workflow.clone(),
+                created_from,
+                created_before,
+                limit: LIST,
+                ..Default::default()
+            };
             match rows(&state, tenant, &f).await {
                 Ok(rows) => page.waiting.extend(rows),
                 Err(e) => return super::pages::fail(&user, e),
             }
         }
     }
-    let f = InstanceFilter { state: wanted, workflow, limit: LIST, ..Default::default() };
+    let f = InstanceFilter { state: wanted, workflow, created_from, created_before, limit: LIST, ..Default::default() };
     match rows(&state, tenant, &f).await {
         Ok(rows) => page.rows = rows,
         Err(e) => return super::pages::fail(&user, e),
