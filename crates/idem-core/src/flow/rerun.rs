@@ -56,6 +56,8 @@ pub enum StepDisposition {
 pub struct PlannedStep {
     /// Step name.
     pub step: String,
+    /// The step's state now (its compensation's, for a compensation re-run).
+    pub state: StepState,
     /// What happens to it.
     pub disposition: StepDisposition,
     /// The operation key the step will run under (a new one when redone).
@@ -72,7 +74,8 @@ pub struct PlannedStep {
 /// What a re-run would do, step by step, and its hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RerunPlan {
-    /// The instance version the plan was made from.
+    /// The instance version the plan was made from: it is applied only at this version (not
+    /// part of the hash).
     pub instance_version: i64,
     /// The state the instance goes to: RUNNING, or COMPENSATING (a compensation re-run).
     pub resumes_as: InstanceState,
@@ -205,6 +208,7 @@ pub fn plan_rerun(
         };
         steps.push(PlannedStep {
             step: step.name.clone(),
+            state: c.state,
             disposition,
             op_key,
             comp_key,
@@ -248,6 +252,7 @@ fn plan_compensation_rerun(
         };
         steps.push(PlannedStep {
             step: step.name.clone(),
+            state: StepState::of_operation(comp.map(|o| o.state)),
             disposition,
             op_key: c.row.op_key.clone(),
             comp_key,
@@ -261,11 +266,14 @@ fn plan_compensation_rerun(
     Ok(seal(inst, InstanceState::Compensating, steps))
 }
 
-/// The plan with its hash.
+/// The plan with its hash. The hash covers what the operator approves — the instance's
+/// state, and per step its state now, what happens to it, its keys and the input it would
+/// send — not the instance's version, which the runner's bookkeeping moves while nothing
+/// an operator sees changes (so an approval does not go stale by itself).
 fn seal(inst: &InstanceRecord, resumes_as: InstanceState, steps: Vec<PlannedStep>) -> RerunPlan {
     let canonical = json!({
         "instance": inst.instance_id,
-        "instance_version": inst.version,
+        "state": inst.state,
         "resumes_as": resumes_as,
         "steps": steps,
     });

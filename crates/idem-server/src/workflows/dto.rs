@@ -363,6 +363,9 @@ pub struct CompensateBody {
 pub struct PlannedStepView {
     /// Step name.
     pub step: String,
+    /// The step's state now (its compensation's, for a compensation re-run).
+    #[schema(example = "FAILED")]
+    pub state: String,
     /// `kept` (its recorded result is reused), `runs` (for the first time), `redone` (a new
     /// side effect, under a new key), `looked_up` (its provider is asked first) or
     /// `compensated` (its compensation is redone, under a new key).
@@ -407,6 +410,7 @@ impl RerunView {
                 .into_iter()
                 .map(|s| PlannedStepView {
                     step: s.step,
+                    state: s.state.as_str().into(),
                     disposition: serde_json::to_value(s.disposition)
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_owned))

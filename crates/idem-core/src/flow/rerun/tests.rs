@@ -49,7 +49,24 @@ fn a_plain_rerun_continues_from_the_failed_step_and_keeps_the_finished_ones() {
     assert_ne!(named.hash, p.hash);
     let mut moved = inst.clone();
     moved.version += 1;
-    assert_ne!(plan_rerun(&moved, &def(), &cps, &[], &lookups).unwrap().hash, p.hash, "the hash pins the version");
+    assert_eq!(
+        plan_rerun(&moved, &def(), &cps, &[], &lookups).unwrap().hash,
+        p.hash,
+        "bookkeeping (a version bump) does not change what the operator approved"
+    );
+    let mut paused = inst.clone();
+    paused.state = InstanceState::Paused;
+    assert_ne!(plan_rerun(&paused, &def(), &cps, &[], &lookups).unwrap().hash, p.hash, "the state does");
+    let looked = checkpoints(vec![
+        Some(op("create_order", State::Succeeded)),
+        Some(op("send_confirmation", State::Succeeded)),
+        Some(op("write_back", State::Unknown)),
+    ]);
+    assert_ne!(
+        plan_rerun(&inst, &def(), &looked, &[], &lookups).map(|p| p.hash),
+        Ok(p.hash.clone()),
+        "a step's state does"
+    );
 }
 
 #[test]
