@@ -249,50 +249,46 @@ impl Run {
         self.stats_raw(&self.key(key)).await
     }
 
-    async fn trigger(&self, key: &str, action: &str, payload: &Value, wait_ms: u64) -> anyhow::Result<(u16, Value)> {
-        let url = self.url(&self.target.server, &["v1", "operations"])?;
-        let body = json!({"key": self.key(key), "action": action, "connector": self.connector, "payload": payload, "wait_ms": wait_ms});
+    /// POSTs `body` to idem at `segments`: the status and the JSON answer.
+    async fn post(&self, segments: &[&str], body: &Value) -> anyhow::Result<(u16, Value)> {
+        let url = self.url(&self.target.server, segments)?;
         let r = self
             .http
             .post(url)
             .bearer_auth(&self.target.api_key)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .context("cannot reach idem")?;
         let status = r.status().as_u16();
         refuse_auth(status)?;
         Ok((status, r.json().await.unwrap_or(Value::Null)))
+    }
+
+    /// GETs idem's JSON at `segments`.
+    async fn get(&self, segments: &[&str]) -> anyhow::Result<Value> {
+        let url = self.url(&self.target.server, segments)?;
+        let r = self.http.get(url).bearer_auth(&self.target.api_key).send().await.context("cannot reach idem")?;
+        refuse_auth(r.status().as_u16())?;
+        Ok(r.json().await?)
+    }
+
+    async fn trigger(&self, key: &str, action: &str, payload: &Value, wait_ms: u64) -> anyhow::Result<(u16, Value)> {
+        let body = json!({"key": self.key(key), "action": action, "connector": self.connector, "payload": payload, "wait_ms": wait_ms});
+        self.post(&["v1", "operations"], &body).await
     }
 
     async fn record(&self, key: &str) -> anyhow::Result<Value> {
-        let url = self.url(&self.target.server, &["v1", "operations", &self.key(key)])?;
-        let r = self.http.get(url).bearer_auth(&self.target.api_key).send().await.context("cannot reach idem")?;
-        refuse_auth(r.status().as_u16())?;
-        Ok(r.json().await?)
+        self.get(&["v1", "operations", &self.key(key)]).await
     }
 
     async fn start(&self, s: &Scenario, workflow: &str, input: &Value) -> anyhow::Result<(u16, Value)> {
-        let url = self.url(&self.target.server, &["v1", "workflows"])?;
         let body = json!({"workflow": workflow, "instance_id": self.key(&s.key), "input": input});
-        let r = self
-            .http
-            .post(url)
-            .bearer_auth(&self.target.api_key)
-            .json(&body)
-            .send()
-            .await
-            .context("cannot reach idem")?;
-        let status = r.status().as_u16();
-        refuse_auth(status)?;
-        Ok((status, r.json().await.unwrap_or(Value::Null)))
+        self.post(&["v1", "workflows"], &body).await
     }
 
     async fn instance(&self, key: &str) -> anyhow::Result<Value> {
-        let url = self.url(&self.target.server, &["v1", "workflows", &self.key(key)])?;
-        let r = self.http.get(url).bearer_auth(&self.target.api_key).send().await.context("cannot reach idem")?;
-        refuse_auth(r.status().as_u16())?;
-        Ok(r.json().await?)
+        self.get(&["v1", "workflows", &self.key(key)]).await
     }
 
     /// A workflow scenario: starts, then the instance's final state and its steps' counts.
