@@ -9,12 +9,13 @@
 //! remembered between passes: every decision is made from the stored checkpoints.
 
 use crate::{FlowError, Flows};
+use idem_core::flow::StepRow;
 use idem_core::flow::{
     Checkpoint, Definition, InstanceRecord, InstanceState, Next, RecoveryPolicy, StepDef, plan_advance,
     plan_instance_update,
 };
 use idem_core::{AcquireInput, Actor, Decision, State};
-use idem_store::flow::InstanceUpdate;
+use idem_store::flow::{InstanceUpdate, StartOutcome};
 use idem_store::{ResolveRequest, StoreError};
 use serde_json::Value;
 
@@ -83,12 +84,37 @@ impl Flows {
     /// Store errors (the pass stops; the runner tries again later), corruption
     /// ([`FlowError::DefinitionMismatch`], [`FlowError::DefinitionMissing`]).
     pub async fn advance(&self, tenant: &str, instance_id: &str) -> Result<Option<InstanceRecord>, FlowError> {
+        self.advance_from(tenant, instance_id, None).await
+    }
+
+    /// [`Flows::advance`] for an instance just created by `started` (its checkpoints are
+    /// known: no step has run), without reading it back first. Stale knowledge is safe:
+    /// a step that ran meanwhile replays, and instance writes are conditional.
+    ///
+    /// # Errors
+    /// As [`Flows::advance`].
+    pub async fn advance_started(&self, started: &StartOutcome) -> Result<Option<InstanceRecord>, FlowError> {
+        let inst = started.instance.clone();
+        let def = self.pinned(&inst).await?;
+        let rows = StepRow::all_of(&inst.tenant, &inst.instance_id, &def);
+        let checkpoints = rows.into_iter().map(|r| Checkpoint::of(r, None)).collect();
+        let (tenant, id) = (inst.tenant.clone(), inst.instance_id.clone());
+        self.advance_from(&tenant, &id, Some((inst, checkpoints))).await
+    }
+
+    /// One pass starting from `known` (or from a read).
+    async fn advance_from(
+        &self,
+        tenant: &str,
+        instance_id: &str,
+        mut known: Option<(InstanceRecord, Vec<Checkpoint>)>,
+    ) -> Result<Option<InstanceRecord>, FlowError> {
         let flows = self.store.flows();
-        // What this pass knows: read at first, and again whenever another writer may have
-        // changed it (a conditional write lost, a step answered from elsewhere). Its own
-        // writes it keeps as written: a step's record as the executor stored it, the
-        // instance as `update_instance` wrote it, so a step costs no extra reads.
-        let mut known: Option<(InstanceRecord, Vec<Checkpoint>)> = None;
+        // What this pass knows: read at first (unless given), and again whenever another
+        // writer may have changed it (a conditional write lost, a step answered from
+        // elsewhere). Its own writes it keeps as written: a step's record as the executor
+        // stored it, the instance as `update_instance` wrote it, so a step costs no extra
+        // reads.
         // Each round performs one step or writes the instance; a pass never loops forever.
         for _ in 0..64 {
             let (inst, mut checkpoints) = match known.take() {
@@ -162,6 +188,17 @@ impl Flows {
         let (tenant, id) = (tenant.to_owned(), instance_id.to_owned());
         tokio::spawn(async move {
             if let Err(e) = me.advance(&tenant, &id).await {
+                tracing::warn!(tenant = %tenant, error = %e, "workflow pass failed; the runner retries it");
+            }
+        });
+    }
+
+    /// Runs [`Flows::advance_started`] in its own task.
+    pub fn advance_started_in_background(&self, started: StartOutcome) {
+        let Some(me) = self.me.upgrade() else { return };
+        tokio::spawn(async move {
+            if let Err(e) = me.advance_started(&started).await {
+                let tenant = &started.instance.tenant;
                 tracing::warn!(tenant = %tenant, error = %e, "workflow pass failed; the runner retries it");
             }
         });

@@ -36,6 +36,7 @@ mod batch;
 mod clock;
 mod connections;
 mod fast;
+mod flow_fast;
 
 pub use clock::{ClockStatus, DEFAULT_MAX_UNCERTAINTY_MS, DatabaseClock};
 
@@ -685,14 +686,7 @@ impl crate::flow::WorkflowStore for PgStore {
     }
 
     async fn update_instance(&self, update: crate::flow::InstanceUpdate) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let written = flow_ops::update_instance_once(&mut tx, &update, &self.config.retention).await?;
-        if written {
-            committed(tx.commit()).await?;
-        } else {
-            tx.rollback().await?;
-        }
-        Ok(written)
+        flow_fast::update_instance(&self.pool, &update, &self.config.retention).await
     }
 
     async fn apply_rerun(

@@ -95,8 +95,8 @@ pub async fn workflows_per_second(db_url: &str, c: usize, secs: f64) -> anyhow::
                     steps: None,
                     actor: Actor { principal: "bench".into(), request_id: None },
                 };
-                flows.start(call).await?;
-                let inst = flows.advance("bench", &id).await?.context("the instance vanished")?;
+                let started = flows.start(call).await?;
+                let inst = flows.advance_started(&started).await?.context("the instance vanished")?;
                 anyhow::ensure!(inst.state == InstanceState::Succeeded, "workflow {id} ended {}", inst.state);
                 done.fetch_add(1, Ordering::Relaxed);
                 i += 1;

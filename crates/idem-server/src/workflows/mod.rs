@@ -138,7 +138,7 @@ pub async fn start(
     let out = state.flows.start(call).await.map_err(|e| with_rid(flow_problem(e), &caller))?;
     // A new declared workflow's steps start now, not at the runner's next look.
     if out.decision == StartDecision::Created && state.flows.performs_steps(&out.instance.workflow) {
-        state.flows.advance_in_background(&out.instance.tenant, &out.instance.instance_id);
+        state.flows.advance_started_in_background(out.clone());
     }
     let view = || axum::Json(InstanceView::of(out.instance.clone()));
     Ok(match out.decision {
