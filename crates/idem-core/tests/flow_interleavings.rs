@@ -214,7 +214,7 @@ impl World {
             tenant: "t".into(),
             key: key.into(),
             action: action.into(),
-            fingerprint: idem_core::fingerprint(&payload, None).unwrap().0,
+            fingerprint: idem_core::flow::step_fingerprint(key, &idem_core::fingerprint(&payload, None).unwrap().0),
             payload,
             lease_ms: LEASE_MS,
             redo_safe,

@@ -101,6 +101,17 @@ impl Flows {
     pub async fn acquire_step(&self, call: StepAcquire) -> Result<AcquireOutcome, FlowError> {
         let Located { inst, def, checkpoints, index } =
             self.locate(&call.tenant, &call.instance_id, &call.step).await?;
+        let earlier = def.steps.iter().zip(&checkpoints).take(index);
+        if let Some((s, op)) = earlier.filter_map(|(s, c)| c.foreign_step_operation(s).map(|op| (s, op))).next() {
+            // The instance pauses on it (a pass plans `step_key_conflict`).
+            self.advance_in_background(&call.tenant, &call.instance_id);
+            return Err(FlowError::StepKeyConflict {
+                step: call.step,
+                before: s.name.clone(),
+                key: op.key.clone(),
+                action: op.action.clone(),
+            });
+        }
         if let Some(before) = checkpoints[..index].iter().find(|c| c.state != StepState::Succeeded) {
             return Err(FlowError::PreviousStepUnfinished {
                 step: call.step,

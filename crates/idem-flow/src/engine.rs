@@ -216,7 +216,9 @@ impl Flows {
             );
             return Ok(StepRun::Blocked(Next::Wait { index, until_ms: now + NO_CONNECTOR_WAIT_MS }));
         };
+        // A step fingerprint: no trigger made under this key by anyone else can match it.
         let fingerprint = idem_core::fingerprint(&payload, None).map_err(|e| FlowError::Invalid(e.to_string()))?.0;
+        let fingerprint = idem_core::flow::step_fingerprint(job.key, &fingerprint);
         let input = AcquireInput {
             tenant: inst.tenant.clone(),
             key: job.key.to_owned(),
@@ -253,8 +255,11 @@ impl Flows {
                 index,
                 class: "step_key_conflict",
                 reason: format!(
-                    "the operation key {:?} is taken by another operation (another payload or action, or one removed after retention)",
-                    job.key
+                    "the operation key {:?} is taken by another operation (action {:?}, connector {:?}, fingerprint {}; or one removed after retention): it does not count as this step's result — re-run the instance naming the step to perform it under a new key",
+                    job.key,
+                    out.record.action,
+                    out.record.connector.as_deref().unwrap_or("none"),
+                    out.record.fingerprint.get(..12).unwrap_or(&out.record.fingerprint),
                 ),
             }),
         })

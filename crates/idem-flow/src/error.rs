@@ -93,6 +93,26 @@ pub enum FlowError {
     /// An operator's request to compensate is refused (nothing changed).
     #[error(transparent)]
     Compensation(#[from] idem_core::flow::CompensationRefusal),
+    /// The instance kept changing under an operator's request (other writers won every
+    /// conditional write): nothing was changed by it; look at the instance again (409).
+    #[error("workflow instance {0:?} kept changing under the request: nothing was changed by it; look at it again")]
+    Busy(String),
+    /// A step's key holds an operation not made for it (another action or connector,
+    /// created through `/v1/operations`): it never counts as the step's result (409); a
+    /// re-run performs the step under a new key.
+    #[error(
+        "step {step:?} cannot start: the key {key:?} of step {before:?} holds an operation not made for it (action {action:?}); re-run the instance to perform {before:?} under a new key"
+    )]
+    StepKeyConflict {
+        /// The step asked for.
+        step: String,
+        /// The step whose key is taken.
+        before: String,
+        /// Its key.
+        key: String,
+        /// The action of the operation under it.
+        action: String,
+    },
     /// An operator's action without a reason (it is mandatory and audited).
     #[error("a reason is mandatory: it is kept in the instance's events with who asked")]
     MissingReason,

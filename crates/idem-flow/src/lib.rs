@@ -145,7 +145,7 @@ impl Flows {
         let definition = self.pinned(&instance).await?;
         let checkpoints = flows.checkpoints(tenant, instance_id).await?;
         let events = flows.instance_events(tenant, instance_id).await?;
-        let progress = Progress::of(&checkpoints);
+        let progress = Progress::of(instance.state, &checkpoints);
         Ok(Some(InstanceView { instance, definition, checkpoints, progress, events }))
     }
 }

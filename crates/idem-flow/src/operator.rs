@@ -80,21 +80,47 @@ impl Flows {
         actor: &Actor,
     ) -> Result<(RerunPlan, InstanceRecord), FlowError> {
         check_reason(reason)?;
-        let (inst, def, checkpoints) = self.load(tenant, id).await?;
-        let plan = plan_rerun(&inst, &def, &checkpoints, named, &|c| self.looks_up(c))?;
-        let (record, event) = plan_rerun_apply(&inst, &plan, approved, reason, actor, self.clock.now_ms())?;
-        let keys: Vec<(i64, String, String)> = plan
-            .steps
-            .iter()
-            .zip(&checkpoints)
-            .filter(|(p, c)| p.op_key != c.row.op_key || p.comp_key != c.row.comp_key)
-            .map(|(p, c)| (c.row.position, p.op_key.clone(), p.comp_key.clone()))
-            .collect();
-        let update = InstanceUpdate { record: record.clone(), read_version: inst.version, events: vec![event] };
-        if !self.store.flows().apply_rerun(update, keys).await? {
-            let now = self.preview_rerun(tenant, id, named).await.map(|p| p.hash).unwrap_or_default();
-            return Err(FlowError::Rerun(idem_core::flow::RerunRefusal::PlanChanged { approved: plan.hash, now }));
+        // The runner's bookkeeping (a PAUSED instance's next look) moves the instance's
+        // version without changing the plan: when the conditional write loses to it, plan
+        // again and write if the plan is still the one approved.
+        let mut lost = None;
+        for _ in 0..OPERATOR_WRITE_TRIES {
+            let (inst, def, checkpoints) = self.load(tenant, id).await?;
+            let plan = plan_rerun(&inst, &def, &checkpoints, named, &|c| self.looks_up(c))?;
+            let approved = approved.or(lost.as_deref());
+            let (record, event) = plan_rerun_apply(&inst, &plan, approved, reason, actor, self.clock.now_ms())?;
+            let keys: Vec<(i64, String, String)> = plan
+                .steps
+                .iter()
+                .zip(&checkpoints)
+                .filter(|(p, c)| p.op_key != c.row.op_key || p.comp_key != c.row.comp_key)
+                .map(|(p, c)| (c.row.position, p.op_key.clone(), p.comp_key.clone()))
+                .collect();
+            let update = InstanceUpdate { record: record.clone(), read_version: inst.version, events: vec![event] };
+            if self.store.flows().apply_rerun(update, keys).await? {
+                return self.after_rerun(tenant, id, actor, plan, checkpoints, record).await;
+            }
+            // Without an approved hash, the plan first made is the one the caller asked for.
+            lost = Some(plan.hash);
         }
+        let now = self.preview_rerun(tenant, id, named).await.map(|p| p.hash).unwrap_or_default();
+        Err(FlowError::Rerun(idem_core::flow::RerunRefusal::PlanChanged {
+            approved: approved.map(str::to_owned).or(lost).unwrap_or_default(),
+            now,
+        }))
+    }
+
+    /// After a re-run was written: count it, ask the providers of the steps to look up
+    /// first, and start a pass.
+    async fn after_rerun(
+        &self,
+        tenant: &str,
+        id: &str,
+        actor: &Actor,
+        plan: RerunPlan,
+        checkpoints: Vec<Checkpoint>,
+        record: InstanceRecord,
+    ) -> Result<(RerunPlan, InstanceRecord), FlowError> {
         metrics::counter!("idem_workflow_reruns_total").increment(1);
         for (p, c) in plan.steps.iter().zip(&checkpoints) {
             if p.disposition != StepDisposition::LookedUp {
@@ -126,14 +152,22 @@ impl Flows {
         actor: &Actor,
     ) -> Result<InstanceRecord, FlowError> {
         check_reason(reason)?;
-        let (inst, def, checkpoints) = self.load(tenant, id).await?;
-        let (record, event) =
-            plan_operator_compensation(&inst, &def, &checkpoints, reason, actor, self.clock.now_ms())?;
-        let update = InstanceUpdate { record: record.clone(), read_version: inst.version, events: vec![event] };
-        if !self.store.flows().update_instance(update).await? {
-            return Err(FlowError::Invalid("the instance changed meanwhile: look at it again".into()));
+        // As for re-runs: a write lost to the runner's bookkeeping is planned again; one
+        // lost to another operator's request is refused as that request left it (409).
+        for _ in 0..OPERATOR_WRITE_TRIES {
+            let (inst, def, checkpoints) = self.load(tenant, id).await?;
+            let (record, event) =
+                plan_operator_compensation(&inst, &def, &checkpoints, reason, actor, self.clock.now_ms())?;
+            let update = InstanceUpdate { record: record.clone(), read_version: inst.version, events: vec![event] };
+            if self.store.flows().update_instance(update).await? {
+                self.advance_in_background(tenant, id);
+                return Ok(record);
+            }
         }
-        self.advance_in_background(tenant, id);
-        Ok(record)
+        Err(FlowError::Busy(id.to_owned()))
     }
 }
+
+/// How often an operator's conditional write is planned again after losing to another
+/// writer before the request is refused.
+const OPERATOR_WRITE_TRIES: usize = 5;

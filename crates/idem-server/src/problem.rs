@@ -149,6 +149,16 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The instance is PAUSED, FAILED, SUCCEEDED, COMPENSATING or COMPENSATED (the problem's `state`): no step may start. Finished steps are still replayed.",
     ),
     (
+        "step-key-conflict",
+        "A step's key holds an operation not made for it",
+        "An operation with another action or connector was created (through /v1/operations) under the key of an earlier step: it never counts as that step's result. The instance pauses; a re-run performs the step under a new key.",
+    ),
+    (
+        "instance-busy",
+        "The workflow instance kept changing under the request",
+        "Other writers changed the instance at every attempt of an operator's request; nothing was changed by it. Look at the instance again.",
+    ),
+    (
         "missing-reason",
         "A reason is mandatory",
         "An operator's re-run, compensation or resolution needs a reason; it is kept in the events with who asked. Nothing was changed.",

@@ -207,6 +207,16 @@ pub fn instance_with_steps(v: &Value) -> String {
             n(st, "attempts"),
             evidence(st)
         ));
+        if let Some(c) = st.get("compensation").filter(|c| !c.is_null()) {
+            out.push_str(&format!(
+                "     {:<24} {:<11} {:<18} attempts {:<3} {}\n",
+                format!("↳ compensation {}", s(c, "action")),
+                s(c, "state"),
+                s(st, "compensation_key"),
+                n(c, "attempts"),
+                evidence(c)
+            ));
+        }
     }
     out.push_str("events:\n");
     for e in v.get("events").and_then(Value::as_array).into_iter().flatten() {
@@ -236,10 +246,11 @@ pub fn rerun_plan(v: &Value) -> String {
     for st in v.get("steps").and_then(Value::as_array).into_iter().flatten() {
         let input = st.get("input").filter(|i| !i.is_null()).map(|i| format!(" input {i}")).unwrap_or_default();
         out.push_str(&format!(
-            "  {:<24} {:<11} {}{}{}\n",
+            "  {:<24} {:<17} {} {}{}{}\n",
             s(st, "step"),
             s(st, "disposition"),
-            s(st, "operation_key"),
+            s(st, "action"),
+            s(st, "key"),
             st.get("connector").and_then(Value::as_str).map(|c| format!(" via {c}")).unwrap_or_default(),
             input
         ));

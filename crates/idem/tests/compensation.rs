@@ -211,8 +211,21 @@ async fn a_failing_compensation_pauses_alerts_and_the_operator_reruns_it() {
     assert_eq!(dry.body["resumes_as"], "COMPENSATING");
     let plan: Vec<_> =
         dry.body["steps"].as_array().unwrap().iter().map(|s| s["disposition"].as_str().unwrap()).collect();
-    assert_eq!(plan, ["kept", "compensated", "kept"]);
-    assert_eq!(dry.body["steps"][1]["compensation_key"], format!("{id}:reserve_stock:compensate-2"));
+    assert_eq!(plan, ["compensation_runs", "compensated", "kept"], "every effect the re-run makes is shown");
+    let redo = &dry.body["steps"][1];
+    assert_eq!(redo["compensation_key"], format!("{id}:reserve_stock:compensate-2"));
+    assert_eq!((&redo["key"], &redo["action"]), (&redo["compensation_key"], &json!("release_stock")));
+    assert_eq!(redo["input"], json!({"reservation": "ord-2"}));
+    let then = &dry.body["steps"][0];
+    assert_eq!(
+        (&then["key"], &then["action"]),
+        (&json!(format!("{id}:create_order:compensate")), &json!("cancel_order"))
+    );
+
+    // The approval does not go stale while the instance waits: the runner looks at a
+    // PAUSED instance every 5 s (its version moves), and the plan stays the same.
+    let seen = instance(&s, id).await["next_run_at"].clone();
+    wait_instance(&s, id, 15, |v| v["next_run_at"] != seen).await;
     let no_reason = s.post(&operator, &path, &json!({"plan_hash": dry.body["plan_hash"]})).await;
     assert_eq!((no_reason.status.as_u16(), no_reason.problem()), (400, "missing-reason"));
     let run = s
@@ -294,6 +307,105 @@ async fn reruns_are_previewed_guarded_and_audited() {
     assert_eq!((nothing.status.as_u16(), nothing.problem()), (409, "nothing-to-rerun"));
     let comp = s.post(&operator, &format!("/v1/workflows/{}/compensate", enc(id)), &json!({"reason": "r"})).await;
     assert_eq!((comp.status.as_u16(), comp.problem()), (409, "instance-not-stopped"));
+}
+
+/// An operation made through `/v1/operations` under a step's key (another action) is never
+/// taken as the step's result: the instance pauses on the conflict with no call made, and
+/// a re-run performs the step under a new key (the acquire through the step's own key
+/// would have been a 422 mismatch, too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_not_made_for_a_step_never_counts_as_its_result() {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &plain_config(addr));
+    let operator = s.create_key("default", "operator");
+    // Another action, completed by hand; and the step's own action and connector, triggered
+    // (and performed by idem, a real effect) through /v1/operations with another payload.
+    for (id, trigger, found) in [
+        ("ORD-F1", json!({"action": "unrelated", "payload": {"a": 1}}), "unrelated"),
+        (
+            "ORD-F2",
+            json!({"action": "create_order", "connector": "orders", "payload": {"customer": "C-9"}}),
+            "create_order",
+        ),
+    ] {
+        let key = format!("{id}:create_order");
+        let mut body = trigger.clone();
+        body["key"] = json!(key);
+        let r = s.post(ADMIN_KEY, "/v1/operations", &body).await;
+        if trigger.get("connector").is_none() {
+            assert_eq!(r.status, 201, "{r:?}");
+            let done = s
+                .complete(
+                    &key,
+                    json!({"fencing_token": r.token(), "outcome": "succeeded", "provider_ref": "foreign-1"}),
+                )
+                .await;
+            assert_eq!(done.status, 200, "{done:?}");
+        } else {
+            s.wait_for(&key, 20, |v| v["state"] == "SUCCEEDED").await;
+        }
+        let calls_before = provider.calls(&key);
+        start(&s, id).await;
+        let v = wait_instance(&s, id, 20, |v| v["state"] == "PAUSED").await;
+        assert_eq!(
+            (v["stopped_step"].as_str(), v["error"]["class"].as_str()),
+            (Some("create_order"), Some("step_key_conflict"))
+        );
+        assert!(v["error"]["message"].as_str().unwrap().contains(found), "{v:#}");
+        assert_eq!(provider.calls(&key), calls_before, "no call for the step under the taken key");
+        assert_eq!(provider.calls(&format!("{id}:reserve_stock")), 0, "the other result is never passed on");
+
+        let path = format!("/v1/workflows/{}/rerun", enc(id));
+        let dry = s.post(&operator, &path, &json!({"dry_run": true})).await;
+        let plan: Vec<_> =
+            dry.body["steps"].as_array().unwrap().iter().map(|s| s["disposition"].as_str().unwrap()).collect();
+        assert_eq!(plan, ["redone", "runs", "runs"], "{dry:?}");
+        assert_eq!(dry.body["steps"][0]["key"], format!("{key}:rerun-1"));
+        assert!(dry.body["steps"][1]["input"].is_null(), "built from the new order, not shown before it exists");
+        let run =
+            s.post(&operator, &path, &json!({"reason": "the key was taken", "plan_hash": dry.body["plan_hash"]})).await;
+        assert_eq!(run.status, 200, "{run:?}");
+        let v = wait_instance(&s, id, 20, |v| v["state"] == "SUCCEEDED").await;
+        assert_eq!(provider.effects(&format!("{key}:rerun-1")), 1);
+        assert_eq!(v["steps"][0]["operation_key"], format!("{key}:rerun-1"));
+        let other = s.record(&key).await.body;
+        assert_eq!(other["action"], trigger["action"], "the other operation is left as it was: {other}");
+    }
+}
+
+/// Concurrent requests to compensate one instance (over two nodes): one wins, the others
+/// are told 409 as the winner left it; the compensations run once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_compensation_requests_run_it_once() {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(Backend::Postgres).await;
+    // charge on the connector without lookup: a lost reply leaves it UNKNOWN, and the
+    // instance pauses for a person (policy manual), before any compensation.
+    let config = config(addr)
+        .replace(r#"{ name = "charge", connector = "orders""#, r#"{ name = "charge", connector = "cancels""#);
+    let a = Server::start_with_config(&db.url, &config);
+    let b = Server::start_with_config(&db.url, &config);
+    let id = "ORD-CC1";
+    provider.script(&format!("{id}:charge"), vec![Step::EffectThenHang]);
+    start(&a, id).await;
+    let v = wait_instance(&a, id, 30, |v| v["state"] == "PAUSED").await;
+    assert_eq!(v["stopped_step"], "charge", "{v:#}");
+    let operator = a.create_key("default", "operator");
+    let path = format!("/v1/workflows/{}/compensate", enc(id));
+    let body = json!({"reason": "the customer cancelled"});
+    let answers = futures_util::future::join_all((0..8).map(|i| {
+        let s = if i % 2 == 0 { &a } else { &b };
+        s.post(&operator, &path, &body)
+    }))
+    .await;
+    let mut statuses: Vec<_> = answers.iter().map(|r| r.status.as_u16()).collect();
+    statuses.sort();
+    assert_eq!(statuses, [200, 409, 409, 409, 409, 409, 409, 409], "the losers are told 409: {answers:?}");
+    let v = wait_instance(&a, id, 30, |v| v["state"] == "COMPENSATED").await;
+    for step in ["create_order", "reserve_stock"] {
+        assert_eq!(provider.effects(&format!("{id}:{step}:compensate")), 1, "{step}: compensated once: {v:#}");
+    }
 }
 
 /// The workflow of [`config`] without compensations.

@@ -10,44 +10,83 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+/// A running `idem serve` whose log (JSON lines, `RUST_LOG=info`) goes to a file.
+struct Logged {
+    child: std::process::Child,
+    base: String,
+    log_path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Logged {
+    fn start(extra: &[&str]) -> Logged {
+        let dir = tempfile::tempdir().unwrap();
+        let log_path = dir.path().join("idem.log");
+        let mut child = Command::new(idem_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--database-url"])
+            .arg(dir.path().join("idem.db"))
+            .args(extra)
+            .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log_path).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let base = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("idem: listening on ").map(str::to_owned))
+            .expect("the server starts");
+        Logged { child, base, log_path, _dir: dir }
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+        http.post(format!("{}{path}", self.base)).bearer_auth(ADMIN_KEY).json(body).send().await.unwrap()
+    }
+
+    /// Lets the last access lines reach the file, stops the server, returns the log text.
+    async fn stop(mut self) -> String {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::fs::read_to_string(&self.log_path).unwrap()
+    }
+}
+
 /// Runs `idem serve` with `extra` flags, sends one trigger with `key`, stops the server and
-/// returns (the response's request id, the JSON log lines).
+/// returns (the response's request id, the JSON log lines, the log text).
 async fn serve_and_log(extra: &[&str], key: &str) -> (String, Vec<Value>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let log_path = dir.path().join("idem.log");
-    let mut child = Command::new(idem_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--database-url"])
-        .arg(dir.path().join("idem.db"))
-        .args(extra)
-        .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let base = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|l| l.strip_prefix("idem: listening on ").map(str::to_owned))
-        .expect("the server starts");
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
-    let r = http
-        .post(format!("{base}/v1/operations"))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({"key": key, "action": "send_confirmation", "payload": {"to": "x"}}))
-        .send()
-        .await
-        .unwrap();
+    let server = Logged::start(extra);
+    let r = server
+        .post("/v1/operations", &json!({"key": key, "action": "send_confirmation", "payload": {"to": "x"}}))
+        .await;
     assert_eq!(r.status(), 201);
     let rid = r.headers()["x-request-id"].to_str().unwrap().to_string();
-    // Let the access line reach the file, then stop the server.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = child.kill();
-    let _ = child.wait();
-    let text = std::fs::read_to_string(&log_path).unwrap();
+    let text = server.stop().await;
     let lines = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
     (rid, lines, text)
+}
+
+/// Keys and instance ids idem refuses because they look like personal data (an e-mail
+/// address) never reach the log, whichever route refused them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_ids_that_look_like_personal_data_stay_out_of_the_log() {
+    let server = Logged::start(&[]);
+    let id = "inst-mary@example.com";
+    let steps = json!([{"name": "a", "action": "a"}]);
+    for (path, body) in [
+        ("/v1/operations".to_owned(), json!({"key": id, "action": "a", "payload": {}})),
+        ("/v1/workflows".to_owned(), json!({"workflow": "w", "instance_id": id, "steps": steps})),
+        (format!("/v1/workflows/{}/steps/a", common::enc(id)), json!({"payload": {}})),
+    ] {
+        let r = server.post(&path, &body).await;
+        assert!(r.status().is_client_error(), "{path}: {}", r.status());
+    }
+    let text = server.stop().await;
+    assert!(text.contains("idem::access"), "the requests were logged: {text}");
+    assert!(!text.contains("mary@example.com"), "a refused id was logged: {text}");
 }
 
 fn access_line<'a>(lines: &'a [Value], rid: &str) -> &'a Value {

@@ -4,7 +4,7 @@
 
 use super::definition::Definition;
 use super::plan::{StartInput, plan_start};
-use super::record::{Checkpoint, InstanceRecord, StepRow, compensation_key, step_key};
+use super::record::{Checkpoint, InstanceRecord, StepRow, compensation_key, step_fingerprint, step_key};
 use crate::record::{Actor, OperationRecord};
 use crate::{AcquireInput, State};
 use serde_json::json;
@@ -81,14 +81,31 @@ pub fn op_at(key: &str, state: State) -> OperationRecord {
     r
 }
 
-/// The operation of step `step` in `state`.
+/// The operation of step `step` in `state`, made for it (the step's action and connector).
 pub fn op(step: &str, state: State) -> OperationRecord {
-    op_at(&step_key(ID, step), state)
+    let d = def();
+    let s = d.steps.iter().find(|s| s.name == step).expect("a step of the canned definition");
+    let mut r = op_at(&step_key(ID, step), state);
+    r.action = s.action.clone();
+    r.connector = s.connector.clone();
+    made_by_idem(r)
 }
 
-/// The operation of step `step`'s compensation in `state`.
+/// `r` with the fingerprint idem gives the operations it performs for a workflow.
+pub fn made_by_idem(mut r: OperationRecord) -> OperationRecord {
+    r.fingerprint = step_fingerprint(&r.key, &crate::fingerprint(&r.payload, None).unwrap().0);
+    r
+}
+
+/// The operation of step `step`'s compensation in `state`, made for it.
 pub fn comp(step: &str, state: State) -> OperationRecord {
-    op_at(&compensation_key(&step_key(ID, step)), state)
+    let d = def();
+    let c = d.steps.iter().find(|s| s.name == step).and_then(|s| s.compensation.clone());
+    let c = c.expect("a compensated step of the canned definition");
+    let mut r = op_at(&compensation_key(&step_key(ID, step)), state);
+    r.action = c.action;
+    r.connector = c.connector;
+    made_by_idem(r)
 }
 
 /// Checkpoints of [`def`]: `ops[i]` is step i's operation and `comps[i]` its compensation's

@@ -63,8 +63,8 @@ pub use plan::{
 };
 pub use record::{
     Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, InstanceTombstone, Progress, StepRow,
-    compensation_key, compensation_rerun_key, rerun_key, step_key, validate_instance_id, validate_step_name,
-    validate_workflow_name,
+    compensation_key, compensation_rerun_key, rerun_key, step_fingerprint, step_key, validate_instance_id,
+    validate_step_name, validate_workflow_name,
 };
 pub use recovery::{Recovery, plan_recovery};
 pub use rerun::{PlannedStep, RerunPlan, RerunRefusal, StepDisposition, plan_rerun, plan_rerun_apply};

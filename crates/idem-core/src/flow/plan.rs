@@ -291,8 +291,11 @@ pub fn plan_advance(
 
 /// Whether step `step`'s effect may exist and has a compensation to undo it: its operation
 /// SUCCEEDED, or is UNKNOWN under the `compensate` policy.
+/// An operation under the step's key that was not made for it (see
+/// [`Checkpoint::foreign_operation`]) is not the step's effect: it needs no compensation.
 pub fn needs_compensation(step: &StepDef, c: &Checkpoint) -> bool {
     step.compensation.is_some()
+        && c.foreign_step_operation(step).is_none()
         && match c.operation.as_ref().map(|o| o.state) {
             Some(State::Succeeded) => true,
             Some(State::Unknown) => step.policy == RecoveryPolicy::Compensate,
@@ -359,6 +362,9 @@ pub fn plan_operator_compensation(
 fn next_compensating(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Next {
     let mut done = 0;
     for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate().rev() {
+        if let Some(op) = c.foreign_compensation(step) {
+            return key_conflict(index, step, op, "its compensation");
+        }
         let Some(comp) = step.compensation.as_ref().filter(|_| needs_compensation(step, c)) else { continue };
         let pause = |class: &'static str, why: String| Next::Pause {
             index,
@@ -420,6 +426,12 @@ fn next_compensating(inst: &InstanceRecord, def: &Definition, checkpoints: &[Che
 /// [`plan_advance`] for a RUNNING instance.
 fn next_running(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Next {
     for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
+        if let Some(op) = c.foreign_step_operation(step) {
+            return key_conflict(index, step, op, "the step");
+        }
+        if let Some(op) = c.foreign_compensation(step) {
+            return key_conflict(index, step, op, "its compensation");
+        }
         let by_caller = step.connector.is_none();
         let Some(op) = c.operation.as_ref() else {
             if by_caller {
@@ -490,6 +502,31 @@ fn next_running(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoi
         index: None,
         class: None,
         reason: format!("all {} steps succeeded", def.steps.len()),
+    }
+}
+
+/// Pause for an operation under one of step `index`'s keys that was not made for `what`
+/// (the step, or its compensation): it never counts as their result.
+fn key_conflict(index: usize, step: &StepDef, op: &crate::OperationRecord, what: &str) -> Next {
+    let (action, connector) = if what == "the step" {
+        (step.action.as_str(), step.connector.as_deref())
+    } else {
+        let comp = step.compensation.as_ref();
+        (comp.map_or("", |c| c.action.as_str()), comp.and_then(|c| c.connector.as_deref()))
+    };
+    let connector_name = |c: Option<&str>| c.map_or_else(|| "none (your code)".to_owned(), |c| format!("{c:?}"));
+    Next::Pause {
+        index,
+        class: "step_key_conflict",
+        reason: format!(
+            "the operation under key {:?} was not made for {what} of step {:?}: it has action {:?} and connector {}, where {what} has action {:?} and connector {}; it does not count as their result — re-run the instance naming the step to perform it under a new key",
+            op.key,
+            step.name,
+            op.action,
+            connector_name(op.connector.as_deref()),
+            action,
+            connector_name(connector),
+        ),
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! All instants are Unix epoch **milliseconds** (UTC) as `i64`.
 
-use super::definition::{Definition, RecoveryPolicy};
+use super::definition::{Definition, RecoveryPolicy, StepDef};
 use super::state::{InstanceState, StepState};
 use crate::key::IdempotencyKey;
 use crate::record::{Actor, OperationRecord};
@@ -29,8 +29,8 @@ pub const MAX_WORKFLOW_NAME_LEN: usize = 64;
 /// # Errors
 /// A one-line message for the caller.
 pub fn validate_instance_id(id: &str) -> Result<(), String> {
-    if id.len() > MAX_INSTANCE_ID_LEN {
-        return Err(format!("the instance id has {} characters; at most {MAX_INSTANCE_ID_LEN} are allowed", id.len()));
+    if id.is_empty() || id.len() > MAX_INSTANCE_ID_LEN {
+        return Err(format!("the instance id has {} characters; it must have 1 to {MAX_INSTANCE_ID_LEN}", id.len()));
     }
     if id.contains('/') {
         return Err("the instance id cannot contain '/'".into());
@@ -39,8 +39,9 @@ pub fn validate_instance_id(id: &str) -> Result<(), String> {
 }
 
 /// Checks a step name: 1–[`MAX_STEP_NAME_LEN`] characters of `[A-Za-z0-9_.-]` (no `:`), and
-/// not `compensate` or `rerun-…`, so that a derived key names one step of one instance:
-/// `A:b:compensate` is the compensation of step `b` of `A`, never step `compensate` of `A:b`.
+/// not `compensate…` or `rerun-…`, so that a derived key names one step of one instance:
+/// `A:b:compensate` (or `A:b:compensate-2`, an operator's redo of it) is the compensation
+/// of step `b` of `A`, never step `compensate` (`compensate-2`) of `A:b`.
 ///
 /// # Errors
 /// A one-line message.
@@ -50,13 +51,13 @@ pub fn validate_step_name(name: &str) -> Result<(), String> {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
         && name != "."
         && name != ".."
-        && name != "compensate"
+        && !name.starts_with("compensate")
         && !name.starts_with("rerun-");
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "a step name is 1-{MAX_STEP_NAME_LEN} characters of [A-Za-z0-9_.-], other than compensate and rerun-…"
+            "a step name is 1-{MAX_STEP_NAME_LEN} characters of [A-Za-z0-9_.-], not starting with compensate or rerun- (those end the keys idem derives)"
         ))
     }
 }
@@ -192,6 +193,27 @@ impl StepRow {
     }
 }
 
+/// The fingerprint of an operation idem performs for a workflow (a step or a compensation
+/// with a connector): SHA-256 (hex) of a domain tag, the operation's key and its payload's
+/// fingerprint. No trigger through `/v1/operations` can produce it (there the fingerprint
+/// is the payload's own), so an operation idem made for a step is told apart from one made
+/// under its key by anyone else, by recomputing it from the stored payload.
+pub fn step_fingerprint(op_key: &str, payload_fingerprint: &str) -> String {
+    crate::fingerprint::sha256_hex(format!("idem workflow operation\n{op_key}\n{payload_fingerprint}").as_bytes())
+}
+
+/// Whether `op` is what idem makes for an action on `connector`: the same action and
+/// connector, and — when idem performs it (a connector) — a [`step_fingerprint`] of its own
+/// stored payload. An operation a step's code performs (no connector) is checked by action
+/// and connector only: its fingerprint is the worker's payload's, possibly of named fields.
+fn made_for(op: &OperationRecord, action: &str, connector: Option<&str>) -> bool {
+    if op.action != action || op.connector.as_deref() != connector {
+        return false;
+    }
+    connector.is_none()
+        || crate::fingerprint(&op.payload, None).is_ok_and(|f| op.fingerprint == step_fingerprint(&op.key, &f.0))
+}
+
 /// What a resuming worker reads for one step: the step row, its operation (if it exists),
 /// its compensation's operation (if one ran) and the versions it runs under. Derived, never
 /// stored.
@@ -209,6 +231,33 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// An operation under one of this step's keys that was not made for it: its action or
+    /// connector is not the step's (for the step's operation) or not its compensation's
+    /// (for the compensation's). Such an operation — created through `/v1/operations`
+    /// under a key that happens to be the step's — must never count as the step's result
+    /// (a SUCCEEDED one would skip a step that never ran): the engine pauses the instance
+    /// (`step_key_conflict`), and a re-run redoes the step under a new key. The ledger's own
+    /// rule is the same: the action and the connector are part of an operation's intent
+    /// (DESIGN.md §3), so any acquire of the step through the step API would get 422.
+    pub fn foreign_operation(&self, step: &StepDef) -> Option<&OperationRecord> {
+        self.foreign_step_operation(step).or_else(|| self.foreign_compensation(step))
+    }
+
+    /// The step's operation, if it was not made for the step (see
+    /// [`Checkpoint::foreign_operation`]).
+    pub fn foreign_step_operation(&self, step: &StepDef) -> Option<&OperationRecord> {
+        self.operation.as_ref().filter(|op| !made_for(op, &step.action, step.connector.as_deref()))
+    }
+
+    /// The compensation's operation, if it was not made for the step's compensation (or
+    /// the step has none).
+    pub fn foreign_compensation(&self, step: &StepDef) -> Option<&OperationRecord> {
+        self.compensation.as_ref().filter(|op| match &step.compensation {
+            Some(def) => !made_for(op, &def.action, def.connector.as_deref()),
+            None => true,
+        })
+    }
+
     /// The checkpoint of `row` given its operation record (no compensation).
     pub fn of(row: StepRow, operation: Option<OperationRecord>) -> Self {
         Checkpoint::with_compensation(row, operation, None)
@@ -232,21 +281,23 @@ impl Checkpoint {
 /// Where an instance stands, derived from its checkpoints (in definition order).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Progress {
-    /// The last step of the run of SUCCEEDED steps from the start.
+    /// The last step of the run of SUCCEEDED steps from the start (a COMPENSATED step
+    /// counts: it succeeded, then its effect was undone).
     pub last_good_step: Option<String>,
-    /// The first step that has not SUCCEEDED (`None` when all have).
+    /// The first step that has not SUCCEEDED (`None` when all have, and for a COMPENSATED
+    /// instance: nothing is current any more).
     pub current_step: Option<String>,
 }
 
 impl Progress {
-    /// The progress of checkpoints in definition order.
-    pub fn of(checkpoints: &[Checkpoint]) -> Self {
+    /// The progress of an instance in `state` with checkpoints in definition order.
+    pub fn of(state: InstanceState, checkpoints: &[Checkpoint]) -> Self {
         let mut p = Progress::default();
         for c in checkpoints {
-            if c.state == StepState::Succeeded {
+            if matches!(c.state, StepState::Succeeded | StepState::Compensated) {
                 p.last_good_step = Some(c.row.step.clone());
             } else {
-                p.current_step = Some(c.row.step.clone());
+                p.current_step = (state != InstanceState::Compensated).then(|| c.row.step.clone());
                 break;
             }
         }
@@ -445,6 +496,10 @@ mod tests {
         assert!(e.contains("instance id") && e.contains("e-mail"), "{e}");
         assert!(validate_step_name("a:b").is_err());
         assert!(validate_step_name("compensate").is_err() && validate_step_name("rerun-2").is_err());
+        assert!(validate_step_name("compensate-2").is_err(), "an operator's redo of a compensation ends its key so");
+        assert!(validate_step_name("compensated_refund").is_err() && validate_step_name("rerun").is_ok());
+        let e = validate_instance_id("").unwrap_err();
+        assert!(e.contains(&format!("1 to {MAX_INSTANCE_ID_LEN}")), "{e}");
         assert!(validate_workflow_name("order intake").is_err());
     }
 }

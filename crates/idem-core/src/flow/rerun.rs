@@ -15,14 +15,24 @@
 //! | not started                              | runs                             | runs             |
 //! | PENDING, EXECUTING                       | kept (it is on its way)          | refused          |
 //!
+//! An operation under a step's key that was not made for the step (another action or
+//! connector: [`Checkpoint::foreign_operation`]) is never reused: the step is redone under
+//! a new key, named or not.
+//!
 //! An instance that paused during compensation re-runs its compensation: a compensation
 //! that FAILED is redone under a new key (`…:compensate-N`), one that is UNKNOWN is looked
-//! up first; no step is redone then. A re-run never takes a changed definition or input:
+//! up first, and the compensations not begun yet run after them (last step first); no
+//! step is redone then.
+//!
+//! The plan shows the input a step would send only when it can be known now: when every
+//! step before it is kept. After a redone step, a later step's input is built from the
+//! redone step's new result, when its turn comes. A re-run never takes a changed definition or input:
 //! the instance's pinned version is used (start a new instance for another). A redone
 //! step is a new intent: its old operation stays, with its own evidence, in the history.
 
 use super::definition::Definition;
 use super::input::build_step_input;
+use super::plan::needs_compensation;
 use super::record::{
     Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, MAX_RERUNS, compensation_key, compensation_number,
     compensation_rerun_key, input_context, rerun_key, rerun_number,
@@ -49,6 +59,17 @@ pub enum StepDisposition {
     LookedUp,
     /// Its compensation is redone under a new key (it failed).
     Compensated,
+    /// Its compensation runs for the first time (a compensation re-run goes on with the
+    /// compensations not begun yet, last step first): a new side effect.
+    CompensationRuns,
+}
+
+impl StepDisposition {
+    /// Whether this disposition acts on the step's compensation (its key is `comp_key`),
+    /// not on the step itself.
+    pub fn is_compensation(self) -> bool {
+        matches!(self, StepDisposition::Compensated | StepDisposition::CompensationRuns)
+    }
 }
 
 /// One step of a [`RerunPlan`].
@@ -60,14 +81,21 @@ pub struct PlannedStep {
     pub state: StepState,
     /// What happens to it.
     pub disposition: StepDisposition,
+    /// The action performed: the step's, or its compensation's for a compensation re-run
+    /// (an UNKNOWN compensation looked up too).
+    pub action: String,
+    /// The key of the operation the disposition acts on: `op_key`, or `comp_key` for a
+    /// compensation re-run's steps.
+    pub key: String,
     /// The operation key the step will run under (a new one when redone).
     pub op_key: String,
     /// The key of its compensation (a new one when its compensation is redone).
     pub comp_key: String,
     /// The connector that performs it (`None`: the caller's code).
     pub connector: Option<String>,
-    /// The input it would send, for a step idem performs and redoes or runs now (when it
-    /// can be built already; a later step's input is built when its turn comes).
+    /// The input it would send, for a step (or compensation) idem performs that is redone
+    /// or runs, when it can be known now: every step before it is kept (after a redone
+    /// step, the input is built from its new result when its turn comes).
     pub input: Option<Value>,
 }
 
@@ -166,14 +194,17 @@ pub fn plan_rerun(
     let ctx = input_context(inst, checkpoints);
     let mut steps = Vec::with_capacity(def.steps.len());
     let mut first_open = true;
+    let mut all_kept_before = true;
     for (step, c) in def.steps.iter().zip(checkpoints) {
         let is_named = named.iter().any(|n| *n == step.name);
+        let foreign = c.foreign_step_operation(step).is_some();
         let state = c.operation.as_ref().map(|o| o.state);
-        let first = first_open && state != Some(State::Succeeded);
+        let first = first_open && (foreign || state != Some(State::Succeeded));
         if first {
             first_open = false;
         }
         let disposition = match (state, is_named) {
+            _ if foreign => StepDisposition::Redone,
             (None, _) => StepDisposition::Runs,
             (Some(State::Pending | State::Executing), true) => {
                 return Err(RerunRefusal::StepBusy { step: step.name.clone(), state: c.state });
@@ -201,15 +232,18 @@ pub fn plan_rerun(
         };
         let comp_key = if op_key == c.row.op_key { c.row.comp_key.clone() } else { compensation_key(&op_key) };
         let input = match disposition {
-            StepDisposition::Redone | StepDisposition::Runs if step.connector.is_some() => {
+            StepDisposition::Redone | StepDisposition::Runs if step.connector.is_some() && all_kept_before => {
                 build_step_input(&step.input, &ctx).ok()
             }
             _ => None,
         };
+        all_kept_before &= disposition == StepDisposition::Kept;
         steps.push(PlannedStep {
             step: step.name.clone(),
             state: c.state,
             disposition,
+            action: step.action.clone(),
+            key: op_key.clone(),
             op_key,
             comp_key,
             connector: step.connector.clone(),
@@ -230,10 +264,13 @@ fn plan_compensation_rerun(
     checkpoints: &[Checkpoint],
     has_lookup: &dyn Fn(&str) -> bool,
 ) -> Result<RerunPlan, RerunRefusal> {
+    let ctx = input_context(inst, checkpoints);
     let mut steps = Vec::with_capacity(def.steps.len());
     for (step, c) in def.steps.iter().zip(checkpoints) {
         let comp = c.compensation.as_ref();
-        let (disposition, comp_key) = match comp.map(|o| o.state) {
+        let foreign = c.foreign_compensation(step).is_some();
+        let state = comp.map(|o| if foreign { State::Failed } else { o.state });
+        let (disposition, comp_key) = match state {
             Some(State::Failed) => {
                 let n = compensation_number(&c.row.comp_key) + 1;
                 if n > MAX_RERUNS {
@@ -248,16 +285,24 @@ fn plan_compensation_rerun(
                 }
                 (StepDisposition::LookedUp, c.row.comp_key.clone())
             }
+            None if needs_compensation(step, c) => (StepDisposition::CompensationRuns, c.row.comp_key.clone()),
             _ => (StepDisposition::Kept, c.row.comp_key.clone()),
+        };
+        let comp_def = step.compensation.as_ref();
+        let input = match (disposition.is_compensation(), comp_def) {
+            (true, Some(def)) if def.connector.is_some() => build_step_input(&def.input, &ctx).ok(),
+            _ => None,
         };
         steps.push(PlannedStep {
             step: step.name.clone(),
             state: StepState::of_operation(comp.map(|o| o.state)),
             disposition,
+            action: comp_def.map_or_else(|| step.action.clone(), |d| d.action.clone()),
+            key: comp_key.clone(),
             op_key: c.row.op_key.clone(),
             comp_key,
-            connector: step.compensation.as_ref().and_then(|k| k.connector.clone()),
-            input: None,
+            connector: comp_def.and_then(|k| k.connector.clone()),
+            input,
         });
     }
     if steps.iter().all(|s| s.disposition == StepDisposition::Kept) {

@@ -77,7 +77,7 @@ async fn rows(
     let page = flows.list_instances(tenant, filter).await?;
     let mut rows = Vec::with_capacity(page.items.len());
     for inst in page.items {
-        let progress = Progress::of(&flows.checkpoints(tenant, &inst.instance_id).await?);
+        let progress = Progress::of(inst.state, &flows.checkpoints(tenant, &inst.instance_id).await?);
         rows.push(row(inst, progress));
     }
     Ok(rows)

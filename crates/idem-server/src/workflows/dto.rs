@@ -367,17 +367,26 @@ pub struct PlannedStepView {
     #[schema(example = "FAILED")]
     pub state: String,
     /// `kept` (its recorded result is reused), `runs` (for the first time), `redone` (a new
-    /// side effect, under a new key), `looked_up` (its provider is asked first) or
-    /// `compensated` (its compensation is redone, under a new key).
+    /// side effect, under a new key), `looked_up` (its provider is asked first),
+    /// `compensated` (its compensation is redone, under a new key) or `compensation_runs`
+    /// (its compensation runs for the first time: a new side effect).
     #[schema(example = "redone")]
     pub disposition: String,
+    /// The action performed: the step's, or its compensation's in a compensation re-run.
+    #[schema(example = "create_order")]
+    pub action: String,
+    /// The key of the operation this line acts on: `operation_key`, or
+    /// `compensation_key` in a compensation re-run.
+    pub key: String,
     /// The operation key the step runs under.
     pub operation_key: String,
     /// The key of its compensation.
     pub compensation_key: String,
     /// The connector that performs it (absent: your code).
     pub connector: Option<String>,
-    /// The input it would send (a step idem redoes or runs now).
+    /// The input it would send (a step or compensation idem redoes or runs), when it is
+    /// known now: absent after a redone step, whose new result it is built from when its
+    /// turn comes.
     #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
 }
@@ -415,6 +424,8 @@ impl RerunView {
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_owned))
                         .unwrap_or_default(),
+                    action: s.action,
+                    key: s.key,
                     operation_key: s.op_key,
                     compensation_key: s.comp_key,
                     connector: s.connector,

@@ -55,6 +55,8 @@ pub fn flow_problem(e: FlowError) -> Problem {
             p
         }
         FlowError::MissingReason => Problem::new(StatusCode::BAD_REQUEST, "missing-reason", detail),
+        FlowError::StepKeyConflict { .. } => Problem::new(StatusCode::CONFLICT, "step-key-conflict", detail),
+        FlowError::Busy(_) => Problem::new(StatusCode::CONFLICT, "instance-busy", detail),
         FlowError::Rerun(r) => rerun_problem(r, detail),
         FlowError::Compensation(c) => {
             use idem_core::flow::CompensationRefusal as C;
@@ -122,7 +124,10 @@ pub async fn start(
     caller: Caller,
     ApiJson(body): ApiJson<StartBody>,
 ) -> Result<Response, Problem> {
-    crate::logging::record_key(&body.instance_id);
+    // A refused id (an e-mail address, say) stays out of the logs, as a refused key does.
+    if idem_core::flow::validate_instance_id(&body.instance_id).is_ok() {
+        crate::logging::record_key(&body.instance_id);
+    }
     let call = StartCall {
         tenant: caller.tenant.clone(),
         instance_id: body.instance_id,
@@ -286,7 +291,9 @@ pub async fn acquire_step(
         holder: holder_of(&caller, body.holder.as_deref()).map_err(rid)?,
         actor: caller.actor(),
     };
-    crate::logging::record_key(&idem_core::flow::step_key(&call.instance_id, &call.step));
+    if idem_core::flow::validate_instance_id(&call.instance_id).is_ok() {
+        crate::logging::record_key(&idem_core::flow::step_key(&call.instance_id, &call.step));
+    }
     let out = state.flows.acquire_step(call).await.map_err(|e| rid(flow_problem(e)))?;
     state.answered_trigger(&out.decision, &caller.tenant, &out.record.key, caller.request_id.as_deref());
     Ok(trigger_answer(out, &caller))

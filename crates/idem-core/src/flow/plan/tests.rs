@@ -175,6 +175,13 @@ fn a_failed_step_fails_the_instance_and_a_missing_value_fails_it_before_the_call
     assert!(reason.contains("/steps/create_order/result/id"), "{reason}");
 }
 
+/// The operation of step `step`, made by the caller's code (no connector).
+fn caller_op(step: &str, state: State) -> crate::OperationRecord {
+    let mut o = op(step, state);
+    o.connector = None;
+    o
+}
+
 #[test]
 fn steps_the_caller_performs_are_waited_for() {
     let mut d = def();
@@ -184,22 +191,95 @@ fn steps_the_caller_performs_are_waited_for() {
         s.policy = RecoveryPolicy::Manual;
     }
     let inst = instance();
-    let cps = checkpoints(vec![Some(op("create_order", State::Succeeded))]);
+    let cps = checkpoints(vec![Some(caller_op("create_order", State::Succeeded))]);
     assert_eq!(
         plan_advance(&inst, &d, &cps, NOW).unwrap(),
         Next::WaitForCaller { index: 1, until_ms: NOW + CALLER_POLL_MS }
     );
-    let mut expired = op("send_confirmation", State::Executing);
+    let mut expired = caller_op("send_confirmation", State::Executing);
     expired.lease_expires_at = Some(NOW - 1);
-    let cps = checkpoints(vec![Some(op("create_order", State::Succeeded)), Some(expired)]);
+    let cps = checkpoints(vec![Some(caller_op("create_order", State::Succeeded)), Some(expired)]);
     assert_eq!(
         plan_advance(&inst, &d, &cps, NOW).unwrap(),
         Next::Wait { index: 1, until_ms: NOW + EXPIRY_POLL_MS },
         "idem never acquires a step the caller performs"
     );
-    let cps =
-        checkpoints(vec![Some(op("create_order", State::Succeeded)), Some(op("send_confirmation", State::Unknown))]);
+    let cps = checkpoints(vec![
+        Some(caller_op("create_order", State::Succeeded)),
+        Some(caller_op("send_confirmation", State::Unknown)),
+    ]);
     assert!(matches!(plan_advance(&inst, &d, &cps, NOW).unwrap(), Next::Pause { class: "unknown_caller", .. }));
+}
+
+/// create_order's key holds an operation made through `/v1/operations` (another action, or
+/// no connector), SUCCEEDED: it is never the step's result — the instance pauses
+/// (`step_key_conflict`) instead of passing its reference on, and it is not compensated.
+/// The same for an operation under a compensation's key.
+#[test]
+fn an_operation_not_made_for_the_step_never_counts_as_its_result() {
+    let inst = instance();
+    let mut unrelated = op("create_order", State::Succeeded);
+    unrelated.action = "unrelated".into();
+    let mut no_connector = op("create_order", State::Succeeded);
+    no_connector.connector = None;
+    // The same action and connector, triggered through /v1/operations: its fingerprint is
+    // its payload's own, not the step fingerprint idem gives what it performs.
+    let mut triggered = op("create_order", State::Succeeded);
+    triggered.fingerprint = crate::fingerprint(&triggered.payload, None).unwrap().0;
+    for foreign in [unrelated, no_connector, triggered] {
+        let next = advance(&inst, vec![Some(foreign.clone())]);
+        let Next::Pause { index: 0, class: "step_key_conflict", reason } = &next else { panic!("{next:?}") };
+        assert!(reason.contains("ORD-7:intake:create_order") && reason.contains("re-run"), "{reason}");
+        let cps = checkpoints(vec![Some(foreign)]);
+        assert!(!needs_compensation(&def().steps[0], &cps[0]), "someone else's effect is not compensated");
+    }
+    let mut compensating = instance();
+    compensating.state = InstanceState::Compensating;
+    let mut other = comp("create_order", State::Succeeded);
+    other.action = "unrelated".into();
+    let cps = checkpoints_with(
+        vec![Some(op("create_order", State::Succeeded)), Some(op("send_confirmation", State::Failed))],
+        vec![Some(other)],
+    );
+    let next = plan_advance(&compensating, &def(), &cps, NOW).unwrap();
+    let Next::Pause { index: 0, class: "step_key_conflict", reason } = &next else { panic!("{next:?}") };
+    assert!(reason.contains("compensate") && reason.contains("cancel_order"), "{reason}");
+}
+
+/// A step's operation read back from storage (its payload through JSON text, doubles
+/// included) is still recognised as the one idem made: the check recomputes its
+/// fingerprint from the stored payload.
+#[test]
+fn a_stored_step_operation_with_awkward_doubles_is_still_the_steps() {
+    let mut o = op("create_order", State::Succeeded);
+    o.payload = json!({"amounts": [1.0715660391465826e-75, -1.81996730402717e-179, 0.1, 1e300, -0.0, 5e-324]});
+    let o = crate::flow::canned::made_by_idem(o);
+    let mut stored = o.clone();
+    stored.payload = serde_json::from_str(&serde_json::to_string(&o.payload).unwrap()).unwrap();
+    let cps = checkpoints(vec![Some(stored)]);
+    assert!(cps[0].foreign_operation(&def().steps[0]).is_none());
+}
+
+/// Progress: the run of SUCCEEDED steps; a COMPENSATED step counts as having succeeded;
+/// a COMPENSATED instance has no current step.
+#[test]
+fn progress_names_the_last_good_step_and_the_current_one() {
+    use crate::flow::record::Progress;
+    let cps =
+        checkpoints(vec![Some(op("create_order", State::Succeeded)), Some(op("send_confirmation", State::Failed))]);
+    let p = Progress::of(InstanceState::Failed, &cps);
+    assert_eq!(
+        (p.last_good_step.as_deref(), p.current_step.as_deref()),
+        (Some("create_order"), Some("send_confirmation"))
+    );
+    let cps = checkpoints_with(
+        vec![Some(op("create_order", State::Succeeded)), Some(op("send_confirmation", State::Failed))],
+        vec![Some(comp("create_order", State::Succeeded))],
+    );
+    let p = Progress::of(InstanceState::Compensated, &cps);
+    assert_eq!((p.last_good_step.as_deref(), p.current_step), (Some("create_order"), None));
+    let p = Progress::of(InstanceState::Running, &checkpoints(vec![]));
+    assert_eq!((p.last_good_step, p.current_step.as_deref()), (None, Some("create_order")));
 }
 
 #[test]

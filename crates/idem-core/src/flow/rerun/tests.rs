@@ -49,6 +49,8 @@ fn a_plain_rerun_continues_from_the_failed_step_and_keeps_the_finished_ones() {
     assert_ne!(named.hash, p.hash);
     let mut moved = inst.clone();
     moved.version += 1;
+    moved.next_run_at = Some(NOW + 5_000);
+    moved.updated_at = NOW + 1;
     assert_eq!(
         plan_rerun(&moved, &def(), &cps, &[], &lookups).unwrap().hash,
         p.hash,
@@ -126,11 +128,74 @@ fn a_compensation_rerun_redoes_the_failed_compensation() {
     assert_eq!(p.resumes_as, InstanceState::Compensating);
     assert_eq!(p.steps[1].disposition, StepDisposition::Compensated);
     assert_eq!(p.steps[1].comp_key, "ORD-7:intake:send_confirmation:compensate-2");
-    assert_eq!(p.steps[0].disposition, StepDisposition::Kept);
+    assert_eq!(
+        (p.steps[1].key.as_str(), p.steps[1].action.as_str()),
+        (p.steps[1].comp_key.as_str(), "send_correction")
+    );
+    // create_order's compensation has not begun: it runs after, a new effect the plan shows.
+    assert_eq!(p.steps[0].disposition, StepDisposition::CompensationRuns);
+    assert_eq!(
+        (p.steps[0].key.as_str(), p.steps[0].action.as_str()),
+        ("ORD-7:intake:create_order:compensate", "cancel_order")
+    );
+    assert_eq!(p.steps[0].input, Some(json!({"order": "create_order-ref"})), "shows what it would send");
+    assert_eq!(p.steps[2].disposition, StepDisposition::Kept, "write_back has no compensation");
     assert!(matches!(
         plan_rerun(&paused, &def(), &cps, &["create_order".into()], &lookups),
         Err(RerunRefusal::Compensating(_))
     ));
+}
+
+/// create_order's key holds an operation another caller made (action "unrelated"),
+/// SUCCEEDED; the instance paused on the conflict: a re-run redoes create_order under a new
+/// key without being told to, and shows no input for the steps built from its result.
+#[test]
+fn a_step_whose_key_holds_another_operation_is_redone_and_later_inputs_wait_for_it() {
+    let mut paused = instance();
+    paused.state = InstanceState::Paused;
+    let mut foreign = op("create_order", State::Succeeded);
+    foreign.action = "unrelated".into();
+    let cps = checkpoints(vec![Some(foreign)]);
+    let p = plan_rerun(&paused, &def(), &cps, &[], &lookups).unwrap();
+    assert_eq!(p.steps[0].disposition, StepDisposition::Redone);
+    assert_eq!(p.steps[0].key, "ORD-7:intake:create_order:rerun-1");
+    assert_eq!(p.steps[0].input, Some(json!({"customer": "C-1"})));
+    assert_eq!(p.steps[1].disposition, StepDisposition::Runs);
+    assert_eq!(p.steps[1].input, None, "built from create_order's new result, when its turn comes");
+
+    // FAILED at write_back: unnamed, write_back's input is known; with create_order named,
+    // it is not (it will carry the new order's reference).
+    let inst = failed_at_write_back();
+    let cps = checkpoints(vec![
+        Some(op("create_order", State::Succeeded)),
+        Some(op("send_confirmation", State::Succeeded)),
+        Some(op("write_back", State::Failed)),
+    ]);
+    let plain = plan_rerun(&inst, &def(), &cps, &[], &lookups).unwrap();
+    assert_eq!(plain.steps[2].input, Some(json!({"order": "create_order-ref"})));
+    let named = plan_rerun(&inst, &def(), &cps, &["create_order".into()], &lookups).unwrap();
+    assert_eq!(named.steps[2].disposition, StepDisposition::Redone);
+    assert_eq!(named.steps[2].input, None, "not the old order's reference");
+}
+
+/// A compensation key that holds another operation is redone under a new key.
+#[test]
+fn a_compensation_whose_key_holds_another_operation_is_redone() {
+    let mut paused = instance();
+    paused.state = InstanceState::Paused;
+    let mut foreign = comp("send_confirmation", State::Succeeded);
+    foreign.action = "unrelated".into();
+    let cps = checkpoints_with(
+        vec![
+            Some(op("create_order", State::Succeeded)),
+            Some(op("send_confirmation", State::Succeeded)),
+            Some(op("write_back", State::Failed)),
+        ],
+        vec![None, Some(foreign)],
+    );
+    let p = plan_rerun(&paused, &def(), &cps, &[], &lookups).unwrap();
+    assert_eq!(p.steps[1].disposition, StepDisposition::Compensated);
+    assert_eq!(p.steps[1].key, "ORD-7:intake:send_confirmation:compensate-2");
 }
 
 #[test]
