@@ -182,7 +182,35 @@ impl HttpConnector {
             Value::Number(n) => Some(n.to_string()),
             _ => None,
         });
-        from_header.or(from_body).filter(|r| !r.is_empty()).unwrap_or(fallback)
+        // A reference the ledger cannot keep as evidence (empty, too long, control
+        // characters: `Outcome::validate`) would leave the effect unrecorded: use the
+        // fallback, which names the operation.
+        let keepable = |r: &String| {
+            !r.trim().is_empty()
+                && r.len() <= idem_core::completion::MAX_PROVIDER_REF_LEN
+                && !r.chars().any(char::is_control)
+        };
+        from_header.filter(keepable).or(from_body.filter(keepable)).unwrap_or(fallback)
+    }
+}
+
+/// Largest provider answer read and kept in a result (bytes): 1 MiB, as a request body.
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
+
+/// Reads at most `cap` bytes of `resp`'s body: the bytes, and whether that was all of it (a
+/// body that fails midway counts as not whole).
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) if out.len() + chunk.len() <= cap => out.extend_from_slice(&chunk),
+            Ok(Some(chunk)) => {
+                out.extend_from_slice(&chunk[..cap - out.len()]);
+                return (out, false);
+            }
+            Ok(None) => return (out, true),
+            Err(_) => return (out, false),
+        }
     }
 }
 
@@ -227,17 +255,29 @@ impl Connector for HttpConnector {
         };
         let status = resp.status();
         let headers = resp.headers().clone();
-        // The status decides; a body we cannot read (cut off, not JSON) does not undo it.
-        let bytes = resp.bytes().await.unwrap_or_default();
+        // The status decides; a body we cannot read (cut off, not JSON, too large) does not
+        // undo it.
+        let (bytes, whole) = read_capped(resp, MAX_ANSWER_BYTES).await;
         let snippet = || String::from_utf8_lossy(&bytes).chars().take(300).collect::<String>();
         match classify(status.as_u16(), self.provider_deduplicates) {
             Answer::Succeeded => {
-                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let parsed = match (whole, bytes.is_empty()) {
+                    (false, _) => Err(format!("the answer is larger than {MAX_ANSWER_BYTES} bytes; it is not kept")),
+                    (true, true) => Ok(Value::Null),
+                    (true, false) => serde_json::from_slice::<Value>(&bytes)
+                        .map_err(|e| format!("the answer is not JSON idem can read ({e}); it is not kept")),
+                };
+                let body = parsed.as_ref().cloned().unwrap_or(Value::Null);
                 let provider_ref = self.provider_ref(&headers, &body, op.provider_key());
-                Outcome::Succeeded {
-                    provider_ref,
-                    result: Some(serde_json::json!({"status": status.as_u16(), "body": body})),
+                let mut result = serde_json::json!({"status": status.as_u16(), "body": body});
+                let omitted = match parsed {
+                    Err(why) => Some(why),
+                    Ok(_) => idem_core::check_depth(&result).err().map(|why| format!("{why}: the answer is not kept")),
+                };
+                if let Some(why) = omitted {
+                    result = serde_json::json!({"status": status.as_u16(), "body": null, "body_omitted": why});
                 }
+                Outcome::Succeeded { provider_ref, result: Some(result) }
             }
             Answer::NotProcessed { class } => {
                 retryable(class, format!("HTTP {status}: {}", snippet()), retry_after_ms(&headers))

@@ -38,7 +38,7 @@ pub use decision::{AcquireInput, AcquirePlan, Decision, decide, plan_acquire, pl
 pub use fingerprint::{Fingerprint, FingerprintError, fingerprint};
 pub use key::{IdempotencyKey, KeyError};
 pub use lease::{HolderId, RenewError, plan_renewal};
-pub use payload::Payload;
+pub use payload::{MAX_JSON_DEPTH, Payload, check_depth, json_depth};
 pub use reconcile::{Lookup, ResolveError, plan_reconciliation, plan_resolution};
 pub use record::{Actor, EventKind, OperationEvent, OperationRecord};
 pub use retention::{Retention, Tombstone, is_expired, plan_late_arrival};

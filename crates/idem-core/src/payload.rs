@@ -11,6 +11,9 @@
 //!   fingerprinted as `0`, `9007199254740993` as `9007199254740992`). Send such numbers
 //!   as strings.
 //!
+//! A value nested deeper than [`MAX_JSON_DEPTH`] levels of arrays and objects is refused
+//! too: idem stores it inside wrappers and must always be able to read it back.
+//!
 //! Member names that are equal only after Unicode normalization (NFC) are refused where
 //! the fingerprint is taken ([`crate::fingerprint()`]), since only the fingerprint's
 //! input is normalized: the payload is stored as received.
@@ -21,6 +24,43 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use std::fmt;
+
+/// Deepest nesting of arrays and objects in a JSON value idem keeps (a payload, a result, a
+/// workflow input, a provider's answer): 64 levels. `serde_json` reads at most 128 levels
+/// back, and what idem stores sits inside wrappers (a provider's answer two levels down in
+/// a result, a record three more in an API list), so a value accepted at this depth is
+/// always readable back — by the server, and by the CLI from the API's answers.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// The nesting depth of `v`: 0 for a scalar, 1 for `[]` or `{}` or an array of scalars,
+/// and so on. Iterative: any depth is measured without deep recursion.
+pub fn json_depth(v: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        match v {
+            Value::Array(items) => stack.extend(items.iter().map(|i| (i, d + 1))),
+            Value::Object(members) => stack.extend(members.values().map(|i| (i, d + 1))),
+            _ => {}
+        }
+        let here = if v.is_array() || v.is_object() { d + 1 } else { d };
+        deepest = deepest.max(here);
+    }
+    deepest
+}
+
+/// Checks `v` against [`MAX_JSON_DEPTH`].
+///
+/// # Errors
+/// A one-line message saying how deep it is and the limit.
+pub fn check_depth(v: &Value) -> Result<(), String> {
+    match json_depth(v) {
+        d if d > MAX_JSON_DEPTH => Err(format!(
+            "the value is nested {d} levels deep; idem keeps at most {MAX_JSON_DEPTH} levels of arrays and objects"
+        )),
+        _ => Ok(()),
+    }
+}
 
 /// A JSON value parsed with duplicate member names and inexact numbers refused (I-JSON,
 /// RFC 7493 §2.2–2.3; the number rule is [`crate::json_number`]).
@@ -38,7 +78,9 @@ impl<'de> Deserialize<'de> for Payload {
         let text = raw.get();
         json_number::check_numbers(text).map_err(de::Error::custom)?;
         let mut inner = serde_json::Deserializer::from_str(text);
-        StrictValue.deserialize(&mut inner).map(Payload).map_err(|e| de::Error::custom(without_position(&e)))
+        let value = StrictValue.deserialize(&mut inner).map_err(|e| de::Error::custom(without_position(&e)))?;
+        check_depth(&value).map_err(de::Error::custom)?;
+        Ok(Payload(value))
     }
 }
 
@@ -122,6 +164,30 @@ mod tests {
 
     fn parse(text: &str) -> Result<Value, String> {
         serde_json::from_str::<Payload>(text).map(|p| p.0).map_err(|e| e.to_string())
+    }
+
+    fn nested(depth: usize) -> String {
+        format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    #[test]
+    fn depth_is_counted_and_bounded_so_what_is_kept_reads_back() {
+        assert_eq!(json_depth(&json!(1)), 0);
+        assert_eq!(json_depth(&json!([])), 1);
+        assert_eq!(json_depth(&json!({"a": [1, {"b": {}}], "c": 2})), 4);
+        for d in [1, MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH] {
+            let v = parse(&nested(d)).unwrap();
+            assert_eq!(json_depth(&v), d);
+            // What idem stores around it (a result's body, an API list) still reads back.
+            let wrapped = json!({"items": [{"result": {"status": 200, "body": v}}]});
+            serde_json::from_str::<Value>(&wrapped.to_string()).unwrap();
+        }
+        for d in [MAX_JSON_DEPTH + 1, 100, 126] {
+            let e = parse(&nested(d)).unwrap_err();
+            assert!(e.contains(&format!("nested {d} levels deep")) && e.contains("at most 64"), "{e}");
+        }
+        let deep_object = format!("{}1{}", r#"{"a":"#.repeat(MAX_JSON_DEPTH + 1), "}".repeat(MAX_JSON_DEPTH + 1));
+        assert!(parse(&deep_object).unwrap_err().contains("levels deep"));
     }
 
     #[test]

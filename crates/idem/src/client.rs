@@ -60,7 +60,14 @@ impl Api {
         let status = resp.status();
         let replayed = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
         let text = resp.text().await.context("the server's answer was cut off")?;
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        // A success that is not JSON the CLI can read must not print as an empty table.
+        let body = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(e) if status.is_success() => {
+                anyhow::bail!("the server's answer ({status}) is not JSON the CLI can read: {e}")
+            }
+            Err(_) => Value::String(text),
+        };
         Ok(Answer { status, body, replayed })
     }
 }

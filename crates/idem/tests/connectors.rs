@@ -530,3 +530,88 @@ async fn re_triggers_by_callers_draw_on_the_retry_budget() {
     // 10 first attempts, then retries: burst 2 + 1/s (shared by the executor and callers).
     assert!(calls <= 10.0 + 2.0 + secs + 2.0, "{calls} calls in {secs:.1} s: the budget did not hold");
 }
+
+/// What a provider answers with is kept only as far as it can be read back: an answer
+/// nested deeper than idem keeps (64 levels; serde_json reads 128), larger than 1 MiB, or
+/// with a reference the ledger cannot keep as evidence is recorded as SUCCEEDED without its
+/// body (or with the fallback reference) — and every read of the tenant keeps working:
+/// the record, a replay, the list, the admin page and `idem ops list`. Found by a break-it
+/// pass: a 2xx answer 127 levels deep made every read of the tenant a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_answers_of_any_shape_leave_every_read_working() {
+    use axum::extract::Path;
+    fn nested(depth: usize) -> Value {
+        let mut v = json!(1);
+        for _ in 0..depth {
+            v = json!([v]);
+        }
+        v
+    }
+    let cases: Vec<(String, Value, bool)> = [1usize, 61, 62, 63, 64, 65, 126, 127, 128, 200]
+        .iter()
+        .map(|d| {
+            // The body's depth with its wrapper object.
+            let body = json!({"id": format!("deep-{d}"), "deep": nested(d.saturating_sub(1))});
+            (format!("deep-{d}"), body, *d <= 63)
+        })
+        .chain([
+            ("large".to_owned(), json!({"id": "large-1", "blob": "x".repeat(2 << 20)}), false),
+            ("long-ref".to_owned(), json!({"id": "r".repeat(600)}), true),
+            ("control-ref".to_owned(), json!({"id": "a\u{7}b"}), true),
+        ])
+        .collect();
+    let answers: std::collections::HashMap<String, String> =
+        cases.iter().map(|(k, b, _)| (k.clone(), b.to_string())).collect();
+    let app = axum::Router::new().route(
+        "/answer/{key}",
+        axum::routing::post(move |Path(key): Path<String>| {
+            let body = answers.get(&key).cloned().unwrap_or_default();
+            async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let config = format!(
+        "[connectors.answers]\nkind = \"http\"\nurl = \"http://{addr}/answer/{{key}}\"\ntimeout_ms = 5000\n\
+         provider_ref = {{ json_pointer = \"/id\" }}\n"
+    );
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start_with_config(&db.url, &config);
+    for (key, _, kept) in &cases {
+        let t = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "answers", json!({"k": key}), 8_000)).await;
+        assert_eq!((t.status.as_u16(), t.body["state"].as_str()), (201, Some("SUCCEEDED")), "{key}: {t:?}");
+        let rec = s.record(key).await;
+        assert_eq!(rec.status, 200, "{key}: {rec:?}");
+        let body = &rec.body["result"]["body"];
+        assert_eq!(!body.is_null(), *kept, "{key}: {:?}", rec.body["result"]);
+        if !kept {
+            assert!(rec.body["result"]["body_omitted"].is_string(), "{key}: says why: {:?}", rec.body["result"]);
+        }
+        // The reference comes from the answer when serde_json can parse it (128 levels).
+        let (_, answer, _) = cases.iter().find(|(k, _, _)| k == key).unwrap();
+        let parses = answer.to_string().len() <= 1 << 20 && serde_json::from_str::<Value>(&answer.to_string()).is_ok();
+        let expected_ref = match key.as_str() {
+            "long-ref" | "control-ref" => format!("default:{key}"),
+            k if parses => k.to_owned(),
+            k => format!("default:{k}"),
+        };
+        assert_eq!(rec.body["provider_ref"], expected_ref.as_str(), "{key}");
+        let replay = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "answers", json!({"k": key}), 0)).await;
+        assert_eq!(replay.status, 200, "{key}: {replay:?}");
+    }
+    let list = s.get(ADMIN_KEY, "/v1/operations?limit=100").await;
+    assert_eq!((list.status.as_u16(), list.body["items"].as_array().map(Vec::len)), (200, Some(cases.len())));
+    let cookie = common::ui_session(&s, ADMIN_KEY).await;
+    let page = s.http.get(s.url("/ui/operations")).header("cookie", &cookie).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let cli = std::process::Command::new(common::idem_bin())
+        .args(["ops", "list", "--limit", "100"])
+        .env("IDEM_URL", &s.base)
+        .env("IDEM_API_KEY", ADMIN_KEY)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&cli.stdout);
+    assert_eq!(cli.status.code(), Some(0), "{}", String::from_utf8_lossy(&cli.stderr));
+    assert!(cases.iter().all(|(k, _, _)| out.contains(k.as_str())), "every record is listed: {out}");
+}
