@@ -58,10 +58,12 @@ pub struct StartCall {
     pub actor: Actor,
 }
 
-fn check_text(name: &str, v: Option<&str>, max: usize, ok: fn(char) -> bool) -> Result<(), FlowError> {
+/// Checks an optional text field: 1–`max` bytes of characters `ok` accepts (`allowed`
+/// says which, for the message).
+fn check_text(name: &str, v: Option<&str>, max: usize, allowed: &str, ok: fn(char) -> bool) -> Result<(), FlowError> {
     match v {
         Some(t) if t.is_empty() || t.len() > max || !t.chars().all(ok) => {
-            Err(FlowError::Invalid(format!("{name} must be 1-{max} characters without spaces or control characters")))
+            Err(FlowError::Invalid(format!("{name} must be 1-{max} characters of {allowed}")))
         }
         _ => Ok(()),
     }
@@ -111,10 +113,11 @@ impl Flows {
     /// A [`FlowError`] for a bad request (nothing is written then) or a store failure.
     pub async fn start(&self, call: StartCall) -> Result<StartOutcome, FlowError> {
         validate_instance_id(&call.instance_id).map_err(FlowError::Invalid)?;
-        check_text("source_event", call.source_event.as_deref(), MAX_SOURCE_EVENT_LEN, |c| {
+        let visible = "text without spaces or control characters";
+        check_text("source_event", call.source_event.as_deref(), MAX_SOURCE_EVENT_LEN, visible, |c| {
             !c.is_control() && !c.is_whitespace()
         })?;
-        check_text("trace_id", call.trace_id.as_deref(), MAX_TRACE_ID_LEN, |c| {
+        check_text("trace_id", call.trace_id.as_deref(), MAX_TRACE_ID_LEN, "[A-Za-z0-9._:-]", |c| {
             c.is_ascii_alphanumeric() || "._:-".contains(c)
         })?;
         let definition = self.definition_for(&call.workflow, call.steps.as_deref())?;

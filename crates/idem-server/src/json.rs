@@ -46,13 +46,22 @@ fn json_problem(rejection: &JsonRejection) -> Problem {
     }
 }
 
-/// The innermost error message (serde's, with line and column), without axum's prefix.
+/// The innermost error message (serde's, with line and column), without axum's prefix,
+/// with a hint where serde's own words do not say what is wrong.
 fn source_text(e: &dyn std::error::Error) -> String {
     let mut cur: &dyn std::error::Error = e;
     while let Some(next) = cur.source() {
         cur = next;
     }
-    cur.to_string()
+    let text = cur.to_string();
+    let hint = if text.contains("hex escape") || text.contains("surrogate") {
+        " (a \\uD800-\\uDFFF escape must be one half of a surrogate pair, followed or preceded by the other: a string must be Unicode text)"
+    } else if text.contains("recursion limit") {
+        " (idem keeps at most 64 levels of arrays and objects)"
+    } else {
+        ""
+    };
+    format!("{text}{hint}")
 }
 
 /// Query parameters; a malformed query is 400 `invalid-request`.

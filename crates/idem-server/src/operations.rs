@@ -141,14 +141,12 @@ pub(crate) fn sf_string(raw: &str) -> Result<String, String> {
         }
         return Ok(raw.to_owned());
     };
-    let Some(inner) = inner.strip_suffix('"') else {
-        return Err("the Idempotency-Key header opens a quoted string it does not close".into());
-    };
     let mut out = String::with_capacity(inner.len());
     let mut chars = inner.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
+    loop {
+        match chars.next() {
+            None => return Err("the Idempotency-Key header opens a quoted string it does not close".into()),
+            Some('\\') => match chars.next() {
                 Some(e @ ('"' | '\\')) => out.push(e),
                 _ => {
                     return Err(
@@ -156,9 +154,20 @@ pub(crate) fn sf_string(raw: &str) -> Result<String, String> {
                     );
                 }
             },
-            '"' => return Err("the Idempotency-Key header has an unescaped quote".into()),
-            c => out.push(c),
+            Some('"') => break,
+            Some(c) => out.push(c),
         }
+    }
+    let rest = chars.as_str().trim();
+    if rest.starts_with(';') {
+        return Err(format!(
+            "the Idempotency-Key header has parameters after its quoted string ({rest}); idem uses none: send the quoted string alone"
+        ));
+    }
+    if !rest.is_empty() {
+        return Err(format!(
+            "the Idempotency-Key header has {rest:?} after its quoted string; send the quoted string alone"
+        ));
     }
     Ok(out)
 }
@@ -731,4 +740,27 @@ pub fn parse_instant(field: &str, text: &str) -> Result<i64, Problem> {
     text.parse::<jiff::Timestamp>()
         .map(|t| t.as_millisecond())
         .map_err(|_| Problem::invalid(format!("{field} must be an RFC 3339 instant like 2026-11-30T12:00:00Z")))
+}
+
+#[cfg(test)]
+mod sf_string_tests {
+    use super::sf_string;
+
+    #[test]
+    fn quoted_strings_bare_tokens_and_what_is_refused_say_why() {
+        assert_eq!(sf_string(r#""a\"b\\c""#).unwrap(), r#"a"b\c"#);
+        assert_eq!(sf_string("ORD-1:confirmation").unwrap(), "ORD-1:confirmation");
+        assert_eq!(sf_string(r#"  "k"  "#).unwrap(), "k");
+        for (raw, says) in [
+            (r#""k";a=1"#, "parameters"),
+            (r#""k" ;a=1"#, "parameters"),
+            (r#""a"b""#, "after its quoted string"),
+            (r#""open"#, "does not close"),
+            (r#""a\nb""#, "invalid escape"),
+            ("a b", "quoted string"),
+        ] {
+            let e = sf_string(raw).unwrap_err();
+            assert!(e.contains(says), "{raw}: {e}");
+        }
+    }
 }

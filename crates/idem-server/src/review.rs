@@ -60,7 +60,17 @@ pub async fn resolve(
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
     let key = parse_key(&raw_key).map_err(fail)?;
     caller.require(Role::Operator).map_err(fail)?;
-    let to = body.to.parse::<idem_core::State>().map_err(|e| fail(Problem::invalid(e.to_string())))?;
+    let to = body
+        .to
+        .parse::<idem_core::State>()
+        .ok()
+        .filter(|s| matches!(s, idem_core::State::Succeeded | idem_core::State::Pending | idem_core::State::Failed))
+        .ok_or_else(|| {
+            fail(Problem::invalid(format!(
+                "to is {:?}; an operation is resolved to SUCCEEDED, PENDING (try again) or FAILED",
+                body.to
+            )))
+        })?;
     let expected_state = body
         .expected_state
         .as_deref()

@@ -116,6 +116,41 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     let r = s.get(ADMIN_KEY, "/v1/operations?state=DONE").await;
     assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
 
+    // Messages that say what is wrong (a break-it pass found misleading ones).
+    let r = s.post_raw(ADMIN_KEY, "/v1/operations", r#"{"key":"k-s","action":"a","payload":{"t":"\ud800"}}"#).await;
+    assert_eq!(r.status, 400);
+    assert!(r.body["detail"].as_str().unwrap().contains("surrogate pair"), "{r:?}");
+    let deep = format!(r#"{{"key":"k-d","action":"a","payload":{}{}}}"#, "[".repeat(65), "]".repeat(65));
+    let r = s.post_raw(ADMIN_KEY, "/v1/operations", &deep).await;
+    assert!(r.body["detail"].as_str().unwrap().contains("at most 64 levels"), "{r:?}");
+    let r = s
+        .http
+        .post(s.url("/v1/operations"))
+        .bearer_auth(ADMIN_KEY)
+        .header("idempotency-key", r#""k-p";a=1"#)
+        .json(&json!({"action": "a"}))
+        .send()
+        .await
+        .unwrap();
+    let r = common::Resp::read(r).await;
+    assert_eq!(r.problem(), "invalid-idempotency-key");
+    assert!(r.body["detail"].as_str().unwrap().contains("parameters"), "{r:?}");
+    for (body, says) in [
+        (
+            json!({"workflow": "w", "instance_id": "i-1", "trace_id": "abc+1", "steps": [{"name": "a", "action": "a"}]}),
+            "[A-Za-z0-9._:-]",
+        ),
+        (json!({"workflow": "w", "instance_id": "", "steps": [{"name": "a", "action": "a"}]}), "1 to 180"),
+        (
+            json!({"workflow": "w", "instance_id": "i-2", "steps": [{"name": "compensate-2", "action": "a"}]}),
+            "compensate",
+        ),
+    ] {
+        let r = s.post(ADMIN_KEY, "/v1/workflows", &body).await;
+        assert_eq!(r.status, 400, "{r:?}");
+        assert!(r.body["detail"].as_str().unwrap().contains(says), "{says}: {r:?}");
+    }
+
     // Nothing changed: the record and its log are exactly as before.
     let after = s.record(key).await.body;
     assert_eq!(before, after);
