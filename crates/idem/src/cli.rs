@@ -41,7 +41,8 @@ pub enum Command {
     /// Manage API keys, directly in the database the server uses.
     #[command(subcommand)]
     Keys(KeysCommand),
-    /// Read operations from a running server.
+    /// Operations on a running server: get and list (any key), reconcile and resolve
+    /// (operator role; they change the operation and are audited).
     #[command(subcommand)]
     Ops(OpsCommand),
     /// Start, show and list workflow instances on a running server.
@@ -278,12 +279,28 @@ pub struct ServerArgs {
     /// Base URL of the idem server.
     #[arg(long, env = "IDEM_URL", default_value = "http://127.0.0.1:8080")]
     pub server: String,
-    /// API key (Bearer).
+    /// API key (Bearer): the one `idem serve` printed on first start, or one from `idem
+    /// keys create`. Required (this flag or IDEM_API_KEY).
     #[arg(long, env = "IDEM_API_KEY", hide_env_values = true)]
-    pub api_key: String,
+    pub api_key: Option<String>,
     /// Print the server's JSON instead of a summary.
     #[arg(long)]
     pub json: bool,
+}
+
+impl ServerArgs {
+    /// The API key from `--api-key` or `IDEM_API_KEY`.
+    ///
+    /// # Errors
+    /// Neither is set (or it is empty): one line naming both and where keys come from.
+    pub fn api_key(&self) -> anyhow::Result<String> {
+        match self.api_key.as_deref().map(str::trim) {
+            Some(k) if !k.is_empty() => Ok(k.to_owned()),
+            _ => anyhow::bail!(
+                "no API key: set IDEM_API_KEY (or pass --api-key) to the key `idem serve` printed on first start, or to one made with `idem keys create --tenant NAME --role client`"
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
