@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod dto;
+pub mod index;
 pub mod json;
 pub mod keys;
 pub mod logging;
@@ -164,7 +165,7 @@ pub fn api_router(state: AppState, max_body_bytes: usize) -> Router {
 
 fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
     let x_request_id = axum::http::HeaderName::from_static("x-request-id");
-    let routes = if with_ui { ui::router() } else { Router::new() };
+    let routes = if with_ui { ui::router().route("/", get(index::index)) } else { Router::new() };
     routes
         .route("/v1/operations", post(operations::acquire).get(operations::list))
         .route("/v1/operations/{key}", get(operations::get_one))
@@ -186,6 +187,7 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(problem::fill_request_id))
         .layer(axum::middleware::from_fn(metrics::track_http))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
@@ -374,6 +376,11 @@ pub async fn run_proxy(
 ) -> std::io::Result<()> {
     serve_with(store, clock, config, move |state, body_limit| {
         let api = api_router(state.clone(), body_limit);
+        println!(
+            "idem: proxy for the upstream {} (Idempotency-Key on {}; idem's own API under /_idem/)",
+            proxy_config.upstream,
+            proxy_config.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
+        );
         let proxy_state = proxy::ProxyState::new(state, proxy_config).map_err(std::io::Error::other)?;
         Ok(proxy::router(proxy_state, api))
     })

@@ -148,6 +148,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The workflow instance is not running",
         "The instance is PAUSED, FAILED, SUCCEEDED, COMPENSATING or COMPENSATED (the problem's `state`): no step may start. Finished steps are still replayed.",
     ),
+    (
+        "last-admin-key",
+        "The tenant's last admin key cannot be revoked",
+        "Revoking it would leave the tenant without an active admin key, and nobody could manage its keys over HTTP. Create another admin key first (POST /v1/keys with {\"role\": \"admin\"}, or `idem keys create --tenant T --role admin` on the database), then revoke this one. Nothing was changed.",
+    ),
     ("contention", "Too much contention on this key", "Concurrent writers kept changing the record; retry shortly."),
     (
         "clock-uncertain",
@@ -230,12 +235,20 @@ impl Problem {
     }
 }
 
+/// Marks a response as one of idem's own problems (never an upstream's answer that
+/// `idem proxy` passes on), so [`fill_request_id`] may complete its body.
+#[derive(Clone)]
+struct Rendered(Box<Problem>);
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = self.status_code();
         let retry = self.retry_after_ms;
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut resp = (status, body).into_response();
+        if self.request_id.is_none() {
+            resp.extensions_mut().insert(Rendered(Box::new(self)));
+        }
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if let Some(ms) = retry {
@@ -247,6 +260,22 @@ impl IntoResponse for Problem {
         }
         resp
     }
+}
+
+/// Middleware: every problem idem answers carries the request's id (`request_id`, the
+/// same as the `x-request-id` response header), also those built where the id was not at
+/// hand (extractor rejections, the proxy, fallbacks). Runs inside the layer that sets
+/// `x-request-id` on the request; other responses pass through untouched.
+pub async fn fill_request_id(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let mut resp = next.run(req).await;
+    let (Some(id), Some(Rendered(problem))) = (id, resp.extensions_mut().remove::<Rendered>()) else {
+        return resp;
+    };
+    let problem = Problem { request_id: Some(id), ..*problem };
+    let (mut parts, _) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(serde_json::to_vec(&problem).unwrap_or_default()))
 }
 
 /// `GET /problems/{slug}`: the description of a problem type, as plain text.
