@@ -21,7 +21,12 @@ pub const MAX_WAIT_MS: i64 = 30_000;
 /// How often a waiting trigger looks at the record again (ms).
 const WAIT_POLL_MS: u64 = 25;
 
-/// Maps a store error to its problem.
+/// `Retry-After` of a 503 `unavailable` (the database did not answer): 1 s. A restarted
+/// PostgreSQL is used again within about half a second (RFC 9110 §10.2.3).
+pub const UNAVAILABLE_RETRY_AFTER_MS: i64 = 1000;
+
+/// Maps a store error to its problem (503 `unavailable` with `Retry-After` when the
+/// database did not answer).
 pub fn store_problem(e: StoreError) -> Problem {
     match e {
         StoreError::NotFound => Problem::not_found(),
@@ -32,7 +37,9 @@ pub fn store_problem(e: StoreError) -> Problem {
         StoreError::Invalid(msg) => Problem::invalid(msg),
         StoreError::Database(_) | StoreError::Closed => {
             tracing::error!(error = %e, "store unavailable");
-            Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database did not answer")
+            let mut p = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database did not answer");
+            p.retry_after_ms = Some(UNAVAILABLE_RETRY_AFTER_MS);
+            p
         }
         StoreError::Corrupt(_) | StoreError::Migrate(_) => {
             tracing::error!(error = %e, "store error");

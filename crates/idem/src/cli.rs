@@ -147,6 +147,12 @@ pub struct ServeArgs {
     /// (one machine, one clock).
     #[arg(long, env = "IDEM_MAX_CLOCK_UNCERTAINTY_MS", default_value_t = idem_store::postgres::DEFAULT_MAX_UNCERTAINTY_MS, value_parser = clap::value_parser!(i64).range(1..=60_000))]
     pub max_clock_uncertainty_ms: i64,
+    /// How long a request waits for a database connection, in milliseconds, before it is
+    /// answered 503 `unavailable` with Retry-After. While PostgreSQL is down every request
+    /// fails within this instead of holding a worker; it recovers on its own once the
+    /// database is back.
+    #[arg(long, env = "IDEM_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub db_acquire_timeout_ms: u64,
     /// Secret of the admin key (tenant "default") to create on first start; without it a
     /// key is generated and printed once. 32-256 printable characters.
     #[arg(long, env = "IDEM_BOOTSTRAP_KEY", hide_env_values = true)]

@@ -102,7 +102,11 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         Some(c) => c.clone(),
         None => Arc::new(SystemClock),
     };
-    let store_config = idem_store::StoreConfig { retention: connect.retention()?, ..Default::default() };
+    let store_config = idem_store::StoreConfig {
+        retention: connect.retention()?,
+        acquire_timeout: Some(Duration::from_millis(args.db_acquire_timeout_ms)),
+        ..Default::default()
+    };
     let store = idem_store::open(&args.db.database_url, clock.clone(), store_config)
         .await
         .with_context(|| format!("cannot open the database {}", redact(&args.db.database_url)))?;
