@@ -15,6 +15,7 @@
 pub mod auth;
 pub mod dto;
 pub mod health;
+pub mod http_server;
 pub mod index;
 pub mod json;
 pub mod keys;
@@ -24,6 +25,7 @@ pub mod openapi;
 pub mod operations;
 pub mod problem;
 pub mod proxy;
+pub mod request_body;
 pub mod review;
 pub mod ui;
 pub mod workflows;
@@ -135,8 +137,8 @@ pub struct ServerConfig {
     /// Address to listen on, `HOST:PORT` (`127.0.0.1:8080`, `localhost:0`; port 0 picks a
     /// free one).
     pub listen: String,
-    /// Largest accepted request body (bytes).
-    pub max_body_bytes: usize,
+    /// Body size limit, in-flight body budget, body and header read deadlines.
+    pub limits: request_body::Limits,
     /// How often the lease sweeper turns expired leases into UNKNOWN.
     pub sweep_interval: Duration,
     /// Secret of the admin key to create on first start (`IDEM_BOOTSTRAP_KEY`).
@@ -156,18 +158,20 @@ pub struct ServerConfig {
     pub workflows: std::collections::BTreeMap<String, idem_core::flow::Definition>,
 }
 
-/// The application's routes with their middleware: the API, `/metrics` and the admin page.
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
-    app(state, max_body_bytes, true)
+/// The application's routes with their middleware: the API, `/metrics` and the admin page;
+/// request bodies bounded by `budget` ([`request_body`]).
+pub fn router(state: AppState, budget: request_body::BodyBudget) -> Router {
+    app(state, budget, true)
 }
 
 /// [`router`] without the admin page, for `idem proxy`, which nests it under `/_idem/`
 /// (the page's links and cookie assume `/ui`; run `idem serve` on the same database for it).
-pub fn api_router(state: AppState, max_body_bytes: usize) -> Router {
-    app(state, max_body_bytes, false)
+pub fn api_router(state: AppState, budget: request_body::BodyBudget) -> Router {
+    app(state, budget, false)
 }
 
-fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
+fn app(state: AppState, budget: request_body::BodyBudget, with_ui: bool) -> Router {
+    let max_body_bytes = budget.limits().max_body_bytes;
     let x_request_id = axum::http::HeaderName::from_static("x-request-id");
     let routes = if with_ui { ui::router().route("/", get(index::index)) } else { Router::new() };
     routes
@@ -191,6 +195,7 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(budget, request_body::guard))
         .layer(axum::middleware::from_fn(problem::fill_request_id))
         .layer(axum::middleware::from_fn(metrics::track_http))
         .layer(DefaultBodyLimit::max(max_body_bytes))
@@ -379,7 +384,7 @@ pub fn spawn_retention_sweeper(store: Arc<dyn Store>, interval: Duration, batch:
 /// # Errors
 /// Bind failures, store errors during bootstrap, or I/O errors from the server.
 pub async fn run(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: ServerConfig) -> std::io::Result<()> {
-    serve_with(store, clock, config, |state, body_limit| Ok(router(state, body_limit))).await
+    serve_with(store, clock, config, |state, budget| Ok(router(state, budget))).await
 }
 
 /// Like [`run`], but serving `idem proxy`: requests are proxied to the upstream with
@@ -393,15 +398,15 @@ pub async fn run_proxy(
     config: ServerConfig,
     proxy_config: proxy::ProxyConfig,
 ) -> std::io::Result<()> {
-    serve_with(store, clock, config, move |state, body_limit| {
-        let api = api_router(state.clone(), body_limit);
+    serve_with(store, clock, config, move |state, budget| {
+        let api = api_router(state.clone(), budget.clone());
         println!(
             "idem: proxy for the upstream {} (Idempotency-Key on {}; idem's own API under /_idem/)",
             proxy_config.upstream,
             proxy_config.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
         );
         let proxy_state = proxy::ProxyState::new(state, proxy_config).map_err(std::io::Error::other)?;
-        Ok(proxy::router(proxy_state, api))
+        Ok(proxy::router(proxy_state, api, budget))
     })
     .await
 }
@@ -410,7 +415,7 @@ async fn serve_with(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     config: ServerConfig,
-    app: impl FnOnce(AppState, usize) -> std::io::Result<Router>,
+    app: impl FnOnce(AppState, request_body::BodyBudget) -> std::io::Result<Router>,
 ) -> std::io::Result<()> {
     let io = |e: idem_store::StoreError| std::io::Error::other(format!("bootstrap key (IDEM_BOOTSTRAP_KEY): {e}"));
     if let Some(secret) = bootstrap(store.as_ref(), config.bootstrap_key.clone()).await.map_err(io)? {
@@ -425,7 +430,8 @@ async fn serve_with(
     state.database_clock = config.database_clock.clone();
     state.metrics_token = config.metrics_token.as_deref().map(Arc::from);
     let store = state.store.clone();
-    let app = app(state.clone(), config.max_body_bytes)?;
+    let budget = request_body::BodyBudget::new(config.limits.clone());
+    let app = app(state.clone(), budget)?;
     println!("idem: listening on http://{}", listener.local_addr()?);
     let sweep_every = Duration::from_millis(config.connect.retention.sweep_interval_ms);
     let loops = [
@@ -441,7 +447,7 @@ async fn serve_with(
         metrics::spawn_upkeep(),
         health::spawn_prober(state.health.clone(), state.store.clone()),
     ];
-    let result = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
+    let result = http_server::serve(listener, app, config.limits.header_read_timeout, shutdown_signal()).await;
     for l in loops {
         l.abort();
     }

@@ -41,6 +41,16 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The request body is too large",
         "The body exceeds the server's limit (`--max-body-bytes`, default 1 MiB). Nothing was recorded.",
     ),
+    (
+        "request-timeout",
+        "The request body did not arrive in time",
+        "The client did not send the whole body within the server's limit (`--body-read-timeout-ms`, default 30 s); the connection is closed. Nothing was recorded. RFC 9110 §15.5.9.",
+    ),
+    (
+        "overloaded",
+        "Too many request bodies in flight",
+        "This node already holds its limit of request body bytes being read and processed (`--max-inflight-body-bytes`, default 8 MiB) and none finished within `--inflight-wait-ms`; it refuses rather than run out of memory. Nothing was recorded; retry after `Retry-After` seconds, or send it to another node.",
+    ),
     ("unsupported-media-type", "The body must be JSON", "Send `Content-Type: application/json`."),
     (
         "not-found",

@@ -137,6 +137,25 @@ pub struct ServeArgs {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = idem_server::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Request body bytes this node reads and processes at once, over all requests (a
+    /// payload takes a multiple of its size while it is parsed, fingerprinted and
+    /// stored, so this bounds the node's memory). Beyond it a request waits up to
+    /// --inflight-wait-ms, then gets 503 overloaded with Retry-After. At least
+    /// --max-body-bytes.
+    #[arg(long, env = "IDEM_MAX_INFLIGHT_BODY_BYTES", default_value_t = idem_server::request_body::DEFAULT_MAX_INFLIGHT_BODY_BYTES)]
+    pub max_inflight_body_bytes: usize,
+    /// How long a request waits for room under --max-inflight-body-bytes, in
+    /// milliseconds, before 503 overloaded.
+    #[arg(long, env = "IDEM_INFLIGHT_WAIT_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub inflight_wait_ms: u64,
+    /// Longest time a client may take to send a whole request body, in milliseconds;
+    /// then 408 request-timeout and the connection is closed.
+    #[arg(long, env = "IDEM_BODY_READ_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub body_read_timeout_ms: u64,
+    /// Longest time a client may take to send a request's headers, in milliseconds; then
+    /// the connection is closed (a client that connects and sends nothing too).
+    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub header_read_timeout_ms: u64,
     /// How often expired leases are turned into UNKNOWN, in milliseconds.
     #[arg(long, env = "IDEM_SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub sweep_interval_ms: u64,

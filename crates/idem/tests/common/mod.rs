@@ -189,6 +189,11 @@ impl Server {
         self.kill9_in_place();
     }
 
+    /// The server's process id (for its memory in `/proc/PID/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
