@@ -305,8 +305,13 @@ pub async fn bootstrap(store: &dyn Store, supplied: Option<String>) -> Result<Op
 }
 
 /// Runs the lease sweeper until the process ends: every `interval`, expired leases of
-/// actions that are not redo_safe become UNKNOWN (in batches of 500).
-pub fn spawn_lease_sweeper(store: Arc<dyn Store>, interval: Duration) -> tokio::task::JoinHandle<()> {
+/// actions that are not redo_safe become UNKNOWN (in batches of 500), and `reconciler` is
+/// woken when any did, so those nobody can be asked about are flagged for review at once.
+pub fn spawn_lease_sweeper(
+    store: Arc<dyn Store>,
+    interval: Duration,
+    reconciler: Arc<Reconciler>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -314,10 +319,14 @@ pub fn spawn_lease_sweeper(store: Arc<dyn Store>, interval: Duration) -> tokio::
             tick.tick().await;
             loop {
                 match store.expire_leases(500).await {
-                    Ok(500) => continue,
+                    Ok(500) => {
+                        reconciler.wake();
+                        continue;
+                    }
                     Ok(n) => {
                         if n > 0 {
                             tracing::info!(expired = n, "leases expired into UNKNOWN");
+                            reconciler.wake();
                         }
                         break;
                     }
@@ -441,7 +450,7 @@ async fn serve_with(
             config.connect.executor.concurrency,
             Duration::from_millis(config.connect.executor.workflow_hold_ms),
         ),
-        spawn_lease_sweeper(store, config.sweep_interval),
+        spawn_lease_sweeper(store, config.sweep_interval, state.reconciler.clone()),
         state.executor.clone().spawn_loop(),
         state.reconciler.clone().spawn_loop(),
         metrics::spawn_upkeep(),
