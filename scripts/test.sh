@@ -56,8 +56,17 @@ ensure_postgres() {
 }
 
 drop_old_test_databases() {
-  # Databases left by killed earlier runs (each test creates its own).
-  psql "$IDEM_TEST_PG_URL" -Atqc "select datname from pg_database where datname like 'idem\_%\_%'" 2>/dev/null |
+  # Each test drops the database it created (idem_store::testing::TestDatabase); a test
+  # process that was killed leaves its databases behind. Their names end in a UUIDv7,
+  # whose first 48 bits are the creation time in ms: drop only those created more than an
+  # hour before this run. A database another run (on a shared server) is using right now
+  # is younger than that, so it is never dropped under that run's feet; a run that lasts
+  # longer than an hour does not exist here (the suite takes minutes).
+  psql "$IDEM_TEST_PG_URL" -Atqc "
+    select datname from pg_database
+    where datname ~ '^idem_[a-z0-9_]+_[0-9a-f]{32}\$'
+      and ('x' || lpad(substr(right(datname, 32), 1, 12), 16, '0'))::bit(64)::bigint
+          < (extract(epoch from now()) * 1000)::bigint - 3600 * 1000" 2>/dev/null |
     while read -r db; do psql "$IDEM_TEST_PG_URL" -qc "drop database if exists \"$db\" with (force)" >/dev/null 2>&1 || true; done
 }
 

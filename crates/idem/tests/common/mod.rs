@@ -21,6 +21,8 @@ pub const ADMIN_KEY: &str = "test-admin-key-0123456789abcdef0123456789";
 pub struct Db {
     pub url: String,
     _dir: Option<tempfile::TempDir>,
+    /// A PostgreSQL database is dropped with this guard.
+    _pg: Option<idem_store::testing::TestDatabase>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,9 +39,12 @@ impl Db {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-                Db { url, _dir: Some(dir) }
+                Db { url, _dir: Some(dir), _pg: None }
             }
-            Backend::Postgres => Db { url: idem_store::testing::fresh_pg_database("idem_http").await, _dir: None },
+            Backend::Postgres => {
+                let pg = idem_store::testing::fresh_pg_database("idem_http").await;
+                Db { url: pg.url.clone(), _dir: None, _pg: Some(pg) }
+            }
         }
     }
 }
