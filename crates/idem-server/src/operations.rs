@@ -250,8 +250,47 @@ pub async fn acquire(
                 wait_for_change(&state, &input, deadline).await;
                 continue;
             }
+            Decision::Mismatch => with_rid(
+                Problem::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "fingerprint-mismatch",
+                    mismatch_detail(&out.record, &input, body.fingerprint_fields.as_deref()),
+                ),
+                &caller,
+            )
+            .into_response(),
             _ => trigger_answer(out, &caller),
         });
+    }
+}
+
+/// What differs between a refused trigger (`input`, which named `fields` as its
+/// `fingerprint_fields`) and the record its key is bound to, in words for the 422: the
+/// action, the connector, or the fingerprint — and then whether the payload itself is the
+/// same (so the `fingerprint_fields` differ) or not.
+fn mismatch_detail(rec: &idem_core::OperationRecord, input: &AcquireInput, fields: Option<&[String]>) -> String {
+    let ours = match fields {
+        Some(f) => format!("only its fingerprint_fields {f:?}"),
+        None => "the whole payload (it sent no fingerprint_fields)".to_owned(),
+    };
+    if rec.action != input.action {
+        format!(
+            "this key was first used with action {:?}, this request has {:?}; a new intent needs a new key",
+            rec.action, input.action
+        )
+    } else if rec.connector != input.connector {
+        format!(
+            "this key was first used with connector {:?}, this request has {:?}; a new intent needs a new key",
+            rec.connector, input.connector
+        )
+    } else if rec.payload == input.payload {
+        format!(
+            "the payload is the one this key was first used with, but the fingerprints differ: this request fingerprinted {ours}, the first one other fields; send the same fingerprint_fields as the first request"
+        )
+    } else {
+        format!(
+            "this key was first used with another payload: this request's fingerprint covers {ours}, and it differs from the first one's; a new intent needs a new key (if only fields outside the intent changed, every request for the key must send the same fingerprint_fields naming the intent's fields)"
+        )
     }
 }
 
