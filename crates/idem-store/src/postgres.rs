@@ -356,7 +356,8 @@ impl PgStore {
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        let writers = Arc::new(Writers::spawn(&Arc::new(connections::Connections::new(options, config.acquire_timeout()))));
+        let writers =
+            Arc::new(Writers::spawn(&Arc::new(connections::Connections::new(options, config.acquire_timeout()))));
         let keys = Arc::new(crate::key_cache::KeyCache::default());
         key_listener::spawn(&keys, url.to_owned());
         Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys })

@@ -6,8 +6,11 @@ use sqlx::Connection;
 
 async fn exists(name: &str) -> bool {
     let mut admin = sqlx::PgConnection::connect(&idem_store::testing::pg_admin_url()).await.unwrap();
-    let (n,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM pg_database WHERE datname = $1").bind(name).fetch_one(&mut admin).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM pg_database WHERE datname = $1")
+        .bind(name)
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
     n == 1
 }
 

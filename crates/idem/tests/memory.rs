@@ -26,7 +26,9 @@ fn wide_payload() -> Value {
 
 async fn burst(s: &Server, n: usize, tag: &str, payload: &Value) -> Vec<common::Resp> {
     let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
-    let body = |i: usize| serde_json::to_vec(&json!({"key": format!("{tag}-{i}"), "action": "import", "payload": payload})).unwrap();
+    let body = |i: usize| {
+        serde_json::to_vec(&json!({"key": format!("{tag}-{i}"), "action": "import", "payload": payload})).unwrap()
+    };
     let reqs = (0..n).map(|i| {
         let req = http
             .post(s.url("/v1/operations"))
@@ -89,7 +91,11 @@ async fn wide_payloads_take_memory_within_the_configured_budget_and_give_it_back
             eprintln!("resident +{} MiB {:?} after the burst", rss.saturating_sub(baseline) / MB, returned.elapsed());
             break;
         }
-        assert!(returned.elapsed() < Duration::from_secs(5), "still +{} MiB 5 s after the burst", rss.saturating_sub(baseline) / MB);
+        assert!(
+            returned.elapsed() < Duration::from_secs(5),
+            "still +{} MiB 5 s after the burst",
+            rss.saturating_sub(baseline) / MB
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -29,7 +29,9 @@ async fn postgres_down_fails_fast_with_503_and_recovers_on_its_own() {
     };
     let (r, _) = acquire("before-outage".into()).await;
     assert_eq!(r.status, 201, "{r:?}");
-    let done = s.complete("before-outage", json!({"fencing_token": r.token(), "outcome": "succeeded", "provider_ref": "m-1"})).await;
+    let done = s
+        .complete("before-outage", json!({"fencing_token": r.token(), "outcome": "succeeded", "provider_ref": "m-1"}))
+        .await;
     assert_eq!(done.status, 200);
     assert_eq!(http.get(s.url("/readyz")).send().await.unwrap().status(), 200);
 

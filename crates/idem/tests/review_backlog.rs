@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 
 async fn counts(db_url: &str) -> (i64, i64) {
     let mut conn = sqlx::PgConnection::connect(db_url).await.unwrap();
-    sqlx::query_as("SELECT count(*) FILTER (WHERE state = 'UNKNOWN'), count(*) FILTER (WHERE needs_review) FROM operations")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap()
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'UNKNOWN'), count(*) FILTER (WHERE needs_review) FROM operations",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -25,9 +27,10 @@ async fn thousands_of_expired_leases_are_flagged_for_review_at_the_ledgers_pace(
     const N: usize = 3000;
     let http = reqwest::Client::new();
     let acquire = |i: usize| {
-        let req = http.post(s.url("/v1/operations")).bearer_auth(ADMIN_KEY).json(
-            &json!({"key": format!("bulk-{i}"), "action": "import_row", "payload": {"row": i}, "lease_ms": 100}),
-        );
+        let req = http
+            .post(s.url("/v1/operations"))
+            .bearer_auth(ADMIN_KEY)
+            .json(&json!({"key": format!("bulk-{i}"), "action": "import_row", "payload": {"row": i}, "lease_ms": 100}));
         async move { req.send().await.unwrap().status() }
     };
     use futures_util::StreamExt as _;

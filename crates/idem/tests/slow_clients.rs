@@ -12,7 +12,13 @@ use tokio::net::TcpStream;
 /// Writes `head` at once, then `slow` one byte per `every`, while reading; returns what
 /// the server sent and when the connection ended (EOF or reset), or `None` if it was
 /// still open after `give_up`.
-async fn trickle(addr: &str, head: &[u8], slow: &[u8], every: Duration, give_up: Duration) -> (String, Option<Duration>) {
+async fn trickle(
+    addr: &str,
+    head: &[u8],
+    slow: &[u8],
+    every: Duration,
+    give_up: Duration,
+) -> (String, Option<Duration>) {
     let started = Instant::now();
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut rd, mut wr) = stream.into_split();
