@@ -10,6 +10,7 @@
 #     browser test (screenshots land in $CARGO_TARGET_DIR/tmp/ui-screenshots);
 #   - libfaketime (Debian faketime), which runs one `idem serve` node of the clock-skew
 #     test with its wall clock 20 s ahead;
+#   - curl (Debian), for the README walkthrough the tests run as written;
 #   - the Rust test runner is plain `cargo test`, then the `otel` feature's test
 #     (`cargo test --features idem/otel --test otel`).
 # Environment:
@@ -105,7 +106,17 @@ ensure_faketime() {
   fi
 }
 
+ensure_curl() {
+  # tests/first_hour.rs runs the README's curl walkthrough as written.
+  if ! command -v curl >/dev/null 2>&1; then
+    log "installing curl (Debian package)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
+  fi
+}
+
 ensure_postgres
+ensure_curl
 ensure_mail_servers
 ensure_browser
 ensure_faketime
