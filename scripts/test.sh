@@ -11,6 +11,8 @@
 #   - libfaketime (Debian faketime), which runs one `idem serve` node of the clock-skew
 #     test with its wall clock 20 s ahead;
 #   - curl (Debian), for the README walkthrough the tests run as written;
+#   - openapi-spec-validator, schemathesis and openapi-python-client (PyPI, pinned in
+#     scripts/requirements-openapi.txt) in a cached venv, for tests/openapi.rs;
 #   - the Rust test runner is plain `cargo test`, then the `otel` feature's test
 #     (`cargo test --features idem/otel --test otel`).
 # Environment:
@@ -115,8 +117,30 @@ ensure_curl() {
   fi
 }
 
+ensure_openapi_tools() {
+  # tests/openapi.rs checks the served OpenAPI document with Python tools (pinned in
+  # scripts/requirements-openapi.txt), installed from PyPI into a venv kept in the cache
+  # and made anew when the requirements change.
+  local req=scripts/requirements-openapi.txt hash venv
+  hash=$(sha256sum "$req" | cut -c1-16)
+  venv="${XDG_CACHE_HOME:-$HOME/.cache}/idem/venv-$hash"
+  if [ ! -x "$venv/bin/st" ]; then
+    if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+      log "installing python3-venv (Debian package)"
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
+    log "installing the OpenAPI tools into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q -r "$req"
+  fi
+  export IDEM_OPENAPI_VENV="$venv"
+}
+
 ensure_postgres
 ensure_curl
+ensure_openapi_tools
 ensure_mail_servers
 ensure_browser
 ensure_faketime

@@ -22,6 +22,7 @@ pub mod keys;
 pub mod logging;
 pub mod metrics;
 pub mod openapi;
+pub mod openapi_contract;
 pub mod operations;
 pub mod problem;
 pub mod proxy;

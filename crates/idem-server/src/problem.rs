@@ -289,6 +289,13 @@ pub async fn fill_request_id(req: axum::extract::Request, next: axum::middleware
 }
 
 /// `GET /problems/{slug}`: the description of a problem type, as plain text.
+#[utoipa::path(get, path = "/problems/{slug}", tag = "health",
+    params(("slug" = String, Path, description = "The problem type's slug, the last segment of its `type` (`/problems/<slug>`)", pattern = "^[a-z-]{1,64}$")),
+    responses(
+        (status = 200, description = "Title and description of the problem type", content_type = "text/plain", body = String),
+        (status = 404, description = "No such problem type (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn describe(axum::extract::Path(slug): axum::extract::Path<String>) -> Response {
     match PROBLEM_TYPES.iter().find(|(s, _, _)| *s == slug) {
         Some((_, title, text)) => (StatusCode::OK, format!("{title}\n\n{text}\n")).into_response(),
