@@ -72,6 +72,7 @@ async fn the_served_document_validates_fuzzes_clean_and_generates_a_working_clie
         .args(["--max-examples", "20", "--max-time", "120", "--generation-deterministic", "--continue-on-failure"])
         .args(["--request-timeout", "30", "--no-color"])
         .env("SCHEMATHESIS_HOOKS", "schemathesis_hooks")
-        .env("PYTHONPATH", scripts()));
+        .env("PYTHONPATH", scripts())
+        .current_dir(dir.path()));
     assert!(!report.contains("failures") || report.contains(" 0 failures"), "{report}");
 }
