@@ -10,6 +10,9 @@
 #     browser test (screenshots land in $CARGO_TARGET_DIR/tmp/ui-screenshots);
 #   - libfaketime (Debian faketime), which runs one `idem serve` node of the clock-skew
 #     test with its wall clock 20 s ahead;
+#   - curl (Debian), for the README walkthrough the tests run as written;
+#   - openapi-spec-validator, schemathesis and openapi-python-client (PyPI, pinned in
+#     scripts/requirements-openapi.txt) in a cached venv, for tests/openapi.rs;
 #   - the Rust test runner is plain `cargo test`, then the `otel` feature's test
 #     (`cargo test --features idem/otel --test otel`).
 # Environment:
@@ -56,8 +59,17 @@ ensure_postgres() {
 }
 
 drop_old_test_databases() {
-  # Databases left by killed earlier runs (each test creates its own).
-  psql "$IDEM_TEST_PG_URL" -Atqc "select datname from pg_database where datname like 'idem\_%\_%'" 2>/dev/null |
+  # Each test drops the database it created (idem_store::testing::TestDatabase); a test
+  # process that was killed leaves its databases behind. Their names end in a UUIDv7,
+  # whose first 48 bits are the creation time in ms: drop only those created more than an
+  # hour before this run. A database another run (on a shared server) is using right now
+  # is younger than that, so it is never dropped under that run's feet; a run that lasts
+  # longer than an hour does not exist here (the suite takes minutes).
+  psql "$IDEM_TEST_PG_URL" -Atqc "
+    select datname from pg_database
+    where datname ~ '^idem_[a-z0-9_]+_[0-9a-f]{32}\$'
+      and ('x' || lpad(substr(right(datname, 32), 1, 12), 16, '0'))::bit(64)::bigint
+          < (extract(epoch from now()) * 1000)::bigint - 3600 * 1000" 2>/dev/null |
     while read -r db; do psql "$IDEM_TEST_PG_URL" -qc "drop database if exists \"$db\" with (force)" >/dev/null 2>&1 || true; done
 }
 
@@ -96,7 +108,39 @@ ensure_faketime() {
   fi
 }
 
+ensure_curl() {
+  # tests/first_hour.rs runs the README's curl walkthrough as written.
+  if ! command -v curl >/dev/null 2>&1; then
+    log "installing curl (Debian package)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
+  fi
+}
+
+ensure_openapi_tools() {
+  # tests/openapi.rs checks the served OpenAPI document with Python tools (pinned in
+  # scripts/requirements-openapi.txt), installed from PyPI into a venv kept in the cache
+  # and made anew when the requirements change.
+  local req=scripts/requirements-openapi.txt hash venv
+  hash=$(sha256sum "$req" | cut -c1-16)
+  venv="${XDG_CACHE_HOME:-$HOME/.cache}/idem/venv-$hash"
+  if [ ! -x "$venv/bin/st" ]; then
+    if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+      log "installing python3-venv (Debian package)"
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+    fi
+    log "installing the OpenAPI tools into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q -r "$req"
+  fi
+  export IDEM_OPENAPI_VENV="$venv"
+}
+
 ensure_postgres
+ensure_curl
+ensure_openapi_tools
 ensure_mail_servers
 ensure_browser
 ensure_faketime

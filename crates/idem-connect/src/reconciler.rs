@@ -15,7 +15,16 @@ use crate::registry::Registry;
 use idem_core::{Actor, Clock, Lookup, OperationRecord, RetryPolicy};
 use idem_store::{ReconcileOutcome, ReconcileRequest, Store, StoreError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Due operations read per round of a pass.
+pub const BATCH: i64 = 256;
+/// Lookups and review flags in flight at once. Concurrent writes share statements and
+/// commits in the stores (group commit), so a backlog is worked off at the ledger's own
+/// write rate rather than one round trip at a time.
+pub const CONCURRENCY: usize = 32;
+/// A pass stops starting new rounds after this long, so it never runs unbounded.
+pub const PASS_BUDGET: Duration = Duration::from_secs(10);
 
 /// Reconciles UNKNOWN operations for one node.
 pub struct Reconciler {
@@ -23,13 +32,21 @@ pub struct Reconciler {
     registry: Arc<Registry>,
     clock: Arc<dyn Clock>,
     interval: Duration,
+    wake: tokio::sync::Notify,
 }
 
 impl Reconciler {
     /// A reconciler over `store` with the connectors of `registry`; lookups judge the time
     /// since an attempt on `clock` (the ledger's: the one the store reads).
     pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, clock: Arc<dyn Clock>, interval: Duration) -> Self {
-        Reconciler { store, registry, clock, interval }
+        Reconciler { store, registry, clock, interval, wake: tokio::sync::Notify::new() }
+    }
+
+    /// Starts a pass now instead of at the next interval (e.g. after the lease sweeper
+    /// turned expired leases into UNKNOWN: an operation nobody can be asked about is then
+    /// flagged for review at once).
+    pub fn wake(&self) {
+        self.wake.notify_one();
     }
 
     /// Looks `rec` up now and records the answer, on behalf of `actor`.
@@ -117,19 +134,37 @@ impl Reconciler {
             .await
     }
 
-    /// One pass over due UNKNOWN operations; returns how many were looked up.
+    /// One pass over due UNKNOWN operations: rounds of [`BATCH`] due operations, each
+    /// worked [`CONCURRENCY`] at a time, until fewer than a batch are due, a round had a
+    /// failure (it is retried next pass) or [`PASS_BUDGET`] is spent. Returns how many
+    /// were looked up (or flagged).
     ///
     /// # Errors
     /// Store errors while listing due work.
     pub async fn tick(&self) -> Result<usize, StoreError> {
-        let due = self.store.due_reconciliations(32).await?;
-        let n = due.len();
-        for rec in due {
-            if let Err(e) = self.reconcile_one(&rec, Actor::system()).await {
-                tracing::warn!(tenant = %rec.tenant, error = %e, "reconciliation failed");
+        use futures_util::StreamExt as _;
+        let started = Instant::now();
+        let mut total = 0;
+        loop {
+            let due = self.store.due_reconciliations(BATCH).await?;
+            let n = due.len();
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            futures_util::stream::iter(due)
+                .for_each_concurrent(CONCURRENCY, |rec| {
+                    let failed = &failed;
+                    async move {
+                        if let Err(e) = self.reconcile_one(&rec, Actor::system()).await {
+                            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                            tracing::warn!(tenant = %rec.tenant, error = %e, "reconciliation failed");
+                        }
+                    }
+                })
+                .await;
+            total += n;
+            if (n as i64) < BATCH || failed.into_inner() || started.elapsed() > PASS_BUDGET {
+                return Ok(total);
             }
         }
-        Ok(n)
     }
 
     /// Runs a pass every interval until the process ends.
@@ -138,7 +173,10 @@ impl Reconciler {
             let mut tick = tokio::time::interval(self.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = self.wake.notified() => {}
+                }
                 if let Err(e) = self.tick().await {
                     tracing::warn!(error = %e, "reconciler pass failed");
                 }

@@ -111,6 +111,10 @@ pub async fn list(State(state): State<AppState>, caller: Caller) -> Result<Respo
 }
 
 /// Revoke one of the caller's tenant's keys; it stops authenticating at once.
+///
+/// The tenant's last active admin key is not revoked (409 `last-admin-key`): nobody could
+/// manage the tenant's keys over HTTP any more. Create another admin key first
+/// (`POST /v1/keys` with `{"role": "admin"}`), then revoke this one with it.
 #[utoipa::path(
     delete, path = "/v1/keys/{id}", tag = "keys",
     params(("id" = String, Path, description = "Key id")),
@@ -118,6 +122,7 @@ pub async fn list(State(state): State<AppState>, caller: Caller) -> Result<Respo
         (status = 204, description = "Revoked"),
         (status = 403, description = "Not an admin key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No live key with that id in the caller's tenant", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`last-admin-key`: the tenant's only active admin key; create another admin key first", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -131,10 +136,27 @@ pub async fn revoke(
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
     caller.require(Role::Admin).map_err(fail)?;
     let mine = state.store.list_api_keys(Some(&caller.tenant)).await.map_err(|e| fail(store_problem(e)))?;
-    if !mine.iter().any(|k| k.id == id && k.revoked_at.is_none()) {
+    let Some(target) = mine.iter().find(|k| k.id == id && k.revoked_at.is_none()) else {
         return Err(fail(Problem::new(StatusCode::NOT_FOUND, "not-found", "no live API key with that id")));
+    };
+    if is_last_active_admin(&mine, target) {
+        return Err(fail(Problem::new(
+            StatusCode::CONFLICT,
+            "last-admin-key",
+            format!(
+                "key {id} is the only active admin key of tenant {:?}; create another admin key first (POST /v1/keys with {{\"role\": \"admin\"}}), then revoke this one with the new key",
+                caller.tenant
+            ),
+        )));
     }
     state.store.revoke_api_key(&id).await.map_err(|e| fail(store_problem(e)))?;
     tracing::info!(%id, by = %caller.principal, "API key revoked");
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Whether `target` is the only active (unrevoked) admin key among `tenant_keys` (one
+/// tenant's keys): revoking it would leave nobody able to manage the tenant's keys.
+fn is_last_active_admin(tenant_keys: &[ApiKeyInfo], target: &ApiKeyInfo) -> bool {
+    target.role == Role::Admin
+        && !tenant_keys.iter().any(|k| k.id != target.id && k.role == Role::Admin && k.revoked_at.is_none())
 }

@@ -14,14 +14,19 @@
 
 pub mod auth;
 pub mod dto;
+pub mod health;
+pub mod http_server;
+pub mod index;
 pub mod json;
 pub mod keys;
 pub mod logging;
 pub mod metrics;
 pub mod openapi;
+pub mod openapi_contract;
 pub mod operations;
 pub mod problem;
 pub mod proxy;
+pub mod request_body;
 pub mod review;
 pub mod ui;
 pub mod workflows;
@@ -66,6 +71,8 @@ pub struct AppState {
     pub gauges: Arc<metrics::GaugeCache>,
     /// Bearer token `/metrics` asks for; `None` = open.
     pub metrics_token: Option<Arc<str>>,
+    /// The database's last known state, for `/readyz` ([`health::spawn_prober`]).
+    pub health: Arc<health::Health>,
 }
 
 impl AppState {
@@ -111,6 +118,7 @@ impl AppState {
             ui: Default::default(),
             gauges: Default::default(),
             metrics_token: None,
+            health: Default::default(),
         }
     }
 }
@@ -137,8 +145,8 @@ pub struct ServerConfig {
     /// Address to listen on, `HOST:PORT` (`127.0.0.1:8080`, `localhost:0`; port 0 picks a
     /// free one).
     pub listen: String,
-    /// Largest accepted request body (bytes).
-    pub max_body_bytes: usize,
+    /// Body size limit, in-flight body budget, body and header read deadlines.
+    pub limits: request_body::Limits,
     /// How often the lease sweeper turns expired leases into UNKNOWN.
     pub sweep_interval: Duration,
     /// Secret of the admin key to create on first start (`IDEM_BOOTSTRAP_KEY`).
@@ -158,20 +166,22 @@ pub struct ServerConfig {
     pub workflows: std::collections::BTreeMap<String, idem_core::flow::Definition>,
 }
 
-/// The application's routes with their middleware: the API, `/metrics` and the admin page.
-pub fn router(state: AppState, max_body_bytes: usize) -> Router {
-    app(state, max_body_bytes, true)
+/// The application's routes with their middleware: the API, `/metrics` and the admin page;
+/// request bodies bounded by `budget` ([`request_body`]).
+pub fn router(state: AppState, budget: request_body::BodyBudget) -> Router {
+    app(state, budget, true)
 }
 
 /// [`router`] without the admin page, for `idem proxy`, which nests it under `/_idem/`
 /// (the page's links and cookie assume `/ui`; run `idem serve` on the same database for it).
-pub fn api_router(state: AppState, max_body_bytes: usize) -> Router {
-    app(state, max_body_bytes, false)
+pub fn api_router(state: AppState, budget: request_body::BodyBudget) -> Router {
+    app(state, budget, false)
 }
 
-fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
+fn app(state: AppState, budget: request_body::BodyBudget, with_ui: bool) -> Router {
+    let max_body_bytes = budget.limits().max_body_bytes;
     let x_request_id = axum::http::HeaderName::from_static("x-request-id");
-    let routes = if with_ui { ui::router() } else { Router::new() };
+    let routes = if with_ui { ui::router().route("/", get(index::index)) } else { Router::new() };
     routes
         .route("/v1/operations", post(operations::acquire).get(operations::list))
         .route("/v1/operations/{key}", get(operations::get_one))
@@ -195,6 +205,8 @@ fn app(state: AppState, max_body_bytes: usize, with_ui: bool) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(budget, request_body::guard))
+        .layer(axum::middleware::from_fn(problem::fill_request_id))
         .layer(axum::middleware::from_fn(metrics::track_http))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
@@ -229,15 +241,30 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Readiness: the database answers and, on PostgreSQL, this node knows the database's
-/// time within `--max-clock-uncertainty-ms`.
-#[utoipa::path(get, path = "/readyz", tag = "health", responses(
-    (status = 200, description = "ready"),
-    (status = 503, description = "the database does not answer (`unavailable`), or this node cannot tell the database's time closely enough (`clock-uncertain`)", body = problem::Problem, content_type = "application/problem+json")
+/// Readiness: the database answered this node's last probe (every 250 ms, see
+/// [`health`]) and, on PostgreSQL, this node knows the database's time within
+/// `--max-clock-uncertainty-ms`. Answers at once from what the node knows, never waiting
+/// for the database.
+#[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", responses(
+    (status = 200, description = "ready", content_type = "text/plain", body = String),
+    (status = 503, description = "the database did not answer the last probe (`unavailable`, with `Retry-After`), or this node cannot tell the database's time closely enough (`clock-uncertain`)", body = problem::Problem, content_type = "application/problem+json")
 ))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    if let Err(e) = state.store.ping().await {
-        return operations::store_problem(e).into_response();
+    if matches!(state.health.database(), Err(health::NotReady::Unknown)) {
+        // No probe ran yet (a router without the prober): probe once, bounded.
+        state.health.probe(state.store.as_ref()).await;
+    }
+    if let Err(why) = state.health.database() {
+        let detail = match why {
+            health::NotReady::Down { for_ms, error } => {
+                format!("the database has not answered for {for_ms} ms ({error})")
+            }
+            health::NotReady::Stale { ms } => format!("the database has not been checked for {ms} ms"),
+            health::NotReady::Unknown => "the database has not been checked yet".to_owned(),
+        };
+        let mut p = problem::Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail);
+        p.retry_after_ms = Some(operations::UNAVAILABLE_RETRY_AFTER_MS);
+        return p.into_response();
     }
     if let Some(s) = state.database_clock.as_ref().map(|c| c.status())
         && !s.within_bound()
@@ -288,8 +315,13 @@ pub async fn bootstrap(store: &dyn Store, supplied: Option<String>) -> Result<Op
 }
 
 /// Runs the lease sweeper until the process ends: every `interval`, expired leases of
-/// actions that are not redo_safe become UNKNOWN (in batches of 500).
-pub fn spawn_lease_sweeper(store: Arc<dyn Store>, interval: Duration) -> tokio::task::JoinHandle<()> {
+/// actions that are not redo_safe become UNKNOWN (in batches of 500), and `reconciler` is
+/// woken when any did, so those nobody can be asked about are flagged for review at once.
+pub fn spawn_lease_sweeper(
+    store: Arc<dyn Store>,
+    interval: Duration,
+    reconciler: Arc<Reconciler>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -297,10 +329,14 @@ pub fn spawn_lease_sweeper(store: Arc<dyn Store>, interval: Duration) -> tokio::
             tick.tick().await;
             loop {
                 match store.expire_leases(500).await {
-                    Ok(500) => continue,
+                    Ok(500) => {
+                        reconciler.wake();
+                        continue;
+                    }
                     Ok(n) => {
                         if n > 0 {
                             tracing::info!(expired = n, "leases expired into UNKNOWN");
+                            reconciler.wake();
                         }
                         break;
                     }
@@ -367,7 +403,7 @@ pub fn spawn_retention_sweeper(store: Arc<dyn Store>, interval: Duration, batch:
 /// # Errors
 /// Bind failures, store errors during bootstrap, or I/O errors from the server.
 pub async fn run(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: ServerConfig) -> std::io::Result<()> {
-    serve_with(store, clock, config, |state, body_limit| Ok(router(state, body_limit))).await
+    serve_with(store, clock, config, |state, budget| Ok(router(state, budget))).await
 }
 
 /// Like [`run`], but serving `idem proxy`: requests are proxied to the upstream with
@@ -381,10 +417,15 @@ pub async fn run_proxy(
     config: ServerConfig,
     proxy_config: proxy::ProxyConfig,
 ) -> std::io::Result<()> {
-    serve_with(store, clock, config, move |state, body_limit| {
-        let api = api_router(state.clone(), body_limit);
+    serve_with(store, clock, config, move |state, budget| {
+        let api = api_router(state.clone(), budget.clone());
+        println!(
+            "idem: proxy for the upstream {} (Idempotency-Key on {}; idem's own API under /_idem/)",
+            proxy_config.upstream,
+            proxy_config.methods.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
+        );
         let proxy_state = proxy::ProxyState::new(state, proxy_config).map_err(std::io::Error::other)?;
-        Ok(proxy::router(proxy_state, api))
+        Ok(proxy::router(proxy_state, api, budget))
     })
     .await
 }
@@ -393,7 +434,7 @@ async fn serve_with(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     config: ServerConfig,
-    app: impl FnOnce(AppState, usize) -> std::io::Result<Router>,
+    app: impl FnOnce(AppState, request_body::BodyBudget) -> std::io::Result<Router>,
 ) -> std::io::Result<()> {
     let io = |e: idem_store::StoreError| std::io::Error::other(format!("bootstrap key (IDEM_BOOTSTRAP_KEY): {e}"));
     if let Some(secret) = bootstrap(store.as_ref(), config.bootstrap_key.clone()).await.map_err(io)? {
@@ -408,7 +449,8 @@ async fn serve_with(
     state.database_clock = config.database_clock.clone();
     state.metrics_token = config.metrics_token.as_deref().map(Arc::from);
     let store = state.store.clone();
-    let app = app(state.clone(), config.max_body_bytes)?;
+    let budget = request_body::BodyBudget::new(config.limits.clone());
+    let app = app(state.clone(), budget)?;
     println!("idem: listening on http://{}", listener.local_addr()?);
     let sweep_every = Duration::from_millis(config.connect.retention.sweep_interval_ms);
     let loops = [
@@ -418,12 +460,13 @@ async fn serve_with(
             config.connect.executor.concurrency,
             Duration::from_millis(config.connect.executor.workflow_hold_ms),
         ),
-        spawn_lease_sweeper(store, config.sweep_interval),
+        spawn_lease_sweeper(store, config.sweep_interval, state.reconciler.clone()),
         state.executor.clone().spawn_loop(),
         state.reconciler.clone().spawn_loop(),
         metrics::spawn_upkeep(),
+        health::spawn_prober(state.health.clone(), state.store.clone()),
     ];
-    let result = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
+    let result = http_server::serve(listener, app, config.limits.header_read_timeout, shutdown_signal()).await;
     for l in loops {
         l.abort();
     }

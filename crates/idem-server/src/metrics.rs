@@ -101,6 +101,10 @@ fn describe() {
     describe_gauge!("idem_operations", "Operation records per state, all tenants");
     describe_gauge!("idem_review_queue_depth", "Operations flagged for review, all tenants");
     describe_gauge!("idem_unknown_stale", "UNKNOWN operations unchanged for 15 minutes or more");
+    describe_gauge!(
+        "idem_reconciliation_backlog",
+        "UNKNOWN operations not yet flagged for review: the reconcilers' work still to do, all tenants"
+    );
     describe_counter!("idem_workflows_started_total", "Workflow instances created (a repeated start is not counted)");
     describe_counter!(
         "idem_workflow_transitions_total",
@@ -180,6 +184,13 @@ pub async fn serve(State(state): State<AppState>, headers: axum::http::HeaderMap
                 }
                 metrics::gauge!("idem_review_queue_depth").set(o.needs_review() as f64);
                 metrics::gauge!("idem_unknown_stale").set(o.unknown_stale as f64);
+                let backlog: i64 = o
+                    .groups
+                    .iter()
+                    .filter(|g| g.state == idem_core::State::Unknown && !g.needs_review)
+                    .map(|g| g.count)
+                    .sum();
+                metrics::gauge!("idem_reconciliation_backlog").set(backlog as f64);
             }
             Err(e) => tracing::warn!(error = %e, "metrics: reading the counts failed"),
         }

@@ -50,8 +50,11 @@ Prometheus counters (no API key; no tenant data), and `/ui` is the admin page (H
         crate::healthz,
         crate::readyz,
         crate::metrics::serve,
+        crate::index::index,
+        serve,
+        crate::problem::describe,
     ),
-    components(schemas(AcquireBody, RenewBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView, crate::workflows::dto::StartBody, crate::workflows::dto::StepDeclBody, crate::workflows::dto::StepAcquireBody, crate::workflows::dto::InstanceView, crate::workflows::dto::CheckpointView, crate::workflows::dto::CompensationView, crate::workflows::dto::InstanceEventView, crate::workflows::dto::InstancePage, crate::workflows::dto::RerunBody, crate::workflows::dto::CompensateBody, crate::workflows::dto::RerunView, crate::workflows::dto::PlannedStepView)),
+    components(schemas(crate::index::IndexView, AcquireBody, RenewBody, CompleteBody, OperationView, EventView, ErrorView, OperationPage, Problem, crate::keys::NewKeyBody, crate::review::ResolveBody, crate::keys::ApiKeyView, crate::workflows::dto::StartBody, crate::workflows::dto::StepDeclBody, crate::workflows::dto::StepAcquireBody, crate::workflows::dto::InstanceView, crate::workflows::dto::CheckpointView, crate::workflows::dto::CompensationView, crate::workflows::dto::InstanceEventView, crate::workflows::dto::InstancePage, crate::workflows::dto::RerunBody, crate::workflows::dto::CompensateBody, crate::workflows::dto::RerunView, crate::workflows::dto::PlannedStepView)),
     modifiers(&BearerAuth),
     tags((name = "operations", description = "The ledger of side effects"), (name = "workflows", description = "Multi-step workflows: instances whose steps are operations (`{instance}:{step}`), with a checkpoint per step; idem runs declared workflows, your code runs the steps idem has no connector for"), (name = "review", description = "Operator actions: reconcile now, resolve by hand (operator role)"), (name = "keys", description = "API keys of the caller's tenant (admin role)"), (name = "health", description = "Probes"))
 )]
@@ -67,7 +70,21 @@ impl Modify for BearerAuth {
     }
 }
 
-/// `GET /openapi.json`.
-pub async fn serve() -> Response {
-    axum::Json(ApiDoc::openapi()).into_response()
+/// This document: utoipa's, completed by [`crate::openapi_contract`] (unique operation
+/// ids, every status, every field rule), with the names of the connectors `connectors`
+/// this node has configured (the only values `connector` takes).
+pub fn document(connectors: &[String]) -> serde_json::Value {
+    static BASE: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    let base = BASE.get_or_init(|| serde_json::to_value(ApiDoc::openapi()).expect("the document is JSON"));
+    crate::openapi_contract::complete(base.clone(), connectors)
+}
+
+/// The OpenAPI 3.1 document of this server.
+#[utoipa::path(get, path = "/openapi.json", tag = "health", responses(
+    (status = 200, description = "The OpenAPI 3.1 document (JSON)", content_type = "application/json", body = Object),
+))]
+pub async fn serve(axum::extract::State(state): axum::extract::State<crate::AppState>) -> Response {
+    let connectors: Vec<String> =
+        state.executor.registry().names().filter(|n| !n.starts_with("lookup:")).map(str::to_owned).collect();
+    axum::Json(document(&connectors)).into_response()
 }

@@ -21,7 +21,12 @@ pub const MAX_WAIT_MS: i64 = 30_000;
 /// How often a waiting trigger looks at the record again (ms).
 const WAIT_POLL_MS: u64 = 25;
 
-/// Maps a store error to its problem.
+/// `Retry-After` of a 503 `unavailable` (the database did not answer): 1 s. A restarted
+/// PostgreSQL is used again within about half a second (RFC 9110 §10.2.3).
+pub const UNAVAILABLE_RETRY_AFTER_MS: i64 = 1000;
+
+/// Maps a store error to its problem (503 `unavailable` with `Retry-After` when the
+/// database did not answer).
 pub fn store_problem(e: StoreError) -> Problem {
     match e {
         StoreError::NotFound => Problem::not_found(),
@@ -32,7 +37,9 @@ pub fn store_problem(e: StoreError) -> Problem {
         StoreError::Invalid(msg) => Problem::invalid(msg),
         StoreError::Database(_) | StoreError::Closed => {
             tracing::error!(error = %e, "store unavailable");
-            Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database did not answer")
+            let mut p = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database did not answer");
+            p.retry_after_ms = Some(UNAVAILABLE_RETRY_AFTER_MS);
+            p
         }
         StoreError::Corrupt(_) | StoreError::Migrate(_) => {
             tracing::error!(error = %e, "store error");
@@ -252,8 +259,47 @@ pub async fn acquire(
                 wait_for_change(&state, &input, deadline).await;
                 continue;
             }
+            Decision::Mismatch => with_rid(
+                Problem::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "fingerprint-mismatch",
+                    mismatch_detail(&out.record, &input, body.fingerprint_fields.as_deref()),
+                ),
+                &caller,
+            )
+            .into_response(),
             _ => trigger_answer(out, &caller),
         });
+    }
+}
+
+/// What differs between a refused trigger (`input`, which named `fields` as its
+/// `fingerprint_fields`) and the record its key is bound to, in words for the 422: the
+/// action, the connector, or the fingerprint — and then whether the payload itself is the
+/// same (so the `fingerprint_fields` differ) or not.
+fn mismatch_detail(rec: &idem_core::OperationRecord, input: &AcquireInput, fields: Option<&[String]>) -> String {
+    let ours = match fields {
+        Some(f) => format!("only its fingerprint_fields {f:?}"),
+        None => "the whole payload (it sent no fingerprint_fields)".to_owned(),
+    };
+    if rec.action != input.action {
+        format!(
+            "this key was first used with action {:?}, this request has {:?}; a new intent needs a new key",
+            rec.action, input.action
+        )
+    } else if rec.connector != input.connector {
+        format!(
+            "this key was first used with connector {:?}, this request has {:?}; a new intent needs a new key",
+            rec.connector, input.connector
+        )
+    } else if rec.payload == input.payload {
+        format!(
+            "the payload is the one this key was first used with, but the fingerprints differ: this request fingerprinted {ours}, the first one other fields; send the same fingerprint_fields as the first request"
+        )
+    } else {
+        format!(
+            "this key was first used with another payload: this request's fingerprint covers {ours}, and it differs from the first one's; a new intent needs a new key (if only fields outside the intent changed, every request for the key must send the same fingerprint_fields naming the intent's fields)"
+        )
     }
 }
 

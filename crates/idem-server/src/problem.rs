@@ -41,6 +41,16 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The request body is too large",
         "The body exceeds the server's limit (`--max-body-bytes`, default 1 MiB). Nothing was recorded.",
     ),
+    (
+        "request-timeout",
+        "The request body did not arrive in time",
+        "The client did not send the whole body within the server's limit (`--body-read-timeout-ms`, default 30 s); the connection is closed. Nothing was recorded. RFC 9110 §15.5.9.",
+    ),
+    (
+        "overloaded",
+        "Too many request bodies in flight",
+        "This node already holds its limit of request body bytes being read and processed (`--max-inflight-body-bytes`, default 8 MiB) and none finished within `--inflight-wait-ms`; it refuses rather than run out of memory. Nothing was recorded; retry after `Retry-After` seconds, or send it to another node.",
+    ),
     ("unsupported-media-type", "The body must be JSON", "Send `Content-Type: application/json`."),
     (
         "not-found",
@@ -147,6 +157,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "instance-not-running",
         "The workflow instance is not running",
         "The instance is PAUSED, FAILED, SUCCEEDED, COMPENSATING or COMPENSATED (the problem's `state`): no step may start. Finished steps are still replayed.",
+    ),
+    (
+        "last-admin-key",
+        "The tenant's last admin key cannot be revoked",
+        "Revoking it would leave the tenant without an active admin key, and nobody could manage its keys over HTTP. Create another admin key first (POST /v1/keys with {\"role\": \"admin\"}, or `idem keys create --tenant T --role admin` on the database), then revoke this one. Nothing was changed.",
     ),
     (
         "step-key-conflict",
@@ -279,12 +294,20 @@ impl Problem {
     }
 }
 
+/// Marks a response as one of idem's own problems (never an upstream's answer that
+/// `idem proxy` passes on), so [`fill_request_id`] may complete its body.
+#[derive(Clone)]
+struct Rendered(Box<Problem>);
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = self.status_code();
         let retry = self.retry_after_ms;
         let body = serde_json::to_vec(&self).unwrap_or_default();
         let mut resp = (status, body).into_response();
+        if self.request_id.is_none() {
+            resp.extensions_mut().insert(Rendered(Box::new(self)));
+        }
         let h = resp.headers_mut();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if let Some(ms) = retry {
@@ -298,7 +321,30 @@ impl IntoResponse for Problem {
     }
 }
 
+/// Middleware: every problem idem answers carries the request's id (`request_id`, the
+/// same as the `x-request-id` response header), also those built where the id was not at
+/// hand (extractor rejections, the proxy, fallbacks). Runs inside the layer that sets
+/// `x-request-id` on the request; other responses pass through untouched.
+pub async fn fill_request_id(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let id = req.headers().get("x-request-id").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let mut resp = next.run(req).await;
+    let (Some(id), Some(Rendered(problem))) = (id, resp.extensions_mut().remove::<Rendered>()) else {
+        return resp;
+    };
+    let problem = Problem { request_id: Some(id), ..*problem };
+    let (mut parts, _) = resp.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(serde_json::to_vec(&problem).unwrap_or_default()))
+}
+
 /// `GET /problems/{slug}`: the description of a problem type, as plain text.
+#[utoipa::path(get, path = "/problems/{slug}", tag = "health",
+    params(("slug" = String, Path, description = "The problem type's slug, the last segment of its `type` (`/problems/<slug>`)", pattern = "^[a-z-]{1,64}$")),
+    responses(
+        (status = 200, description = "Title and description of the problem type", content_type = "text/plain", body = String),
+        (status = 404, description = "No such problem type (`not-found`)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn describe(axum::extract::Path(slug): axum::extract::Path<String>) -> Response {
     match PROBLEM_TYPES.iter().find(|(s, _, _)| *s == slug) {
         Some((_, title, text)) => (StatusCode::OK, format!("{title}\n\n{text}\n")).into_response(),

@@ -322,13 +322,21 @@ impl ProxyState {
 }
 
 /// The proxy's router: idem's own API under `/_idem/`, everything else proxied.
-pub fn router(state: ProxyState, api: axum::Router) -> axum::Router {
+pub fn router(state: ProxyState, api: axum::Router, budget: crate::request_body::BodyBudget) -> axum::Router {
     let body_limit = state.config.max_request_bytes;
+    let x_request_id = axum::http::HeaderName::from_static("x-request-id");
+    // The proxy's own answers carry a request id like the API's (`x-request-id`, and
+    // `request_id` in its problems); the upstream's answers pass through unchanged.
     axum::Router::new()
         .nest_service("/_idem", api)
         .fallback(handle)
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(budget, crate::request_body::guard))
+        .layer(axum::middleware::from_fn(crate::problem::fill_request_id))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(tower_http::request_id::PropagateRequestIdLayer::new(x_request_id.clone()))
+        .layer(tower_http::request_id::SetRequestIdLayer::new(x_request_id, tower_http::request_id::MakeRequestUuid))
+        .layer(axum::middleware::from_fn(crate::logging::sanitize_request_id))
 }
 
 fn problem(status: StatusCode, slug: &str, detail: impl Into<String>) -> Response {

@@ -222,6 +222,20 @@ pub struct StoreConfig {
     pub must_exist: bool,
     /// How long final records and their tombstones are kept.
     pub retention: idem_core::Retention,
+    /// How long a request waits for a database connection before it fails with
+    /// [`StoreError::Database`] (HTTP 503); `None` = [`DEFAULT_ACQUIRE_TIMEOUT`]. Short, so
+    /// that while PostgreSQL is down every request fails fast instead of holding a worker.
+    pub acquire_timeout: Option<std::time::Duration>,
+}
+
+/// Default [`StoreConfig::acquire_timeout`]: 1 s.
+pub const DEFAULT_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl StoreConfig {
+    /// [`StoreConfig::acquire_timeout`] or its default.
+    pub fn acquire_timeout(&self) -> std::time::Duration {
+        self.acquire_timeout.unwrap_or(DEFAULT_ACQUIRE_TIMEOUT)
+    }
 }
 
 /// What one sweep removed.

@@ -338,7 +338,9 @@ impl PgStore {
         let options = connect_options(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(pool_size())
-            .acquire_timeout(Duration::from_secs(10))
+            // While the database is down sqlx keeps trying to connect until this runs
+            // out: keep it short, so requests fail fast (503) instead of queueing.
+            .acquire_timeout(config.acquire_timeout())
             // sqlx pings every idle connection before handing it out: one more network round
             // trip per statement on the hot path. Only a connection left idle for a while is
             // checked (a server restart or a dropped TCP connection shows up there); a busy
@@ -355,7 +357,8 @@ impl PgStore {
             .connect_with(options.clone())
             .await?;
         MIGRATOR.run(&pool).await?;
-        let writers = Arc::new(Writers::spawn(&Arc::new(connections::Connections::new(options))));
+        let writers =
+            Arc::new(Writers::spawn(&Arc::new(connections::Connections::new(options, config.acquire_timeout()))));
         let keys = Arc::new(crate::key_cache::KeyCache::default());
         key_listener::spawn(&keys, url.to_owned());
         Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys })

@@ -135,6 +135,7 @@ impl SqliteStore {
         // stale, and the ping is one more round trip to the connection's thread per read.
         let readers = SqlitePoolOptions::new()
             .max_connections(8)
+            .acquire_timeout(config.acquire_timeout())
             .test_before_acquire(false)
             .connect_with(opts.read_only(true))
             .await?;

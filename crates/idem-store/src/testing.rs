@@ -15,11 +15,60 @@ pub fn pg_admin_url() -> String {
     std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string())
 }
 
-/// Creates a fresh, uniquely named database and returns its URL.
+/// A database a test created; dropped (`DROP DATABASE … WITH (FORCE)`, which ends its
+/// connections) when this guard goes, also when the test panics. Derefs to its URL.
+///
+/// A test process that is killed leaves its databases behind; `scripts/test.sh` drops
+/// those its name dates (a UUIDv7) to before the run, never one a running test owns.
+#[derive(Debug)]
+pub struct TestDatabase {
+    /// `postgres://…/<name>`.
+    pub url: String,
+    name: String,
+    admin: String,
+}
+
+impl std::ops::Deref for TestDatabase {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.url
+    }
+}
+
+impl std::fmt::Display for TestDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        // Drop runs inside the test's runtime, which cannot be blocked on: a thread of
+        // its own with a runtime of its own does the round trips.
+        let (admin, name) = (self.admin.clone(), self.name.clone());
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            rt.block_on(async {
+                let mut conn = PgConnection::connect(&admin).await.ok()?;
+                // The name is ours (prefix + UUID), not user input.
+                sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+                    .execute(&mut conn)
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(_))) {
+            eprintln!("could not drop the test database {}; scripts/test.sh drops it on its next run", self.name);
+        }
+    }
+}
+
+/// Creates a fresh, uniquely named database (`{prefix}_{UUIDv7}`); the guard drops it.
 ///
 /// # Panics
 /// If the server cannot be reached: PostgreSQL tests must not pass silently without one.
-pub async fn fresh_pg_database(prefix: &str) -> String {
+pub async fn fresh_pg_database(prefix: &str) -> TestDatabase {
     let admin = pg_admin_url();
     let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|e| {
         panic!("PostgreSQL at {admin} is not reachable ({e}); run ./scripts/test.sh, which starts it")
@@ -31,7 +80,7 @@ pub async fn fresh_pg_database(prefix: &str) -> String {
         .await
         .expect("create test database");
     let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-    format!("{base}/{name}")
+    TestDatabase { url: format!("{base}/{name}"), name, admin }
 }
 
 /// The query plan of each background query, as `(name, plan text)`, for the test that

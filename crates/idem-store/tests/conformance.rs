@@ -28,7 +28,7 @@ async fn sqlite_passes_the_conformance_suite() {
 async fn postgres_passes_the_conformance_suite() {
     let url = idem_store::testing::fresh_pg_database("idem_conformance").await;
     conformance::run_all(|clock| {
-        let url = url.clone();
+        let url = url.url.clone();
         async move {
             Arc::new(
                 PgStore::connect(&url, clock, conformance::case_config())

@@ -7,12 +7,14 @@ use idem_store::{CompleteRequest, ResolveRequest, Store, StoreError, postgres::P
 use serde_json::json;
 use std::sync::Arc;
 
-async fn two_nodes() -> (Arc<dyn Store>, Arc<dyn Store>, Arc<ManualClock>) {
+/// Two stores on one fresh database, their clock, and the database's guard (the database
+/// is dropped with it: keep it until the test ends).
+async fn two_nodes() -> (Arc<dyn Store>, Arc<dyn Store>, Arc<ManualClock>, idem_store::testing::TestDatabase) {
     let url = idem_store::testing::fresh_pg_database("idem_two_nodes").await;
     let clock = Arc::new(ManualClock::new(1_000_000));
     let a = PgStore::connect(&url, clock.clone(), Default::default()).await.unwrap();
     let b = PgStore::connect(&url, clock.clone(), Default::default()).await.unwrap();
-    (Arc::new(a), Arc::new(b), clock)
+    (Arc::new(a), Arc::new(b), clock, url)
 }
 
 fn input(key: &str, fingerprint: &str) -> AcquireInput {
@@ -47,7 +49,7 @@ fn succeeded(r: &str) -> Outcome {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_never_answers_from_a_record_another_node_changed() {
-    let (a, b, clock) = two_nodes().await;
+    let (a, b, clock, _db) = two_nodes().await;
 
     // A grants (and remembers EXECUTING); the lease expires and B's sweeper makes it UNKNOWN.
     let granted = a.acquire(input("k1", "f")).await.unwrap();

@@ -41,7 +41,8 @@ pub enum Command {
     /// Manage API keys, directly in the database the server uses.
     #[command(subcommand)]
     Keys(KeysCommand),
-    /// Read operations from a running server.
+    /// Operations on a running server: get and list (any key), reconcile and resolve
+    /// (operator role; they change the operation and are audited).
     #[command(subcommand)]
     Ops(OpsCommand),
     /// Start, show and list workflow instances on a running server.
@@ -136,6 +137,25 @@ pub struct ServeArgs {
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = idem_server::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// Request body bytes this node reads and processes at once, over all requests (a
+    /// payload takes a multiple of its size while it is parsed, fingerprinted and
+    /// stored, so this bounds the node's memory). Beyond it a request waits up to
+    /// --inflight-wait-ms, then gets 503 overloaded with Retry-After. At least
+    /// --max-body-bytes.
+    #[arg(long, env = "IDEM_MAX_INFLIGHT_BODY_BYTES", default_value_t = idem_server::request_body::DEFAULT_MAX_INFLIGHT_BODY_BYTES)]
+    pub max_inflight_body_bytes: usize,
+    /// How long a request waits for room under --max-inflight-body-bytes, in
+    /// milliseconds, before 503 overloaded.
+    #[arg(long, env = "IDEM_INFLIGHT_WAIT_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub inflight_wait_ms: u64,
+    /// Longest time a client may take to send a whole request body, in milliseconds;
+    /// then 408 request-timeout and the connection is closed.
+    #[arg(long, env = "IDEM_BODY_READ_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub body_read_timeout_ms: u64,
+    /// Longest time a client may take to send a request's headers, in milliseconds; then
+    /// the connection is closed (a client that connects and sends nothing too).
+    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub header_read_timeout_ms: u64,
     /// How often expired leases are turned into UNKNOWN, in milliseconds.
     #[arg(long, env = "IDEM_SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub sweep_interval_ms: u64,
@@ -146,6 +166,12 @@ pub struct ServeArgs {
     /// (one machine, one clock).
     #[arg(long, env = "IDEM_MAX_CLOCK_UNCERTAINTY_MS", default_value_t = idem_store::postgres::DEFAULT_MAX_UNCERTAINTY_MS, value_parser = clap::value_parser!(i64).range(1..=60_000))]
     pub max_clock_uncertainty_ms: i64,
+    /// How long a request waits for a database connection, in milliseconds, before it is
+    /// answered 503 `unavailable` with Retry-After. While PostgreSQL is down every request
+    /// fails within this instead of holding a worker; it recovers on its own once the
+    /// database is back.
+    #[arg(long, env = "IDEM_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub db_acquire_timeout_ms: u64,
     /// Secret of the admin key (tenant "default") to create on first start; without it a
     /// key is generated and printed once. 32-256 printable characters.
     #[arg(long, env = "IDEM_BOOTSTRAP_KEY", hide_env_values = true)]
@@ -278,12 +304,28 @@ pub struct ServerArgs {
     /// Base URL of the idem server.
     #[arg(long, env = "IDEM_URL", default_value = "http://127.0.0.1:8080")]
     pub server: String,
-    /// API key (Bearer).
+    /// API key (Bearer): the one `idem serve` printed on first start, or one from `idem
+    /// keys create`. Required (this flag or IDEM_API_KEY).
     #[arg(long, env = "IDEM_API_KEY", hide_env_values = true)]
-    pub api_key: String,
+    pub api_key: Option<String>,
     /// Print the server's JSON instead of a summary.
     #[arg(long)]
     pub json: bool,
+}
+
+impl ServerArgs {
+    /// The API key from `--api-key` or `IDEM_API_KEY`.
+    ///
+    /// # Errors
+    /// Neither is set (or it is empty): one line naming both and where keys come from.
+    pub fn api_key(&self) -> anyhow::Result<String> {
+        match self.api_key.as_deref().map(str::trim) {
+            Some(k) if !k.is_empty() => Ok(k.to_owned()),
+            _ => anyhow::bail!(
+                "no API key: set IDEM_API_KEY (or pass --api-key) to the key `idem serve` printed on first start, or to one made with `idem keys create --tenant NAME --role client`"
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -38,7 +38,7 @@ impl Api {
             .timeout(Duration::from_secs(60))
             .build()
             .context("cannot build the HTTP client")?;
-        Ok(Api { http, base, key: args.api_key.clone() })
+        Ok(Api { http, base, key: args.api_key()? })
     }
 
     /// `segments` are appended percent-encoded (keys may hold `/`, `?`, spaces).

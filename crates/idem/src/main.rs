@@ -83,7 +83,7 @@ async fn scenarios(cmd: cli::ScenariosCommand) -> anyhow::Result<ExitCode> {
                 |what: &str, u: &str| reqwest::Url::parse(u).with_context(|| format!("{what} {u:?} is not a URL"));
             let target = runner::Target {
                 server: parse("--server", &server.server)?,
-                api_key: server.api_key.clone(),
+                api_key: server.api_key()?,
                 provider: parse("--provider", &provider)?,
             };
             let rows = runner::run(&runner::load(&file)?, target).await?;

@@ -102,13 +102,23 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         Some(c) => c.clone(),
         None => Arc::new(SystemClock),
     };
-    let store_config = idem_store::StoreConfig { retention: connect.retention()?, ..Default::default() };
+    let store_config = idem_store::StoreConfig {
+        retention: connect.retention()?,
+        acquire_timeout: Some(Duration::from_millis(args.db_acquire_timeout_ms)),
+        ..Default::default()
+    };
     let store = idem_store::open(&args.db.database_url, clock.clone(), store_config)
         .await
         .with_context(|| format!("cannot open the database {}", redact(&args.db.database_url)))?;
     let config = idem_server::ServerConfig {
         listen: args.listen.clone(),
-        max_body_bytes: args.max_body_bytes,
+        limits: idem_server::request_body::Limits {
+            max_body_bytes: args.max_body_bytes,
+            max_inflight_body_bytes: args.max_inflight_body_bytes,
+            inflight_wait: Duration::from_millis(args.inflight_wait_ms),
+            body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
+            header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        },
         sweep_interval: Duration::from_millis(args.sweep_interval_ms),
         bootstrap_key: args.bootstrap_key,
         metrics_token: args.metrics_token.filter(|t| !t.is_empty()),

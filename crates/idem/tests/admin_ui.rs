@@ -415,3 +415,110 @@ async fn operator_reruns_a_paused_workflow_in_chromium() {
         assert!(shots.join(format!("{name}.png")).metadata().unwrap().len() > 1000);
     }
 }
+
+/// Issue 15 §3, the operator's first minute: at 1280×900 the reason an operation is
+/// UNKNOWN, its last good state and the resolve form come before its fields; empty fields
+/// are hidden; an operation the caller performed offers no "Ask the provider now" and no
+/// "Next attempt"; the resolve target has no default; a refused form keeps what was typed
+/// and says what to fix in the page's words; the review queue shows the error and the
+/// age; and at phone width neither the header nor a wide timeline pushes the page
+/// sideways. Screenshots: `10-…` to `15-…`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operation_page_puts_the_cause_and_the_actions_first() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let key = "INQ-9:charge:v1";
+    unknown_op(&s, ADMIN_KEY, key).await;
+    // Retries with long request ids make a long, wide timeline.
+    for i in 0..14 {
+        let r = s
+            .http
+            .post(s.url("/v1/operations"))
+            .bearer_auth(ADMIN_KEY)
+            .header("x-request-id", format!("{}-{i}", "retry-of-the-nightly-billing-run".repeat(3)))
+            .json(&json!({"key": key, "action": "send_confirmation", "payload": {"amount": 1200, "currency": "EUR"}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    s.wait_for(key, 20, |r| r["needs_review"] == true).await;
+
+    let shots = shots_dir();
+    let b = Browser::start(&shots).await;
+    b.set_window_size(1280, 900).await;
+    sign_in(&b, &s, ADMIN_KEY).await;
+    b.goto(&s.url(&format!("/ui/operations/{}", enc_all(key)))).await;
+    b.screenshot("10-operation-first-screen").await;
+    assert!(
+        b.text("#cause").await.contains("timeout after the request was sent"),
+        "the cause comes first: {}",
+        b.source().await
+    );
+    assert!(b.text("#before").await.contains("EXECUTING"), "{}", b.source().await);
+    let fold = b
+        .execute(
+            "const r = document.querySelector('#resolve').getBoundingClientRect();
+             const c = document.querySelector('#cause').getBoundingClientRect();
+             return [r.bottom, c.top, window.innerHeight];",
+        )
+        .await;
+    let (form_bottom, cause_top, height) =
+        (fold[0].as_f64().unwrap(), fold[1].as_f64().unwrap(), fold[2].as_f64().unwrap());
+    assert!(form_bottom <= height && cause_top < form_bottom, "above the fold ({height}): form ends at {form_bottom}");
+    assert!(b.try_find("#reconcile").await.is_none(), "no provider to ask for an operation the caller performed");
+    assert!(b.try_find("#no-connector").await.is_some());
+    let fields = b.text("#fields").await;
+    assert!(!fields.contains("Next attempt") && !fields.contains("Lease holder"), "{fields}");
+    let empty = b
+        .execute("return [...document.querySelectorAll('#fields td')].filter(td => !td.textContent.trim()).length;")
+        .await;
+    assert_eq!(empty, json!(0), "empty fields are hidden");
+    assert_eq!(
+        b.execute("return document.querySelector('#resolve select[name=to]').value;").await,
+        json!(""),
+        "no silent default"
+    );
+
+    // SUCCEEDED without evidence: refused in the page's words, with what was typed kept.
+    b.click("#resolve select[name=to] option[value=SUCCEEDED]").await;
+    b.type_into("#resolve input[name=reason]", "found in the provider's dashboard").await;
+    b.click_and_wait("#resolve button[type=submit]").await;
+    let error = b.text("#error").await;
+    assert!(error.contains("Evidence") && !error.contains("--evidence"), "{error}");
+    assert_eq!(b.execute("return document.querySelector('#resolve select[name=to]').value;").await, json!("SUCCEEDED"));
+    assert_eq!(
+        b.execute("return document.querySelector('#resolve input[name=reason]').value;").await,
+        json!("found in the provider's dashboard")
+    );
+    b.screenshot("11-form-error-keeps-input").await;
+    assert_eq!(s.record(key).await.body["state"], "UNKNOWN", "nothing changed");
+
+    // The review queue: the error and the age of each row.
+    b.goto(&s.url("/ui/review")).await;
+    let row = b.text("#flagged").await;
+    assert!(row.contains("timeout after the request was sent") && row.contains(" s"), "{row}");
+    assert!(row.contains("Error") && row.contains("Age"), "{row}");
+    b.screenshot("12-review-queue-error-and-age").await;
+
+    // Phone width: nothing pushes the page sideways.
+    b.set_window_size(390, 844).await;
+    for (page, shot) in [
+        (format!("/ui/operations/{}", enc_all(key)), "13-phone-operation"),
+        ("/ui/review".to_string(), "14-phone-review"),
+        ("/ui".to_string(), "15-phone-overview"),
+    ] {
+        b.goto(&s.url(&page)).await;
+        let widths = b
+            .execute("return [document.documentElement.scrollWidth, document.querySelector('header').scrollWidth, window.innerWidth];")
+            .await;
+        let (page_w, header_w, viewport) =
+            (widths[0].as_f64().unwrap(), widths[1].as_f64().unwrap(), widths[2].as_f64().unwrap());
+        b.screenshot(shot).await;
+        assert!(
+            page_w <= viewport && header_w <= viewport,
+            "{page}: page {page_w}, header {header_w}, viewport {viewport}"
+        );
+    }
+    b.quit().await;
+}

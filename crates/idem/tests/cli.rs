@@ -230,3 +230,33 @@ fn otlp_endpoint_without_the_otel_feature_fails_at_start() {
         assert!(!db.exists(), "{sub:?} opened the database before refusing");
     }
 }
+
+/// Issue 15: without a key, clap said "required: --api-key" and never named IDEM_API_KEY;
+/// and `idem --help` called `ops` read-only although it resolves and reconciles.
+#[test]
+fn a_missing_api_key_names_the_environment_variable_and_ops_says_what_it_changes() {
+    for args in [
+        &["ops", "list"][..],
+        &["ops", "get", "k"][..],
+        &["acquire", "k", "--action", "a"][..],
+        &["wf", "list"][..],
+        &["scenarios", "run", "scenarios/acceptance.toml"][..],
+    ] {
+        for env_key in [None, Some("")] {
+            let mut cmd = Command::new(idem_bin());
+            cmd.args(args).args(["--server", "http://127.0.0.1:9"]).env_remove("IDEM_API_KEY");
+            if let Some(k) = env_key {
+                cmd.env("IDEM_API_KEY", k);
+            }
+            let out = cmd.output().unwrap();
+            assert_eq!(out.status.code(), Some(1), "{args:?}");
+            let err = text(&out.stderr);
+            assert!(err.starts_with("idem: no API key") && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+            assert!(err.contains("IDEM_API_KEY") && err.contains("--api-key"), "{err}");
+        }
+    }
+    let help = text(&Command::new(idem_bin()).arg("--help").output().unwrap().stdout);
+    let ops = help.lines().find(|l| l.trim_start().starts_with("ops ")).unwrap();
+    assert!(!ops.contains("Read operations"), "{ops}");
+    assert!(ops.contains("resolve") && ops.contains("reconcile"), "{ops}");
+}

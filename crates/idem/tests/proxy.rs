@@ -448,3 +448,84 @@ async fn a_config_change_between_request_and_retry_is_not_a_new_intent() {
     assert_eq!((s, h["idempotent-replayed"].to_str().unwrap(), b), (201, "true", b1));
     assert_eq!(up.count("/charges"), 1);
 }
+
+/// Issue 15: the proxy's own problem answers had no `request_id` / `x-request-id` (serve's
+/// have both), and its start-up output did not name the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_own_answers_carry_the_request_id_and_its_start_names_the_upstream() {
+    use std::io::BufRead;
+    let db = Db::new(Backend::Sqlite).await;
+    let (up, upstream) = start_upstream().await;
+    let p = Server::start_proxy(&db.url, &upstream, &["--max-body-bytes", "1024"]);
+    let post = |path: &str| p.http.post(p.url(path)).header("content-type", "application/json");
+    let cases = [
+        ("no Idempotency-Key", post("/charges").header("idem-api-key", ADMIN_KEY).body("{}"), 400),
+        ("no Idem-Api-Key", post("/charges").header("idempotency-key", "k-1").body("{}"), 401),
+        (
+            "unknown API key",
+            post("/charges").header("idem-api-key", "idem_nope").header("idempotency-key", "k-1").body("{}"),
+            401,
+        ),
+        (
+            "too large",
+            post("/charges").header("idem-api-key", ADMIN_KEY).header("idempotency-key", "k-2").body(vec![b' '; 4096]),
+            413,
+        ),
+        (
+            "bad JSON",
+            post("/charges").header("idem-api-key", ADMIN_KEY).header("idempotency-key", "k-3").body("{"),
+            400,
+        ),
+    ];
+    for (what, req, status) in cases {
+        for own_id in [None, Some("client-req-7")] {
+            let req = req.try_clone().unwrap();
+            let req = match own_id {
+                Some(id) => req.header("x-request-id", id),
+                None => req,
+            };
+            let r = common::Resp::read(req.send().await.unwrap()).await;
+            assert_eq!(r.status.as_u16(), status, "{what}: {r:?}");
+            let header = r.header("x-request-id").unwrap_or_else(|| panic!("{what}: no x-request-id: {r:?}"));
+            assert_eq!(r.body["request_id"].as_str(), Some(header), "{what}: {r:?}");
+            if let Some(id) = own_id {
+                assert_eq!(header, id, "{what}: the client's own id is kept");
+            }
+        }
+    }
+    assert_eq!(up.count("/charges"), 0, "nothing was forwarded");
+    // An upstream's answer is passed on as it was (no request id put into its body).
+    let r = p
+        .http
+        .post(p.url("/invalid"))
+        .header("idem-api-key", ADMIN_KEY)
+        .header("idempotency-key", "k-4")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"error": "amount must be positive"}));
+
+    // The start-up lines name the upstream (another database: one process per SQLite file).
+    let db = Db::new(Backend::Sqlite).await;
+    let mut child = std::process::Command::new(common::idem_bin())
+        .args(["proxy", "--upstream", &upstream, "--listen", "127.0.0.1:0", "--database-url", &db.url])
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let done = line.starts_with("idem: listening on ");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(lines.iter().any(|l| l.contains(&upstream)), "{lines:?}");
+}

@@ -2,8 +2,8 @@
 
 mod common;
 
-use common::{Backend, Db, Server};
-use serde_json::json;
+use common::{ADMIN_KEY, Backend, Db, Resp, Server};
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_b_cannot_read_acquire_or_learn_of_tenant_a_key() {
@@ -85,4 +85,47 @@ async fn key_management_needs_the_admin_role_and_stays_in_the_tenant() {
     let del = s.http.delete(s.url(&format!("/v1/keys/{id}"))).bearer_auth(&admin_a).send().await.unwrap();
     assert_eq!(del.status(), 204);
     assert_eq!(s.get(&secret, "/v1/operations").await.status, 401);
+}
+
+/// Issue 15: an admin could revoke its tenant's only admin key (a fuzzer did it in its
+/// first minute) and lock everyone out of key management.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_active_admin_key_of_a_tenant_is_not_revoked() {
+    let db = Db::new(Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let delete = |key: &str, id: &str| {
+        let req = s.http.delete(s.url(&format!("/v1/keys/{id}"))).bearer_auth(key);
+        async move { Resp::read(req.send().await.unwrap()).await }
+    };
+    let id_of = |keys: &Value, role: &str| -> Vec<String> {
+        keys.as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["role"] == role && k["revoked_at"].is_null())
+            .map(|k| k["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // The issue's input: the bootstrap admin key revokes itself.
+    let bootstrap = id_of(&s.get(ADMIN_KEY, "/v1/keys").await.body, "admin");
+    assert_eq!(bootstrap.len(), 1);
+    let r = delete(ADMIN_KEY, &bootstrap[0]).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (409, "last-admin-key"), "{r:?}");
+    assert!(r.body["detail"].as_str().unwrap().contains("create another admin key first"), "{r:?}");
+    assert_eq!(s.get(ADMIN_KEY, "/v1/keys").await.status, 200, "still works");
+
+    // Neighbours: an operator key is revoked as before; with a second admin, either admin
+    // may be revoked, and then the remaining one is the last again.
+    let op = s.post(ADMIN_KEY, "/v1/keys", &json!({"role": "operator"})).await.body["id"].as_str().unwrap().to_string();
+    assert_eq!(delete(ADMIN_KEY, &op).await.status, 204);
+    let second = s.post(ADMIN_KEY, "/v1/keys", &json!({"role": "admin", "principal": "second"})).await;
+    let (second_secret, second_id) =
+        (second.body["secret"].as_str().unwrap().to_string(), second.body["id"].as_str().unwrap().to_string());
+    assert_eq!(delete(&second_secret, &bootstrap[0]).await.status, 204, "another admin exists");
+    let r = delete(&second_secret, &second_id).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (409, "last-admin-key"));
+    // Another tenant's admins do not count.
+    let other_admin = s.create_key("tenant-z", "admin");
+    let z = id_of(&s.get(&other_admin, "/v1/keys").await.body, "admin");
+    assert_eq!(delete(&other_admin, &z[0]).await.status, 409, "tenant-z's only admin");
+    assert_eq!(delete(&second_secret, &second_id).await.status, 409, "tenant-z's admin is not default's");
 }

@@ -294,11 +294,38 @@ struct OpRow {
     needs_review: bool,
     created: String,
     updated: String,
+    /// The last error (class: message), for the review queue.
+    error: String,
+    /// Time since the last change, in words ("4 min"), for the review queue.
+    age: String,
+}
+
+/// A duration in the largest whole unit: "45 s", "4 min", "3 h", "2 d".
+fn age_words(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86_400 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
+
+/// The record's last error as one line (`class: message`), or "".
+fn error_line(r: &idem_core::OperationRecord) -> String {
+    match (&r.error_class, &r.error_message) {
+        (Some(c), Some(m)) => format!("{c}: {m}"),
+        (Some(c), None) => c.clone(),
+        (None, Some(m)) => m.clone(),
+        (None, None) => String::new(),
+    }
 }
 
 impl OpRow {
-    fn of(r: &idem_core::OperationRecord) -> Self {
+    fn of(r: &idem_core::OperationRecord, now_ms: i64) -> Self {
         OpRow {
+            error: error_line(r),
+            age: age_words(now_ms - r.updated_at),
             key: r.key.clone(),
             href: op_href(&r.key),
             action: r.action.clone(),
@@ -421,7 +448,8 @@ pub async fn operations(
         href.push_str(&format!("cursor={}", enc(&format!("{at}:{key}"))));
         href
     });
-    let rows = page.items.iter().map(OpRow::of).collect();
+    let now = state.clock.now_ms();
+    let rows = page.items.iter().map(|r| OpRow::of(r, now)).collect();
     html(StatusCode::OK, &ListPage { nav: Nav::of(Some(&user)), p, state_names, rows, next_href, error: String::new() })
 }
 
@@ -479,12 +507,70 @@ struct OperationPage {
     events: Vec<EventLine>,
     settled: bool,
     can_act: bool,
+    /// A connector performs it, so idem can ask its provider (and schedules attempts).
+    has_connector: bool,
+    /// Why the operation is where it is: the last reason or error, with its event.
+    cause: String,
+    /// The state it was in before its current one, and since when.
+    before: String,
     message: String,
     error: String,
+    /// What the operator typed into the resolve form, kept after a refusal.
+    form: ResolveInput,
+}
+
+/// The resolve form's values as typed.
+#[derive(Default, Clone)]
+struct ResolveInput {
+    to: String,
+    reason: String,
+    evidence: String,
 }
 
 fn pretty(v: &serde_json::Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+/// Why `rec` is where it is, in words: the error that brought it there (the record's
+/// last error, with the event that reported it), then the latest reason given since (a
+/// lookup, a review flag), or "" when nothing was reported.
+fn cause_of(rec: &idem_core::OperationRecord, events: &[idem_core::OperationEvent]) -> String {
+    let said = |e: &idem_core::OperationEvent| format!("{} by {}, {}", e.kind, e.principal, rfc3339(e.at));
+    let error = error_line(rec);
+    let failed = events.iter().rev().find(|e| e.error_class.is_some());
+    let first = match (error.is_empty(), failed) {
+        (false, Some(e)) => format!("{error} ({})", said(e)),
+        (false, None) => error,
+        (true, _) => String::new(),
+    };
+    let latest = events
+        .iter()
+        .rev()
+        .find(|e| e.reason.is_some() && failed.is_none_or(|f| e.seq > f.seq))
+        .map(|e| format!("{} ({})", e.reason.as_deref().unwrap_or_default(), said(e)));
+    match (first.is_empty(), latest) {
+        (false, Some(l)) => format!("{first}; then {l}"),
+        (false, None) => first,
+        (true, Some(l)) => l,
+        (true, None) => String::new(),
+    }
+}
+
+/// The state `events` show the operation in before its current one ("EXECUTING from
+/// … (attempt 1)"), or "".
+fn before_of(rec: &idem_core::OperationRecord, events: &[idem_core::OperationEvent]) -> String {
+    let Some(left) =
+        events.iter().rev().find(|e| e.to_state == Some(rec.state) && e.from_state.is_some_and(|f| f != rec.state))
+    else {
+        return String::new();
+    };
+    let from = left.from_state.expect("checked");
+    let entered =
+        events.iter().rev().find(|e| e.seq < left.seq && e.to_state == Some(from) && e.from_state != Some(from));
+    match entered {
+        Some(e) => format!("{} from {} until {}", from.as_str(), rfc3339(e.at), rfc3339(left.at)),
+        None => format!("{} until {}", from.as_str(), rfc3339(left.at)),
+    }
 }
 
 fn operation_page(
@@ -493,8 +579,12 @@ fn operation_page(
     events: Vec<idem_core::OperationEvent>,
     message: String,
     error: String,
+    form: ResolveInput,
 ) -> OperationPage {
     let settled = rec.state.is_final();
+    let has_connector = rec.connector.is_some();
+    let cause = if settled { String::new() } else { cause_of(&rec, &events) };
+    let before = if settled { String::new() } else { before_of(&rec, &events) };
     let v = OperationView::of(rec);
     let opt = |o: &Option<String>| o.clone().unwrap_or_default();
     let (error_class, error_message) =
@@ -509,7 +599,8 @@ fn operation_page(
         ("Lease owner", opt(&v.lease_owner)),
         ("Lease holder", opt(&v.lease_holder)),
         ("Lease expires", opt(&v.lease_expires_at)),
-        ("Next attempt", opt(&v.next_attempt_at)),
+        // idem schedules attempts only for what a connector performs.
+        ("Next attempt", if has_connector { opt(&v.next_attempt_at) } else { String::new() }),
         ("Lookups", v.lookup_attempts.to_string()),
         ("Provider reference (evidence)", opt(&v.provider_ref)),
         ("Evidence source", opt(&v.evidence_source)),
@@ -521,7 +612,10 @@ fn operation_page(
         ("Updated", v.updated_at.clone()),
         ("Completed", opt(&v.completed_at)),
         ("Expires (retention)", opt(&v.expires_at)),
-    ];
+    ]
+    .into_iter()
+    .filter(|(_, value)| !value.is_empty())
+    .collect();
     OperationPage {
         nav: Nav::of(Some(user)),
         href: op_href(&v.key),
@@ -534,8 +628,12 @@ fn operation_page(
         events: events.into_iter().map(|e| EventLine::of(EventView::of(e))).collect(),
         settled,
         can_act: user.caller.role >= Role::Operator,
+        has_connector,
+        cause,
+        before,
         message,
         error,
+        form,
     }
 }
 
@@ -561,7 +659,7 @@ pub async fn operation(
         "reconciled" => "Asked the provider; the answer is in the timeline.",
         _ => "",
     };
-    show_operation(&state, &user, &key, StatusCode::OK, message.into(), String::new()).await
+    show_operation(&state, &user, &key, StatusCode::OK, message.into(), String::new(), ResolveInput::default()).await
 }
 
 async fn show_operation(
@@ -571,6 +669,7 @@ async fn show_operation(
     status: StatusCode,
     message: String,
     error: String,
+    form: ResolveInput,
 ) -> Response {
     let rec = match state.store.get(&user.caller.tenant, key.as_str()).await {
         Ok(Some(r)) => r,
@@ -581,7 +680,7 @@ async fn show_operation(
         Ok(e) => e,
         Err(e) => return fail(user, e),
     };
-    html(status, &operation_page(user, rec, events, message, error))
+    html(status, &operation_page(user, rec, events, message, error, form))
 }
 
 #[derive(Deserialize)]
@@ -625,12 +724,17 @@ pub async fn resolve(
         Ok(k) => k,
         Err(r) => return r,
     };
+    let typed = ResolveInput { to: f.to.clone(), reason: f.reason.clone(), evidence: f.evidence.clone() };
     let parse = |s: &str| s.parse::<idem_core::State>().map_err(|e| e.to_string());
     let expected = Some(f.expected_state.as_str()).filter(|s| !s.is_empty()).map(parse).transpose();
-    let (to, expected_state) = match (parse(&f.to), expected) {
+    let to = match f.to.as_str() {
+        "" => Err("Choose what to resolve the operation as: SUCCEEDED, FAILED or PENDING.".to_owned()),
+        t => parse(t),
+    };
+    let (to, expected_state) = match (to, expected) {
         (Ok(to), Ok(expected)) => (to, expected),
         (Err(e), _) | (_, Err(e)) => {
-            return show_operation(&state, &user, &key, StatusCode::BAD_REQUEST, String::new(), e).await;
+            return show_operation(&state, &user, &key, StatusCode::BAD_REQUEST, String::new(), e, typed).await;
         }
     };
     let req = ResolveRequest {
@@ -653,9 +757,20 @@ pub async fn resolve(
         Err(e) => {
             let p = store_problem(e);
             let status = p.status_code();
-            show_operation(&state, &user, &key, status, String::new(), p.detail).await
+            show_operation(&state, &user, &key, status, String::new(), for_the_page(&p.detail), typed).await
         }
     }
+}
+
+/// A refusal's text worded for the form on the page: the API's and CLI's names of a field
+/// (`--evidence / "evidence"`) become the field's label.
+fn for_the_page(detail: &str) -> String {
+    let worded = detail
+        .replace(" (--evidence / \"evidence\")", ": fill in Evidence with the provider's reference")
+        .replace("--reason", "Reason")
+        .replace("--evidence", "Evidence");
+    let mut chars = worded.chars();
+    chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect::<String>() + ".")
 }
 
 /// `POST /ui/operations/{key}/reconcile`: ask the provider now (operator role).
@@ -714,10 +829,11 @@ pub async fn review(State(state): State<AppState>, user: UiUser) -> Response {
         Ok(p) => p.items,
         Err(e) => return fail(&user, e),
     };
+    let now = state.clock.now_ms();
     let page = ReviewPage {
         nav: Nav::of(Some(&user)),
-        flagged: flagged.iter().map(OpRow::of).collect(),
-        unknown: unknown.iter().map(OpRow::of).collect(),
+        flagged: flagged.iter().map(|r| OpRow::of(r, now)).collect(),
+        unknown: unknown.iter().map(|r| OpRow::of(r, now)).collect(),
         can_act: user.caller.role >= Role::Operator,
     };
     html(StatusCode::OK, &page)

@@ -317,6 +317,7 @@ pub struct InstancePage {
 /// `GET /v1/workflows` filters.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct InstanceQuery {
     /// Only instances in this state.
     pub state: Option<String>,

@@ -18,18 +18,23 @@ use std::sync::Mutex;
 pub(super) struct Connections {
     options: PgConnectOptions,
     idle: Mutex<Vec<PgConnection>>,
+    /// Longest wait for a new connection (the store's acquire timeout).
+    connect_timeout: std::time::Duration,
 }
 
 impl Connections {
-    pub(super) fn new(options: PgConnectOptions) -> Self {
-        Connections { options, idle: Mutex::new(Vec::new()) }
+    pub(super) fn new(options: PgConnectOptions, connect_timeout: std::time::Duration) -> Self {
+        Connections { options, idle: Mutex::new(Vec::new()), connect_timeout }
     }
 
     async fn take(&self) -> Result<PgConnection, StoreError> {
         let idle = self.idle.lock().expect("connections lock").pop();
         match idle {
             Some(conn) => Ok(conn),
-            None => Ok(self.options.connect().await?),
+            None => match tokio::time::timeout(self.connect_timeout, self.options.connect()).await {
+                Ok(conn) => Ok(conn?),
+                Err(_) => Err(StoreError::Database(sqlx::Error::PoolTimedOut)),
+            },
         }
     }
 

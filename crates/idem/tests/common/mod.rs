@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test file uses a different subset
 
 pub mod mail;
+pub mod pg_cluster;
 pub mod proxy;
 pub mod webdriver;
 
@@ -20,6 +21,8 @@ pub const ADMIN_KEY: &str = "test-admin-key-0123456789abcdef0123456789";
 pub struct Db {
     pub url: String,
     _dir: Option<tempfile::TempDir>,
+    /// A PostgreSQL database is dropped with this guard.
+    _pg: Option<idem_store::testing::TestDatabase>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,9 +39,12 @@ impl Db {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().unwrap();
                 let url = format!("sqlite://{}", dir.path().join("idem.db").display());
-                Db { url, _dir: Some(dir) }
+                Db { url, _dir: Some(dir), _pg: None }
             }
-            Backend::Postgres => Db { url: idem_store::testing::fresh_pg_database("idem_http").await, _dir: None },
+            Backend::Postgres => {
+                let pg = idem_store::testing::fresh_pg_database("idem_http").await;
+                Db { url: pg.url.clone(), _dir: None, _pg: Some(pg) }
+            }
         }
     }
 }
@@ -186,6 +192,11 @@ impl Server {
     /// kill -9: no shutdown hook runs.
     pub fn kill9(mut self) {
         self.kill9_in_place();
+    }
+
+    /// The server's process id (for its memory in `/proc/PID/status`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -95,6 +95,11 @@ impl Browser {
         v["value"].clone()
     }
 
+    /// Resizes the window to `width` × `height` CSS pixels (1280 × 1000 at start).
+    pub async fn set_window_size(&self, width: u32, height: u32) {
+        self.call(reqwest::Method::POST, "/window/rect", Some(json!({"width": width, "height": height}))).await;
+    }
+
     /// Navigates to `url` and waits for the page to load.
     pub async fn goto(&self, url: &str) {
         self.call(reqwest::Method::POST, "/url", Some(json!({"url": url}))).await;
