@@ -436,14 +436,16 @@ async fn serve_with(
     config: ServerConfig,
     app: impl FnOnce(AppState, request_body::BodyBudget) -> std::io::Result<Router>,
 ) -> std::io::Result<()> {
+    // Bind first: a start that cannot listen must not use up the one-time admin key (it
+    // would be printed to a start that then fails, and never again).
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
     let io = |e: idem_store::StoreError| std::io::Error::other(format!("bootstrap key (IDEM_BOOTSTRAP_KEY): {e}"));
     if let Some(secret) = bootstrap(store.as_ref(), config.bootstrap_key.clone()).await.map_err(io)? {
         println!("idem: first start: created an admin API key for tenant \"default\". It is shown only this once:");
         println!("idem: IDEM_API_KEY={secret}");
     }
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
     metrics::handle();
     let mut state = AppState::new(store, clock, config.registry.clone(), &config.connect, config.workflows.clone());
     state.database_clock = config.database_clock.clone();

@@ -45,7 +45,8 @@ pub enum Command {
     /// (operator role; they change the operation and are audited).
     #[command(subcommand)]
     Ops(OpsCommand),
-    /// Start, show and list workflow instances on a running server.
+    /// Workflows on a running server: start, show and list instances; re-run and compensate
+    /// them (operator role).
     #[command(subcommand)]
     Wf(WfCommand),
     /// Trigger an operation: acquire its lease, or learn its recorded outcome.
@@ -75,10 +76,18 @@ pub enum Command {
     Scenarios(ScenariosCommand),
 }
 
+/// `--seconds` of `idem bench`: a number of seconds from 0.1 to 3600.
+fn seconds_in_range(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds from 0.1 to 3600")),
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct BenchCli {
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 3.0)]
+    /// Seconds per measurement (0.1-3600).
+    #[arg(long, default_value_t = 3.0, value_parser = seconds_in_range)]
     pub seconds: f64,
     /// Concurrencies of the embedded SQLite runs (comma-separated).
     #[arg(long, default_value = "1,16,64,256", value_delimiter = ',')]
@@ -287,6 +296,7 @@ pub enum KeysCommand {
         /// Only this tenant's keys.
         #[arg(long)]
         tenant: Option<String>,
+        /// Print the keys as JSON (id, tenant, principal, role, created and revoked times).
         #[arg(long)]
         json: bool,
     },

@@ -12,7 +12,7 @@ mod output;
 mod serve;
 mod wf;
 
-use clap::Parser;
+use clap::Parser as _;
 use std::process::ExitCode;
 
 /// `println!` that ends the process quietly when stdout is closed (`idem … | head`)
@@ -28,7 +28,10 @@ macro_rules! out {
 }
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -44,6 +47,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command line clap refused: help and version print as clap prints them; a usage
+/// error is one line (`idem: …`, with the command's usage) and exit status 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+        || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    {
+        let _ = e.print();
+        return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+    }
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or_default().trim_start_matches("error: ").trim();
+    let usage = text.lines().find_map(|l| l.trim().strip_prefix("Usage: ")).unwrap_or("idem [COMMAND]");
+    eprintln!("idem: {first} (usage: {usage}; see --help)");
+    ExitCode::from(2)
 }
 
 fn one_line(e: &anyhow::Error) -> String {

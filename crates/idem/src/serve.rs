@@ -70,11 +70,8 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
     // First, before anything is opened: an OTLP endpoint this build cannot honour fails here.
     init_logging(args.log_format, args.otlp_endpoint.as_deref().filter(|e| !e.trim().is_empty()))?;
     idem_server::logging::set_redact_keys(args.redact_keys);
-    let lock = match idem_store::parse_database_url(&args.db.database_url)? {
-        idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
-        idem_store::DatabaseUrl::Postgres(_) => None,
-    };
-    // The configuration is checked before anything is opened: a bad one fails at once.
+    // The configuration is checked before anything is opened or created (the lock file,
+    // the database): a bad one fails at once and leaves nothing behind.
     let connect = match &args.config {
         Some(path) => idem_connect::Config::load(path)?,
         None => idem_connect::Config::default(),
@@ -87,6 +84,10 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, policy, 5);
     }
     let workflows = idem_flow::config::definitions(&connect, &registry)?;
+    let lock = match idem_store::parse_database_url(&args.db.database_url)? {
+        idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
+        idem_store::DatabaseUrl::Postgres(_) => None,
+    };
     let registry = Arc::new(registry);
     // One clock for the whole ledger (DESIGN.md §2 invariant 7): on PostgreSQL the
     // database's, for the store and everything else in the process that needs "now".

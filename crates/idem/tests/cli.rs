@@ -260,3 +260,27 @@ fn a_missing_api_key_names_the_environment_variable_and_ops_says_what_it_changes
     assert!(!ops.contains("Read operations"), "{ops}");
     assert!(ops.contains("resolve") && ops.contains("reconcile"), "{ops}");
 }
+
+/// A command line the parser refuses is one line (`idem: …` with the command's usage) and
+/// exit status 2; help still prints whole.
+#[test]
+fn usage_errors_are_one_line_with_exit_2() {
+    for args in [
+        &["bench", "--seconds", "0"][..],
+        &["wf", "start"][..],
+        &["ops", "list", "--no-such-flag"][..],
+        &["acquire", "k", "--lease-ms", "soon"][..],
+    ] {
+        let out = Command::new(idem_bin()).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.starts_with("idem: ") && err.trim_end().lines().count() == 1, "{args:?}: {err}");
+        assert!(err.contains("usage: idem"), "{err}");
+    }
+    let help = Command::new(idem_bin()).args(["wf", "--help"]).output().unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    assert!(text(&help.stdout).lines().count() > 5);
+    let wf = text(&Command::new(idem_bin()).arg("--help").output().unwrap().stdout);
+    let wf = wf.lines().find(|l| l.trim_start().starts_with("wf ")).unwrap().to_owned();
+    assert!(wf.contains("re-run") && wf.contains("compensate"), "{wf}");
+}

@@ -180,3 +180,58 @@ async fn the_readmes_walkthrough_runs_as_written() {
     }
     assert!(stdout.contains("fingerprint-mismatch") && stdout.contains("operation-in-progress"), "{stdout}");
 }
+
+/// A start that fails — the port is taken, the configuration file is missing — leaves the
+/// one-time admin key unused (the next good start prints it) and no lock file behind.
+#[test]
+fn a_failed_start_uses_up_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let serve = |extra: &[&str]| {
+        std::process::Command::new(common::idem_bin())
+            .args(["serve", "--database-url"])
+            .arg(&db)
+            .args(extra)
+            .env_remove("IDEM_BOOTSTRAP_KEY")
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let missing = dir.path().join("missing.toml");
+    let out = serve(&["--config", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!dir.path().join("idem.db.serve-lock").exists(), "no lock file left by a bad configuration");
+    assert!(!db.exists(), "no database created by a bad configuration");
+    let out = serve(&["--listen", &taken.local_addr().unwrap().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("IDEM_API_KEY="), "a start that cannot listen prints no key: {stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+
+    // The next good start creates and prints the key.
+    let mut child = std::process::Command::new(common::idem_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--database-url"])
+        .arg(&db)
+        .env_remove("IDEM_BOOTSTRAP_KEY")
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok);
+    let mut key = None;
+    for line in lines {
+        if let Some(k) = line.strip_prefix("idem: IDEM_API_KEY=") {
+            key = Some(k.to_owned());
+        }
+        if line.starts_with("idem: listening on") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(key.is_some_and(|k| k.starts_with("idem_")), "the key is printed by the first start that serves");
+}
