@@ -149,7 +149,7 @@ log "cargo test --workspace"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 set +e
-cargo test --workspace --locked "$@" 2>&1 | tee "$out"
+cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$out"
 status=${PIPESTATUS[0]}
 # The optional OpenTelemetry export (cargo feature idem/otel, off by default) has its own
 # test binary; built with --workspace so features unify as above and little is rebuilt.

@@ -32,6 +32,8 @@ const HOLDER_PATTERN: &str = "^[A-Za-z0-9._:-]{1,128}$";
 
 /// (schema, property, rules merged into the property's schema).
 fn field_rules() -> Vec<(&'static str, &'static str, Value)> {
+    // An operator's reason: 1-2000 bytes, not blank, no NUL.
+    let reason = json!({"minLength": 1, "maxLength": 2000, "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"});
     let lease = json!({"minimum": 100, "maximum": 3_600_000});
     vec![
         ("AcquireBody", "key", json!({"pattern": KEY_PATTERN, "minLength": 1, "maxLength": 255})),
@@ -59,12 +61,10 @@ fn field_rules() -> Vec<(&'static str, &'static str, Value)> {
             json!({"pattern": "^[A-Za-z0-9._-]{1,64}$", "not": {"enum": ["system", "executor"]}}),
         ),
         ("ResolveBody", "to", json!({"enum": ["SUCCEEDED", "PENDING", "FAILED"]})),
-        (
-            "ResolveBody",
-            "reason",
-            json!({"minLength": 1, "maxLength": 2000, "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"}),
-        ),
+        ("ResolveBody", "reason", reason.clone()),
         ("ResolveBody", "evidence", json!({"minLength": 1, "maxLength": 512, "pattern": NO_CONTROL_NOT_BLANK})),
+        ("CompensateBody", "reason", reason.clone()),
+        ("RerunBody", "reason", reason.clone()),
         (
             "ResolveBody",
             "expected_state",
@@ -106,6 +106,14 @@ fn schema_rules() -> Vec<(&'static str, Value)> {
                "then": {"required": required, "properties": properties}})
     };
     vec![
+        // An operator's compensation, and a re-run that is not a dry run, need a reason
+        // (400 missing-reason otherwise): it is audited with who asked.
+        ("CompensateBody", json!({"required": ["reason"], "properties": {"reason": {"type": "string"}}})),
+        (
+            "RerunBody",
+            json!({"if": {"not": {"properties": {"dry_run": {"const": true}}, "required": ["dry_run"]}},
+                   "then": {"required": ["reason"], "properties": {"reason": {"type": "string"}}}}),
+        ),
         (
             "ResolveBody",
             // SUCCEEDED needs evidence (DESIGN.md §2 invariant 2).
