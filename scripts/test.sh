@@ -8,6 +8,7 @@
 #     connector's tests start on free loopback ports;
 #   - Chromium and chromedriver (Debian chromium, chromium-driver) for the admin page's
 #     browser test (screenshots land in $CARGO_TARGET_DIR/tmp/ui-screenshots);
+#   - psycopg 3 (Debian python3-psycopg), which runs the README's Python outbox example;
 #   - libfaketime (Debian faketime), which runs one `idem serve` node of the clock-skew
 #     test with its wall clock 20 s ahead;
 #   - the Rust test runner is plain `cargo test`, then the `otel` feature's test
@@ -96,7 +97,18 @@ ensure_faketime() {
   fi
 }
 
+ensure_python_psycopg() {
+  # tests/outbox_sql.rs runs the README's Python outbox/inbox example with Debian's
+  # psycopg 3 (python3-psycopg) under /usr/bin/python3, and its SQL example with psql.
+  if ! /usr/bin/python3 -c 'import psycopg' 2>/dev/null; then
+    log "installing python3-psycopg (Debian package)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-psycopg >/dev/null
+  fi
+}
+
 ensure_postgres
+ensure_python_psycopg
 ensure_mail_servers
 ensure_browser
 ensure_faketime

@@ -29,7 +29,7 @@ pub async fn append<'c>(conn: impl Into<Conn<'c>>, event: &NewEvent) -> Result<i
     let headers = serde_json::to_string(&event.headers).expect("a map of strings serializes");
     let result = match conn.into() {
         Conn::Postgres(c) => {
-            sqlx::query_scalar::<_, i64>("SELECT idem.outbox_append($1, $2, $3, $4, $5::json, $6::jsonb)")
+            sqlx::query_scalar::<_, i64>("SELECT idem.outbox_append($1, $2, $3, $4, $5::json, $6::json)")
                 .bind(&event.id)
                 .bind(&event.aggregate_type)
                 .bind(&event.aggregate_id)

@@ -141,10 +141,11 @@ pub(crate) async fn finish(conn: Conn<'_>, target: Target<'_>, outcome: &Value) 
     match conn {
         Conn::Postgres(c) => {
             let q = match target {
-                Target::Key(k) => sqlx::query("SELECT idem.key_finish($1, $2)").bind(k).bind(outcome),
-                Target::Inbox { consumer, message_id } => {
-                    sqlx::query("SELECT idem.inbox_finish($1, $2, $3)").bind(consumer).bind(message_id).bind(outcome)
-                }
+                Target::Key(k) => sqlx::query("SELECT idem.key_finish($1, $2::json)").bind(k).bind(outcome.to_string()),
+                Target::Inbox { consumer, message_id } => sqlx::query("SELECT idem.inbox_finish($1, $2, $3::json)")
+                    .bind(consumer)
+                    .bind(message_id)
+                    .bind(outcome.to_string()),
             };
             q.execute(c).await.map_err(not_claimed)?;
             Ok(())

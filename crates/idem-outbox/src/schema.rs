@@ -3,9 +3,9 @@
 //! - PostgreSQL: schema `idem` with the tables `keys`, `inbox`, `outbox`,
 //!   `outbox_attempts`, `schema_version`, and the SQL functions any language can call in
 //!   its own transaction: `idem.outbox_append(id, aggregate_type, aggregate_id, topic,
-//!   payload json, headers jsonb)`, `idem.inbox_claim(consumer, message_id, fingerprint)`,
-//!   `idem.inbox_finish(consumer, message_id, outcome jsonb)`, `idem.key_claim(key,
-//!   fingerprint)`, `idem.key_finish(key, result jsonb)` (`schema/postgres/*.sql`).
+//!   payload json, headers json)`, `idem.inbox_claim(consumer, message_id, fingerprint)`,
+//!   `idem.inbox_finish(consumer, message_id, outcome json)`, `idem.key_claim(key,
+//!   fingerprint)`, `idem.key_finish(key, result json)` (`schema/postgres/*.sql`).
 //! - SQLite: the same tables named `idem_*` (`schema/sqlite/*.sql`); the Rust library does
 //!   what the functions do.
 //!

@@ -92,7 +92,7 @@ async fn bad_events_are_refused_in_rust_and_in_sql_alike() {
             let err = in_tx!(&db, commit, |conn| append(&mut *conn, &e).await.unwrap_err());
             assert!(matches!(&err, OutboxError::Event(x) if *x == expected), "{what}: {err}");
             if let AppDb::Postgres(pool, _) = &db {
-                let sql = sqlx::query("SELECT idem.outbox_append($1, $2, $3, $4, $5::json, $6::jsonb)")
+                let sql = sqlx::query("SELECT idem.outbox_append($1, $2, $3, $4, $5::json, $6::json)")
                     .bind(&e.id)
                     .bind(&e.aggregate_type)
                     .bind(&e.aggregate_id)

@@ -67,6 +67,10 @@ pub enum Command {
     Renew(RenewArgs),
     /// Report the outcome of the attempt that holds a fencing token.
     Complete(CompleteArgs),
+    /// The idem schema in an application's own database: outbox, inbox and key claims that
+    /// commit with the application's transaction (SQL functions for any language).
+    #[command(subcommand)]
+    Schema(SchemaCommand),
     /// Measure idem against naive baselines on this machine and print the table.
     Bench(BenchCli),
     /// The acceptance matrix: run a scenario file, or serve the provider double it uses.
@@ -270,6 +274,27 @@ pub enum KeysCommand {
         db: DbArgs,
         /// The key's id (from `idem keys list`).
         id: String,
+    },
+}
+
+/// The application's own database (not idem's ledger).
+#[derive(Debug, Args)]
+pub struct AppDbArgs {
+    /// The application's database: `postgres://user@host:port/db` or `sqlite://PATH`.
+    #[arg(long, env = "IDEM_APP_DATABASE_URL")]
+    pub database_url: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SchemaCommand {
+    /// Create or upgrade the idem schema in the application's database: on PostgreSQL
+    /// schema `idem` (tables keys, inbox, outbox, outbox_attempts and the functions
+    /// idem.outbox_append, idem.inbox_claim, idem.inbox_finish, idem.key_claim,
+    /// idem.key_finish); on SQLite the idem_* tables. Versioned; running it again is a
+    /// no-op. Prints the version.
+    Install {
+        #[command(flatten)]
+        db: AppDbArgs,
     },
 }
 

@@ -8,6 +8,7 @@ mod client;
 mod keys;
 #[cfg(feature = "otel")]
 mod otel;
+mod outbox;
 mod output;
 mod serve;
 mod wf;
@@ -63,6 +64,7 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Renew(r) => client::renew(r).await,
         cli::Command::Complete(c) => client::complete(c).await,
         cli::Command::Scenarios(s) => scenarios(s).await,
+        cli::Command::Schema(s) => outbox::schema(s).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Bench(b) => bench::run(bench::BenchArgs {
             seconds: b.seconds,
             concurrency: b.concurrency,

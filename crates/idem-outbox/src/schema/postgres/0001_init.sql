@@ -79,9 +79,10 @@ CREATE INDEX outbox_attempts_event ON idem.outbox_attempts (event_seq);
 
 CREATE FUNCTION idem.outbox_append(
   p_id text, p_aggregate_type text, p_aggregate_id text, p_topic text, p_payload json,
-  p_headers jsonb DEFAULT '{}'
+  p_headers json DEFAULT '{}'
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+  v_headers jsonb := coalesce(p_headers::jsonb, '{}');
   v_seq bigint;
   v_size integer;
   v_key text;
@@ -117,11 +118,10 @@ BEGIN
   IF v_size > {{MAX_PAYLOAD_BYTES}} THEN
     RAISE EXCEPTION 'idem.outbox_append: payload is % bytes; at most {{MAX_PAYLOAD_BYTES}} are allowed', v_size USING ERRCODE = '22023';
   END IF;
-  p_headers := coalesce(p_headers, '{}');
-  IF jsonb_typeof(p_headers) <> 'object' OR (SELECT count(*) FROM jsonb_object_keys(p_headers)) > {{MAX_HEADERS}} THEN
+  IF jsonb_typeof(v_headers) <> 'object' OR (SELECT count(*) FROM jsonb_object_keys(v_headers)) > {{MAX_HEADERS}} THEN
     RAISE EXCEPTION 'idem.outbox_append: headers: at most 32, names are HTTP tokens not starting with webhook- or nats-, values at most 1024 bytes without control characters' USING ERRCODE = '22023';
   END IF;
-  FOR v_key, v_value IN SELECT * FROM jsonb_each(p_headers) LOOP
+  FOR v_key, v_value IN SELECT * FROM jsonb_each(v_headers) LOOP
     IF octet_length(v_key) > {{MAX_HEADER_LEN}} OR v_key !~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$'
        OR lower(v_key) LIKE 'webhook-%' OR lower(v_key) LIKE 'nats-%'
        OR jsonb_typeof(v_value) <> 'string' OR octet_length(v_value #>> '{}') > {{MAX_HEADER_LEN}}
@@ -134,7 +134,7 @@ BEGIN
   -- aggregate and no relay can deliver past an event still to be committed.
   PERFORM pg_advisory_xact_lock(hashtext('idem.outbox'), hashtext(p_aggregate_type || '/' || p_aggregate_id));
   INSERT INTO idem.outbox (id, aggregate_type, aggregate_id, topic, payload, headers, created_at)
-  VALUES (p_id, p_aggregate_type, p_aggregate_id, p_topic, p_payload, p_headers, idem.now_ms())
+  VALUES (p_id, p_aggregate_type, p_aggregate_id, p_topic, p_payload, v_headers, idem.now_ms())
   RETURNING seq INTO v_seq;
   -- A hint to relays, sent at commit (and never for a rolled-back append).
   PERFORM pg_notify('idem_outbox', '');
@@ -173,10 +173,10 @@ BEGIN
   END IF;
 END $$;
 
-CREATE FUNCTION idem.inbox_finish(p_consumer text, p_message_id text, p_outcome jsonb) RETURNS void
+CREATE FUNCTION idem.inbox_finish(p_consumer text, p_message_id text, p_outcome json) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-  UPDATE idem.inbox SET outcome = p_outcome, finished_at = idem.now_ms()
+  UPDATE idem.inbox SET outcome = p_outcome::jsonb, finished_at = idem.now_ms()
   WHERE consumer = p_consumer AND message_id = p_message_id;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'idem.inbox_finish: % has no claim for message %: call idem.inbox_claim first', p_consumer, p_message_id
@@ -213,9 +213,9 @@ BEGIN
   END IF;
 END $$;
 
-CREATE FUNCTION idem.key_finish(p_key text, p_result jsonb) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION idem.key_finish(p_key text, p_result json) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-  UPDATE idem.keys SET result = p_result, finished_at = idem.now_ms() WHERE key = p_key;
+  UPDATE idem.keys SET result = p_result::jsonb, finished_at = idem.now_ms() WHERE key = p_key;
   IF NOT FOUND THEN
     RAISE EXCEPTION 'idem.key_finish: key % was not claimed: call idem.key_claim first', p_key USING ERRCODE = '22023';
   END IF;
