@@ -67,8 +67,9 @@ fn fill(template: &str, op: &OperationCtx) -> String {
         .replace("{idempotency_key}", &enc(&op.provider_key()))
 }
 
-/// `Retry-After` as delta-seconds (RFC 9110 §10.2.3), in ms; HTTP-dates are not honoured.
-fn retry_after_ms(headers: &HeaderMap) -> Option<i64> {
+/// `Retry-After` as delta-seconds (RFC 9110 §10.2.3), in ms (at most one day); HTTP-dates
+/// are not honoured. Shared with the relay's webhook sink.
+pub fn retry_after_ms(headers: &HeaderMap) -> Option<i64> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     v.trim().parse::<i64>().ok().filter(|s| *s >= 0).map(|s| s.saturating_mul(1000).min(86_400_000))
 }
@@ -189,7 +190,8 @@ impl HttpConnector {
 /// Classifies a transport error: before the request left ⇒ retryable; after ⇒ ambiguous
 /// (UNKNOWN, or retried when the provider deduplicates: `provider_deduplicates`).
 /// The URL is left out of the message: it may carry a token interpolated from `${VAR}`.
-fn classify_error(e: reqwest::Error, provider_deduplicates: bool) -> Outcome {
+/// Shared with the relay's webhook sink (whose receivers dedupe by `webhook-id`).
+pub fn classify_error(e: reqwest::Error, provider_deduplicates: bool) -> Outcome {
     let e = e.without_url();
     if e.is_connect() {
         retryable("connect", format!("could not connect, nothing was sent: {e}"), None)

@@ -23,6 +23,13 @@
 //!   (SQLite), versioned.
 //! - [`Conn`]: the connection (of an open transaction) these functions write on.
 //!
+//! The relay half (feature `relay`):
+//! - [`relay`]: `Relay::tick` / `run` — claim (lease + fencing, head of each aggregate),
+//!   deliver, record; [`relay::config`] (`[outbox]`), [`relay::wake`] (LISTEN/NOTIFY).
+//! - [`sink`]: the webhook (Standard Webhooks) and NATS JetStream sinks.
+//! - [`store`]: `OutboxStore`, the relay's reads and fenced writes, and the operators'
+//!   redrive and skip of dead letters.
+//!
 //! Decisions are idem-core's ([`idem_core::outbox`], [`idem_core::inbox`]); this crate
 //! reads, calls them, and writes.
 
@@ -32,8 +39,14 @@ mod conn;
 pub mod error;
 pub mod inbox;
 pub mod receive;
+#[cfg(feature = "relay")]
+pub mod relay;
 pub mod schema;
 pub mod signature;
+#[cfg(feature = "relay")]
+pub mod sink;
+#[cfg(feature = "relay")]
+pub mod store;
 pub mod tx;
 
 pub use append::append;
