@@ -160,7 +160,10 @@ macro_rules! on_pool {
 
 /// A statement written for PostgreSQL, for SQLite: `idem_*` tables, SQLite's clock.
 fn sqlite(s: &str) -> String {
-    s.replace("idem.now_ms()", SQLITE_NOW_MS).replace("idem.", "idem_").replace(" FOR UPDATE SKIP LOCKED", "")
+    s.replace("idem.now_ms()", SQLITE_NOW_MS)
+        .replace("idem.", "idem_")
+        .replace(" FOR UPDATE SKIP LOCKED", "")
+        .replace(" FOR UPDATE", "")
 }
 
 /// Open events that head their aggregate (the oldest PENDING or DEAD one of each).
@@ -423,7 +426,8 @@ impl OutboxStore {
         reason: &str,
         operator: &str,
     ) -> Result<Result<OutboxState, OperatorRefusal>, OutboxError> {
-        let read = "SELECT seq, state FROM idem.outbox WHERE id = $1 FOR UPDATE SKIP LOCKED";
+        // A relay writing this row right now holds its lock for one statement: wait for it.
+        let read = "SELECT seq, state FROM idem.outbox WHERE id = $1 FOR UPDATE";
         let update = "UPDATE idem.outbox SET state = $2, manual = $3, next_attempt_at = NULL, lease_owner = NULL, \
                       lease_expires_at = NULL WHERE seq = $1";
         let audit = "INSERT INTO idem.outbox_attempts (event_seq, at, kind, operator, reason) \
@@ -433,11 +437,7 @@ impl OutboxStore {
                 OutboxStore::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
                 OutboxStore::Postgres(_) => pool.begin().await?,
             };
-            // SKIP LOCKED dropped on SQLite; on PostgreSQL a row a relay is writing right
-            // now reads as absent only for an instant: FOR UPDATE would do as well, but
-            // an operator should not wait behind a relay.
-            let read = read.replace(" SKIP LOCKED", "");
-            let found: Option<(i64, String)> = sqlx::query_as(q(&read)).bind(id).fetch_optional(&mut *tx).await?;
+            let found: Option<(i64, String)> = sqlx::query_as(q(read)).bind(id).fetch_optional(&mut *tx).await?;
             let Some((seq, state)) = found else {
                 return Err(OutboxError::NotClaimed(format!("no outbox event has id {id:?}")));
             };
