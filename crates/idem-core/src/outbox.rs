@@ -247,6 +247,8 @@ pub enum DeliveryResult {
     /// Whether it arrived is not known (a timeout after sending, a lost acknowledgement).
     /// Delivery is at least once and receivers dedupe by the event id, so it is retried.
     Unknown {
+        /// Stable class (`timeout`, `server_error`, `connection`, …).
+        error_class: String,
         /// Human-readable detail.
         message: String,
     },
@@ -315,7 +317,7 @@ pub fn plan_delivery(
             return DeliveryPlan::Dead { error_class, message: format!("refused by the receiver: {message}") };
         }
         DeliveryResult::Retryable { error_class, message, retry_after_ms } => (error_class, message, retry_after_ms),
-        DeliveryResult::Unknown { message } => ("unknown".to_owned(), message, None),
+        DeliveryResult::Unknown { error_class, message } => (error_class, message, None),
     };
     if row.trigger == Trigger::Manual {
         return DeliveryPlan::Dead {

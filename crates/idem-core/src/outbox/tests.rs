@@ -63,7 +63,7 @@ fn failures_retry_with_full_jitter_until_the_last_attempt() {
     assert_eq!(p, DeliveryPlan::RetryAt { at_ms: 1_200, error_class: "unavailable".into(), message: "503".into() });
     let p = plan_delivery(
         &row(2, Trigger::Scheduled),
-        DeliveryResult::Unknown { message: "timeout".into() },
+        DeliveryResult::Unknown { error_class: "timeout".into(), message: "timeout".into() },
         &policy(),
         0,
         0.0,
@@ -115,7 +115,7 @@ fn any_result() -> impl Strategy<Value = DeliveryResult> {
     prop_oneof![
         "[a-z ]{0,3}".prop_map(|evidence| DeliveryResult::Delivered { evidence }),
         proptest::option::of(0i64..100_000).prop_map(retryable),
-        Just(DeliveryResult::Unknown { message: "lost".into() }),
+        Just(DeliveryResult::Unknown { error_class: "timeout".into(), message: "lost".into() }),
         Just(DeliveryResult::Rejected { error_class: "validation".into(), message: "400".into() }),
     ]
 }

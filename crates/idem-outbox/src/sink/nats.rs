@@ -51,7 +51,7 @@ impl Sink for NatsSink {
             PublishOutcome::Refused { class, message } => {
                 DeliveryResult::Rejected { error_class: class.into(), message }
             }
-            PublishOutcome::Unknown { message } => DeliveryResult::Unknown { message },
+            PublishOutcome::Unknown { message } => DeliveryResult::Unknown { error_class: "no_ack".into(), message },
         }
     }
 }

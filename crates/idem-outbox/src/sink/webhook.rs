@@ -89,7 +89,10 @@ impl Sink for WebhookSink {
                     Outcome::FinalFailure { error_class, message, .. } => {
                         DeliveryResult::Rejected { error_class, message: message.unwrap_or_default() }
                     }
-                    other => DeliveryResult::Unknown { message: format!("{other:?}") },
+                    Outcome::AmbiguousRetryable { error_class, message, .. } => {
+                        DeliveryResult::Unknown { error_class, message: message.unwrap_or_default() }
+                    }
+                    other => DeliveryResult::Unknown { error_class: "unknown".into(), message: format!("{other:?}") },
                 };
             }
         };
@@ -104,7 +107,9 @@ impl Sink for WebhookSink {
                 message: format!("HTTP {status}: {snippet}"),
                 retry_after_ms: retry_after,
             },
-            Answer::Ambiguous { .. } => DeliveryResult::Unknown { message: format!("HTTP {status}: {snippet}") },
+            Answer::Ambiguous { class } => {
+                DeliveryResult::Unknown { error_class: class.into(), message: format!("HTTP {status}: {snippet}") }
+            }
             Answer::Redirect => DeliveryResult::Rejected {
                 error_class: "redirect".into(),
                 message: format!("HTTP {status}: a redirect, not followed; fix the sink's url"),
