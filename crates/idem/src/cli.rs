@@ -71,6 +71,13 @@ pub enum Command {
     /// commit with the application's transaction (SQL functions for any language).
     #[command(subcommand)]
     Schema(SchemaCommand),
+    /// Deliver an application database's outbox events at least once, to webhooks and
+    /// NATS JetStream, as [outbox] in the config file says (runs until stopped).
+    Relay(RelayArgs),
+    /// Outbox events and dead letters in an application's database: list, show, and an
+    /// operator's redrive or skip (with a mandatory reason, audited).
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
     /// Measure idem against naive baselines on this machine and print the table.
     Bench(BenchCli),
     /// The acceptance matrix: run a scenario file, or serve the provider double it uses.
@@ -283,6 +290,72 @@ pub struct AppDbArgs {
     /// The application's database: `postgres://user@host:port/db` or `sqlite://PATH`.
     #[arg(long, env = "IDEM_APP_DATABASE_URL")]
     pub database_url: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// The configuration file with an [outbox] section (database_url, sinks).
+    #[arg(long, env = "IDEM_CONFIG")]
+    pub config: std::path::PathBuf,
+    /// Serve GET /metrics (Prometheus) on this address, HOST:PORT: outbox lag, events by
+    /// state, delivered/retried/dead by sink.
+    #[arg(long, env = "IDEM_RELAY_LISTEN")]
+    pub listen: Option<String>,
+    /// Log format on stderr (level via RUST_LOG, default info).
+    #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// List events, newest first.
+    List {
+        #[command(flatten)]
+        db: AppDbArgs,
+        /// Only this state: PENDING, DELIVERED, DEAD (the dead letters) or SKIPPED.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one event and its attempts and operator actions.
+    Get {
+        #[command(flatten)]
+        db: AppDbArgs,
+        /// The event id.
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deliver a dead letter again: one manual attempt (if it fails, it is dead again).
+    Redrive {
+        #[command(flatten)]
+        db: AppDbArgs,
+        /// The event id.
+        id: String,
+        /// Why (mandatory, kept in the audit trail; at most 2000 bytes).
+        #[arg(long)]
+        reason: String,
+        /// Who (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+    },
+    /// Do not deliver a dead letter: its aggregate's later events go on.
+    Skip {
+        #[command(flatten)]
+        db: AppDbArgs,
+        /// The event id.
+        id: String,
+        /// Why (mandatory, kept in the audit trail; at most 2000 bytes).
+        #[arg(long)]
+        reason: String,
+        /// Who (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

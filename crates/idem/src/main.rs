@@ -65,6 +65,8 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Complete(c) => client::complete(c).await,
         cli::Command::Scenarios(s) => scenarios(s).await,
         cli::Command::Schema(s) => outbox::schema(s).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Relay(r) => outbox::relay(r).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Outbox(o) => outbox::outbox(o).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Bench(b) => bench::run(bench::BenchArgs {
             seconds: b.seconds,
             concurrency: b.concurrency,

@@ -15,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 /// # Errors
 /// An OTLP endpoint in a build without the `otel` feature (one line naming the feature),
 /// or an endpoint the exporter refuses.
-fn init_logging(format: LogFormat, otlp_endpoint: Option<&str>) -> anyhow::Result<()> {
+pub(crate) fn init_logging(format: LogFormat, otlp_endpoint: Option<&str>) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
