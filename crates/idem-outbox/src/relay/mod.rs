@@ -205,19 +205,21 @@ impl Relay {
         }
     }
 
-    /// Runs passes until the process ends: again at once after a full batch, else on a
-    /// `hint` (NOTIFY) or after the poll interval, whichever comes first.
+    /// Runs passes until the process ends: again at once after a pass that claimed
+    /// something (an aggregate's next event becomes its head only once the previous one is
+    /// recorded), else on a `hint` (NOTIFY) or after the poll interval, whichever comes
+    /// first.
     pub async fn run(self: Arc<Self>, hint: Option<Arc<Notify>>) {
         let hint = hint.unwrap_or_else(|| Arc::new(Notify::new()));
         loop {
-            let full = match self.tick().await {
-                Ok(r) => r.claimed as i64 >= self.batch,
+            let busy = match self.tick().await {
+                Ok(r) => r.claimed > 0,
                 Err(e) => {
                     tracing::warn!(error = %e, "relay pass failed");
                     false
                 }
             };
-            if !full {
+            if !busy {
                 tokio::select! {
                     () = hint.notified() => {}
                     () = tokio::time::sleep(self.poll) => {}
