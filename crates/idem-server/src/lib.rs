@@ -66,6 +66,9 @@ pub struct AppState {
     pub gauges: Arc<metrics::GaugeCache>,
     /// Bearer token `/metrics` asks for; `None` = open.
     pub metrics_token: Option<Arc<str>>,
+    /// The outbox of `[outbox]`, if configured (the admin page's `/ui/outbox`), and the
+    /// tenant whose operators see it.
+    pub outbox: Option<(idem_outbox::store::OutboxStore, String)>,
 }
 
 impl AppState {
@@ -104,6 +107,7 @@ impl AppState {
             ui: Default::default(),
             gauges: Default::default(),
             metrics_token: None,
+            outbox: None,
         }
     }
 }
@@ -149,6 +153,9 @@ pub struct ServerConfig {
     /// The workflows declared in `connect` (`[workflows.NAME]`), validated against
     /// `registry` before start-up.
     pub workflows: std::collections::BTreeMap<String, idem_core::flow::Definition>,
+    /// `[outbox]` of `connect`, checked: the admin page shows that outbox, and with
+    /// `in_serve = true` this server runs its relay.
+    pub outbox: Option<idem_outbox::relay::config::RelayConfig>,
 }
 
 /// The application's routes with their middleware: the API, `/metrics` and the admin page.
@@ -398,6 +405,14 @@ async fn serve_with(
     let mut state = AppState::new(store, clock, config.registry.clone(), &config.connect, config.workflows.clone());
     state.database_clock = config.database_clock.clone();
     state.metrics_token = config.metrics_token.as_deref().map(Arc::from);
+    let mut relay_task = None;
+    if let Some(outbox) = &config.outbox {
+        let relay = idem_outbox::relay::Relay::from_config(outbox).await.map_err(std::io::Error::other)?;
+        state.outbox = Some((relay.store().clone(), outbox.tenant.clone()));
+        if outbox.in_serve {
+            relay_task = Some(Arc::new(relay).spawn());
+        }
+    }
     let store = state.store.clone();
     let app = app(state.clone(), config.max_body_bytes)?;
     println!("idem: listening on http://{}", listener.local_addr()?);
@@ -415,7 +430,7 @@ async fn serve_with(
         metrics::spawn_upkeep(),
     ];
     let result = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await;
-    for l in loops {
+    for l in loops.into_iter().chain(relay_task) {
         l.abort();
     }
     result

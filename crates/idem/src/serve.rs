@@ -87,6 +87,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, policy, 5);
     }
     let workflows = idem_flow::config::definitions(&connect, &registry)?;
+    let outbox = crate::outbox::relay_config(&connect)?;
     let registry = Arc::new(registry);
     // One clock for the whole ledger (DESIGN.md §2 invariant 7): on PostgreSQL the
     // database's, for the store and everything else in the process that needs "now".
@@ -116,6 +117,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         registry,
         database_clock,
         workflows,
+        outbox,
     };
     Ok(Prepared { _lock: lock, store, clock, config })
 }

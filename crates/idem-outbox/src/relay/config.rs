@@ -8,6 +8,7 @@
 //! lease_ms = 30000                       # per claimed event; longer than every sink's timeout
 //! batch = 100                            # events claimed at once (at most one per aggregate)
 //! in_serve = false                       # true: `idem serve` runs the relay too
+//! tenant = "default"                     # whose operators see it on the admin page (/ui/outbox)
 //!
 //! [outbox.sinks.orders_hooks]
 //! kind = "webhook"
@@ -50,6 +51,9 @@ pub struct RelayConfig {
     pub batch: i64,
     /// Whether `idem serve` runs the relay.
     pub in_serve: bool,
+    /// The tenant whose operator and admin keys see this outbox on `idem serve`'s admin
+    /// page: the outbox belongs to an application database, not to a tenant of the ledger.
+    pub tenant: String,
     /// Sinks by name.
     pub sinks: BTreeMap<String, SinkConfig>,
 }
@@ -66,6 +70,8 @@ struct RawRelay {
     batch: i64,
     #[serde(default)]
     in_serve: bool,
+    #[serde(default = "default_tenant")]
+    tenant: String,
     #[serde(default)]
     sinks: BTreeMap<String, toml::Value>,
 }
@@ -78,6 +84,9 @@ fn default_lease() -> i64 {
 }
 fn default_batch() -> i64 {
     100
+}
+fn default_tenant() -> String {
+    "default".into()
 }
 
 /// `[outbox.sinks.NAME]`: where events go.
@@ -251,6 +260,7 @@ impl RelayConfig {
             lease_ms: raw.lease_ms,
             batch: raw.batch,
             in_serve: raw.in_serve,
+            tenant: raw.tenant,
             sinks,
         })
     }
