@@ -99,6 +99,10 @@ pub struct BenchCli {
     /// PostgreSQL admin URL for the PostgreSQL runs (databases are created on it).
     #[arg(long, env = "IDEM_BENCH_PG_URL")]
     pub postgres_url: Option<String>,
+    /// NATS server (with JetStream) for the relay's NATS rows, e.g. nats://127.0.0.1:4222;
+    /// a stream is created and deleted. Needs --postgres-url too.
+    #[arg(long, env = "IDEM_BENCH_NATS_URL")]
+    pub nats_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

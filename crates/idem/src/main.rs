@@ -2,6 +2,7 @@
 //! the database; `ops`, `acquire` and `complete` talk to a running server over HTTP.
 
 mod bench;
+mod bench_relay;
 mod bench_workflows;
 mod cli;
 mod client;
@@ -72,6 +73,7 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
             concurrency: b.concurrency,
             http_concurrency: b.http_concurrency,
             postgres_url: b.postgres_url,
+            nats_url: b.nats_url,
         })
         .await
         .map(|()| ExitCode::SUCCESS),
