@@ -165,7 +165,10 @@ mod tests {
             verify(std::slice::from_ref(&old), "evt-1", "100", &header, b"{}", 401, 300),
             Err(WebhookError::TimestampTooOld(300))
         );
-        assert_eq!(verify(std::slice::from_ref(&old), "evt-1", "x", &header, b"{}", 100, 300), Err(WebhookError::BadTimestamp));
+        assert_eq!(
+            verify(std::slice::from_ref(&old), "evt-1", "x", &header, b"{}", 100, 300),
+            Err(WebhookError::BadTimestamp)
+        );
         assert_eq!(verify(&[], "evt-1", "100", &header, b"{}", 100, 300), Err(WebhookError::NoSecret));
     }
 

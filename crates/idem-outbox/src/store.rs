@@ -124,6 +124,59 @@ pub struct AttemptRecord {
     pub reason: Option<String>,
 }
 
+/// One attempt's outcome to record: the claim it was made under, the plan, the sink.
+#[derive(Debug, Clone, Copy)]
+pub struct Recorded<'a> {
+    /// The claim (its fencing token guards the write).
+    pub claimed: &'a Claimed,
+    /// idem-core's plan for the attempt.
+    pub plan: &'a DeliveryPlan,
+    /// The sink it went through (`none` when no sink takes its topic).
+    pub sink: &'a str,
+}
+
+/// A [`Recorded`] as the columns it writes.
+struct RecordRow {
+    seq: i64,
+    token: i64,
+    state: &'static str,
+    next_at: Option<i64>,
+    evidence: Option<String>,
+    class: Option<String>,
+    message: Option<String>,
+    sink: String,
+    trigger: &'static str,
+    result: &'static str,
+}
+
+impl RecordRow {
+    fn of(r: &Recorded<'_>) -> Self {
+        let (state, next_at, evidence, class, message, result) = match r.plan {
+            DeliveryPlan::Delivered { evidence } => {
+                ("DELIVERED", None, Some(evidence.clone()), None, None, "delivered")
+            }
+            DeliveryPlan::RetryAt { at_ms, error_class, message } => {
+                ("PENDING", Some(*at_ms), None, Some(error_class.clone()), Some(message.clone()), "retry")
+            }
+            DeliveryPlan::Dead { error_class, message } => {
+                ("DEAD", None, None, Some(error_class.clone()), Some(message.clone()), "dead")
+            }
+        };
+        RecordRow {
+            seq: r.claimed.row.seq,
+            token: r.claimed.row.fencing_token,
+            state,
+            next_at,
+            evidence,
+            class,
+            message,
+            sink: r.sink.to_owned(),
+            trigger: r.claimed.row.trigger().as_str(),
+            result,
+        }
+    }
+}
+
 /// Counts for `/metrics` and the admin page.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct OutboxStats {
@@ -268,85 +321,95 @@ impl OutboxStore {
         sink: &str,
         relay: &str,
     ) -> Result<bool, OutboxError> {
-        let row = &claimed.row;
-        let (state, next_at, evidence, class, message, result) = match plan {
-            DeliveryPlan::Delivered { evidence } => {
-                ("DELIVERED", None, Some(evidence.as_str()), None, None, "delivered")
-            }
-            DeliveryPlan::RetryAt { at_ms, error_class, message } => {
-                ("PENDING", Some(*at_ms), None, Some(error_class.as_str()), Some(message.as_str()), "retry")
-            }
-            DeliveryPlan::Dead { error_class, message } => {
-                ("DEAD", None, None, Some(error_class.as_str()), Some(message.as_str()), "dead")
-            }
-        };
+        Ok(self.record_all(&[Recorded { claimed, plan, sink }], relay).await?[0])
+    }
+
+    /// [`OutboxStore::record`] for a whole batch, in one statement (PostgreSQL) or one
+    /// transaction (SQLite); one flag per outcome, in order.
+    ///
+    /// # Errors
+    /// Database errors (then nothing of the batch is written).
+    pub async fn record_all(&self, outcomes: &[Recorded<'_>], relay: &str) -> Result<Vec<bool>, OutboxError> {
+        let rows: Vec<RecordRow> = outcomes.iter().map(RecordRow::of).collect();
         let update = "UPDATE idem.outbox SET state = $3, next_attempt_at = $4, evidence = $5, error_class = $6, \
              error_message = $7, sink = $8, delivered_at = CASE WHEN $3 = 'DELIVERED' THEN idem.now_ms() END, \
              lease_owner = NULL, lease_expires_at = NULL, manual = FALSE \
              WHERE seq = $1 AND fencing_token = $2 AND state = 'PENDING'";
         let insert = "INSERT INTO idem.outbox_attempts (event_seq, at, kind, trigger, relay, fencing_token, result, \
              sink, error_class, message, evidence) ";
-        let trigger = row.trigger().as_str();
-        let applied = on_pool!(self, |pool, q| {
-            match self {
-                OutboxStore::Postgres(_) => {
-                    let sql = format!(
-                        "WITH u AS ({update} RETURNING seq) {insert} \
-                         SELECT seq, idem.now_ms(), 'attempt', $9, $10, $2, $11, $8, $6, $7, $5 FROM u"
-                    );
-                    sqlx::query(q(&sql))
-                        .bind(row.seq)
-                        .bind(row.fencing_token)
-                        .bind(state)
-                        .bind(next_at)
-                        .bind(evidence)
-                        .bind(class)
-                        .bind(message)
-                        .bind(sink)
-                        .bind(trigger)
-                        .bind(relay)
-                        .bind(result)
-                        .execute(pool)
-                        .await?
-                        .rows_affected()
-                        == 1
-                }
-                OutboxStore::Sqlite(_) => {
-                    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-                    let n = sqlx::query(q(update))
-                        .bind(row.seq)
-                        .bind(row.fencing_token)
-                        .bind(state)
-                        .bind(next_at)
-                        .bind(evidence)
-                        .bind(class)
-                        .bind(message)
-                        .bind(sink)
+        match self {
+            OutboxStore::Postgres(pool) => {
+                // One statement for the batch: the rows as arrays, the update conditional on
+                // each row's token, an attempt row for each row updated.
+                let sql = format!(
+                    "WITH i AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[], \
+                       $6::text[], $7::text[], $8::text[], $9::text[], $10::text[]) \
+                       AS t(seq, token, state, next_at, evidence, class, message, sink, trigger, result)), \
+                     u AS (UPDATE idem.outbox o SET state = i.state, next_attempt_at = i.next_at, evidence = i.evidence, \
+                       error_class = i.class, error_message = i.message, sink = i.sink, \
+                       delivered_at = CASE WHEN i.state = 'DELIVERED' THEN idem.now_ms() END, \
+                       lease_owner = NULL, lease_expires_at = NULL, manual = FALSE \
+                       FROM i WHERE o.seq = i.seq AND o.fencing_token = i.token AND o.state = 'PENDING' \
+                       RETURNING o.seq, i.token, i.trigger, i.result, i.sink, i.class, i.message, i.evidence), \
+                     a AS ({insert} SELECT seq, idem.now_ms(), 'attempt', trigger, $11, token, result, sink, class, \
+                       message, evidence FROM u) \
+                     SELECT seq FROM u"
+                );
+                let col = |f: fn(&RecordRow) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
+                let applied: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .bind(rows.iter().map(|r| r.seq).collect::<Vec<_>>())
+                    .bind(rows.iter().map(|r| r.token).collect::<Vec<_>>())
+                    .bind(col(|r| Some(r.state.to_owned())))
+                    .bind(rows.iter().map(|r| r.next_at).collect::<Vec<_>>())
+                    .bind(col(|r| r.evidence.clone()))
+                    .bind(col(|r| r.class.clone()))
+                    .bind(col(|r| r.message.clone()))
+                    .bind(col(|r| Some(r.sink.clone())))
+                    .bind(col(|r| Some(r.trigger.to_owned())))
+                    .bind(col(|r| Some(r.result.to_owned())))
+                    .bind(relay)
+                    .fetch_all(pool)
+                    .await?;
+                Ok(rows.iter().map(|r| applied.contains(&r.seq)).collect())
+            }
+            OutboxStore::Sqlite(pool) => {
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                let mut applied = Vec::with_capacity(rows.len());
+                for r in &rows {
+                    let n = sqlx::query(sqlx::AssertSqlSafe(sqlite(update)))
+                        .bind(r.seq)
+                        .bind(r.token)
+                        .bind(r.state)
+                        .bind(r.next_at)
+                        .bind(&r.evidence)
+                        .bind(&r.class)
+                        .bind(&r.message)
+                        .bind(&r.sink)
                         .execute(&mut *tx)
                         .await?
                         .rows_affected();
                     if n == 1 {
                         let sql =
                             format!("{insert} VALUES ($1, idem.now_ms(), 'attempt', $2, $3, $4, $5, $6, $7, $8, $9)");
-                        sqlx::query(q(&sql))
-                            .bind(row.seq)
-                            .bind(trigger)
+                        sqlx::query(sqlx::AssertSqlSafe(sqlite(&sql)))
+                            .bind(r.seq)
+                            .bind(r.trigger)
                             .bind(relay)
-                            .bind(row.fencing_token)
-                            .bind(result)
-                            .bind(sink)
-                            .bind(class)
-                            .bind(message)
-                            .bind(evidence)
+                            .bind(r.token)
+                            .bind(r.result)
+                            .bind(&r.sink)
+                            .bind(&r.class)
+                            .bind(&r.message)
+                            .bind(&r.evidence)
                             .execute(&mut *tx)
                             .await?;
                     }
-                    tx.commit().await?;
-                    n == 1
+                    applied.push(n == 1);
                 }
+                tx.commit().await?;
+                Ok(applied)
             }
-        });
-        Ok(applied)
+        }
     }
 
     /// Gives a claim back without an attempt (the retry budget is empty): the attempt it
@@ -462,6 +525,46 @@ impl OutboxStore {
             tx.commit().await?;
             Ok(Ok(to))
         })
+    }
+
+    /// Says that `relay` waits for work until `until_ms` from now (ms), so appenders
+    /// NOTIFY; or, with `None`, that it is busy (appenders need not). PostgreSQL only (SQLite
+    /// has no NOTIFY: a no-op there).
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn set_idle(&self, relay: &str, for_ms: Option<i64>) -> Result<(), OutboxError> {
+        let OutboxStore::Postgres(pool) = self else { return Ok(()) };
+        match for_ms {
+            Some(ms) => {
+                sqlx::query(
+                    "INSERT INTO idem.relay_idle (relay, until_ms) VALUES ($1, idem.now_ms() + $2) \
+                 ON CONFLICT (relay) DO UPDATE SET until_ms = excluded.until_ms",
+                )
+                .bind(relay)
+                .bind(ms)
+                .execute(pool)
+                .await?
+            }
+            None => sqlx::query("DELETE FROM idem.relay_idle WHERE relay = $1").bind(relay).execute(pool).await?,
+        };
+        Ok(())
+    }
+
+    /// Deletes up to `limit` DELIVERED and SKIPPED events appended more than
+    /// `retention_ms` ago (with their attempt rows); returns how many.
+    ///
+    /// # Errors
+    /// Database errors.
+    pub async fn sweep(&self, retention_ms: i64, limit: i64) -> Result<u64, OutboxError> {
+        let sql = "DELETE FROM idem.outbox WHERE seq IN (SELECT seq FROM idem.outbox \
+                   WHERE state IN ('DELIVERED', 'SKIPPED') AND created_at < idem.now_ms() - $1 LIMIT $2)";
+        Ok(on_pool!(self, |pool, q| sqlx::query(q(sql))
+            .bind(retention_ms)
+            .bind(limit)
+            .execute(pool)
+            .await?
+            .rows_affected()))
     }
 
     /// Counts by state and the age of the oldest PENDING event.

@@ -220,3 +220,46 @@ async fn transactions_committing_out_of_order_are_both_delivered() {
     let heads = s.claim_batch("r1", 30_000, 10).await.unwrap();
     assert_eq!(ids(&heads), ["m1"].map(String::from).into(), "m1 first: committed first");
 }
+
+/// Appenders NOTIFY only while a relay says it waits (NOTIFY serializes commits); the
+/// notification comes at commit, never for a rollback.
+#[tokio::test]
+async fn appenders_wake_relays_only_while_one_waits() {
+    let db = AppDb::postgres().await;
+    let AppDb::Postgres(pool, _) = &db else { unreachable!() };
+    let s = store(&db);
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await.unwrap();
+    listener.listen("idem_outbox").await.unwrap();
+    append_all(&db, &[("busy", "N")]).await;
+    assert!(!woke(&mut listener).await, "no relay waits: no NOTIFY");
+    s.set_idle("r1", Some(60_000)).await.unwrap();
+    let mut t = pool.begin().await.unwrap();
+    append(&mut *t, &ev("rolled-back", "N")).await.unwrap();
+    t.rollback().await.unwrap();
+    assert!(!woke(&mut listener).await, "a rolled-back append wakes nobody");
+    append_all(&db, &[("idle", "N")]).await;
+    assert!(woke(&mut listener).await, "a relay waits: NOTIFY at commit");
+    s.set_idle("r1", None).await.unwrap();
+    append_all(&db, &[("busy-again", "N")]).await;
+    assert!(!woke(&mut listener).await);
+}
+
+async fn woke(l: &mut sqlx::postgres::PgListener) -> bool {
+    tokio::time::timeout(std::time::Duration::from_millis(300), l.recv()).await.is_ok()
+}
+
+#[tokio::test]
+async fn delivered_and_skipped_events_leave_after_their_retention() {
+    for db in AppDb::both().await {
+        let s = store(&db);
+        append_all(&db, &[("old", "R"), ("open", "S")]).await;
+        let c = s.claim_batch("r1", 30_000, 10).await.unwrap();
+        let old = c.iter().find(|c| c.row.id == "old").unwrap();
+        s.record(old, &delivered(), "hooks", "r1").await.unwrap();
+        assert_eq!(s.sweep(60_000, 100).await.unwrap(), 0, "{}: younger than the retention", db.name());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert_eq!(s.sweep(10, 100).await.unwrap(), 1, "{}", db.name());
+        assert!(s.get("old").await.unwrap().is_none());
+        assert!(s.get("open").await.unwrap().is_some(), "a pending event is never swept");
+    }
+}

@@ -410,7 +410,7 @@ async fn serve_with(
         let relay = idem_outbox::relay::Relay::from_config(outbox).await.map_err(std::io::Error::other)?;
         state.outbox = Some((relay.store().clone(), outbox.tenant.clone()));
         if outbox.in_serve {
-            relay_task = Some(Arc::new(relay).spawn());
+            relay_task = Some(Arc::new(relay).spawn(outbox.retention_ms));
         }
     }
     let store = state.store.clone();

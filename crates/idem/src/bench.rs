@@ -478,7 +478,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(admin) = &args.postgres_url {
         let (name, url) = fresh_pg(admin).await?;
         created.push(name);
-        for (what, idem, baseline, extra) in crate::bench_relay::rows(&url, args.nats_url.as_deref(), 16, args.seconds).await? {
+        for (what, idem, baseline, extra) in
+            crate::bench_relay::rows(&url, args.nats_url.as_deref(), 16, args.seconds).await?
+        {
             rows.push(Row { what, idem, baseline, extra });
         }
     }

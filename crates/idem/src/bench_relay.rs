@@ -109,7 +109,15 @@ impl Setup {
 
 /// One producer's event `i`: commits an order row, and with `outbox` the event in the
 /// same transaction; without, publishes it after the commit (the naive dual write).
-async fn produce(s: &Setup, target: Target, run: &str, w: usize, i: u64, outbox: bool, commits: &Times) -> anyhow::Result<()> {
+async fn produce(
+    s: &Setup,
+    target: Target,
+    run: &str,
+    w: usize,
+    i: u64,
+    outbox: bool,
+    commits: &Times,
+) -> anyhow::Result<()> {
     let id = format!("{run}-{w}-{i}");
     let topic = match target {
         Target::Webhook => "hooks.order",
@@ -147,7 +155,14 @@ async fn produce(s: &Setup, target: Target, run: &str, w: usize, i: u64, outbox:
             }
             Target::Nats => {
                 let (js, _, prefix) = s.nats.as_ref().expect("NATS rows only with a server");
-                let out = idem_connect::nats::publish(js, &format!("{prefix}.order"), &id, &Default::default(), payload.into_bytes()).await;
+                let out = idem_connect::nats::publish(
+                    js,
+                    &format!("{prefix}.order"),
+                    &id,
+                    &Default::default(),
+                    payload.into_bytes(),
+                )
+                .await;
                 anyhow::ensure!(matches!(out, idem_connect::nats::PublishOutcome::Stored { .. }), "publish: {out:?}");
             }
         }
@@ -160,7 +175,14 @@ static HTTP: std::sync::LazyLock<reqwest::Client> =
 
 /// Runs `c` producers for `secs` (paced to `rate` events/s in all when given); returns the
 /// commit instants by event id and when the first commit was.
-async fn producers(s: &Arc<Setup>, target: Target, c: usize, secs: f64, rate: Option<f64>, outbox: bool) -> anyhow::Result<(Times, Instant)> {
+async fn producers(
+    s: &Arc<Setup>,
+    target: Target,
+    c: usize,
+    secs: f64,
+    rate: Option<f64>,
+    outbox: bool,
+) -> anyhow::Result<(Times, Instant)> {
     let commits: Times = Arc::default();
     let run = uuid::Uuid::now_v7().simple().to_string()[20..].to_owned();
     let start = Instant::now();
@@ -216,7 +238,7 @@ fn latencies(s: &Setup, commits: &Times) -> Vec<u64> {
 /// The relay rows on a fresh application database at `app_url`.
 pub async fn rows(app_url: &str, nats_url: Option<&str>, c: usize, secs: f64) -> anyhow::Result<Vec<RelayRow>> {
     let s = Arc::new(setup(app_url, nats_url).await?);
-    let relay_task = s.relay.clone().spawn();
+    let relay_task = s.relay.clone().spawn(None);
     let mut targets = vec![(Target::Webhook, "webhook")];
     if s.nats.is_some() {
         targets.push((Target::Nats, "NATS"));

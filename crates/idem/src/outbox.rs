@@ -56,7 +56,7 @@ pub async fn relay(args: RelayArgs) -> anyhow::Result<()> {
         tokio::spawn(async move { axum::serve(listener, app).await });
     }
     crate::out!("idem: relay {} delivering from {}", relay.id(), redact(&config.database_url));
-    let task = relay.spawn();
+    let task = relay.spawn(config.retention_ms);
     tokio::select! {
         r = task => r.context("the relay stopped")?,
         r = tokio::signal::ctrl_c() => r?,

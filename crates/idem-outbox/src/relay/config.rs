@@ -9,6 +9,7 @@
 //! batch = 100                            # events claimed at once (at most one per aggregate)
 //! in_serve = false                       # true: `idem serve` runs the relay too
 //! tenant = "default"                     # whose operators see it on the admin page (/ui/outbox)
+//! retention = "7d"                       # delivered and skipped events are deleted after this (or "forever")
 //!
 //! [outbox.sinks.orders_hooks]
 //! kind = "webhook"
@@ -30,7 +31,7 @@
 //! event no sink takes is dead at once (`no_sink`) and held for an operator. Errors name
 //! the field (`outbox.sinks.orders_hooks.secrets[0]: …`).
 
-use idem_connect::config::{ConfigError, RetryConfig, SecretRef, interpolate};
+use idem_connect::config::{ConfigError, RetryConfig, SecretRef, interpolate, parse_retention};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -54,6 +55,9 @@ pub struct RelayConfig {
     /// The tenant whose operator and admin keys see this outbox on `idem serve`'s admin
     /// page: the outbox belongs to an application database, not to a tenant of the ledger.
     pub tenant: String,
+    /// How long delivered and skipped events are kept after they were appended (ms);
+    /// `None` = forever.
+    pub retention_ms: Option<i64>,
     /// Sinks by name.
     pub sinks: BTreeMap<String, SinkConfig>,
 }
@@ -72,6 +76,8 @@ struct RawRelay {
     in_serve: bool,
     #[serde(default = "default_tenant")]
     tenant: String,
+    #[serde(default = "default_retention")]
+    retention: String,
     #[serde(default)]
     sinks: BTreeMap<String, toml::Value>,
 }
@@ -87,6 +93,9 @@ fn default_batch() -> i64 {
 }
 fn default_tenant() -> String {
     "default".into()
+}
+fn default_retention() -> String {
+    "7d".into()
 }
 
 /// `[outbox.sinks.NAME]`: where events go.
@@ -261,6 +270,7 @@ impl RelayConfig {
             batch: raw.batch,
             in_serve: raw.in_serve,
             tenant: raw.tenant,
+            retention_ms: parse_retention("outbox.retention", &raw.retention)?,
             sinks,
         })
     }

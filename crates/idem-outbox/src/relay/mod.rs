@@ -25,7 +25,7 @@ use crate::error::OutboxError;
 use crate::sink::nats::NatsSink;
 use crate::sink::webhook::WebhookSink;
 use crate::sink::{Envelope, Sink};
-use crate::store::{Claimed, OutboxStore};
+use crate::store::{Claimed, OutboxStore, Recorded};
 use config::{RelayConfig, SinkConfig, topic_matches};
 use idem_connect::budget::RetryBudget;
 use idem_connect::config::ConfigError;
@@ -133,33 +133,59 @@ impl Relay {
     /// One pass: claim, deliver, record (see the module docs).
     ///
     /// # Errors
-    /// Database errors while claiming (a failed record is logged and left to the lease).
+    /// Database errors while claiming or recording (an outcome not recorded is left to its
+    /// lease: the event is delivered again after it expires).
     pub async fn tick(&self) -> Result<TickReport, OutboxError> {
         let claimed = self.store.claim_batch(&self.id, self.lease_ms, self.batch).await?;
         let mut report = TickReport { claimed: claimed.len(), ..TickReport::default() };
         // One event per aggregate per batch: they can all go at once.
-        let results = futures_util::future::join_all(claimed.iter().map(|c| self.deliver_one(c))).await;
-        for r in results {
-            match r {
-                Ok(Done::Recorded(DeliveryPlan::Delivered { .. })) => report.delivered += 1,
-                Ok(Done::Recorded(DeliveryPlan::RetryAt { .. })) => report.retried += 1,
-                Ok(Done::Recorded(DeliveryPlan::Dead { .. })) => report.dead += 1,
-                Ok(Done::Deferred) => report.deferred += 1,
-                Ok(Done::FencedOut) => report.fenced_out += 1,
-                Err(e) => {
-                    tracing::warn!(error = %e, "recording a delivery failed; the lease will expire and it is retried")
+        let attempts = futures_util::future::join_all(claimed.iter().map(|c| self.deliver_one(c))).await;
+        let mut outcomes = Vec::with_capacity(attempts.len());
+        for (c, a) in claimed.iter().zip(&attempts) {
+            match a {
+                Ok(Attempt::Made { plan, sink }) => outcomes.push(Recorded { claimed: c, plan, sink }),
+                Ok(Attempt::Deferred) => report.deferred += 1,
+                Ok(Attempt::Lost) => report.fenced_out += 1,
+                Err(e) => tracing::warn!(error = %e, "a retry could not be deferred; its lease will expire"),
+            }
+        }
+        if outcomes.is_empty() {
+            return Ok(report);
+        }
+        let applied = self.store.record_all(&outcomes, &self.id).await?;
+        for (o, applied) in outcomes.iter().zip(applied) {
+            let labels = [("sink", o.sink.to_owned())];
+            if !applied {
+                tracing::warn!(event = %o.claimed.row.id, "the lease was lost before the outcome was recorded; another relay holds the event");
+                report.fenced_out += 1;
+                continue;
+            }
+            match o.plan {
+                DeliveryPlan::Delivered { .. } => {
+                    report.delivered += 1;
+                    metrics::counter!("idem_outbox_delivered_total", &labels).increment(1);
+                }
+                DeliveryPlan::RetryAt { .. } => {
+                    report.retried += 1;
+                    metrics::counter!("idem_outbox_retried_total", &labels).increment(1);
+                }
+                DeliveryPlan::Dead { .. } => {
+                    report.dead += 1;
+                    metrics::counter!("idem_outbox_dead_total", &labels).increment(1);
                 }
             }
         }
         Ok(report)
     }
 
-    async fn deliver_one(&self, c: &Claimed) -> Result<Done, OutboxError> {
+    /// Delivers one claimed event (or defers it when its sink's retry budget is empty) and
+    /// plans what to record.
+    async fn deliver_one(&self, c: &Claimed) -> Result<Attempt<'_>, OutboxError> {
         let start = Instant::now();
         let row = &c.row;
         let now = |start: Instant| c.claimed_at + start.elapsed().as_millis() as i64;
         let trigger = row.trigger();
-        let (sink_name, result, policy) = match self.route(&row.topic) {
+        let (sink, result, policy) = match self.route(&row.topic) {
             None => (
                 "none",
                 DeliveryResult::Rejected {
@@ -171,11 +197,8 @@ impl Relay {
             Some(route) => {
                 if row.attempts > 1 && trigger == Trigger::Scheduled && !route.budget.try_take() {
                     tracing::debug!(sink = %route.name, "retry budget exhausted; retry deferred");
-                    return Ok(if self.store.release(c, now(start) + BUDGET_DEFER_MS).await? {
-                        Done::Deferred
-                    } else {
-                        Done::FencedOut
-                    });
+                    let released = self.store.release(c, now(start) + BUDGET_DEFER_MS).await?;
+                    return Ok(if released { Attempt::Deferred } else { Attempt::Lost });
                 }
                 let headers = row.header_map();
                 let envelope = Envelope {
@@ -191,26 +214,20 @@ impl Relay {
         };
         let attempt = AttemptRow { attempts: row.attempts, created_at: row.created_at, trigger };
         let plan = plan_delivery(&attempt, result, &policy, now(start), rand::random::<f64>());
-        let labels = [("sink", sink_name.to_owned())];
-        match &plan {
-            DeliveryPlan::Delivered { .. } => metrics::counter!("idem_outbox_delivered_total", &labels).increment(1),
-            DeliveryPlan::RetryAt { .. } => metrics::counter!("idem_outbox_retried_total", &labels).increment(1),
-            DeliveryPlan::Dead { .. } => metrics::counter!("idem_outbox_dead_total", &labels).increment(1),
-        }
-        if self.store.record(c, &plan, sink_name, &self.id).await? {
-            Ok(Done::Recorded(plan))
-        } else {
-            tracing::warn!(event = %row.id, "the lease was lost before the outcome was recorded; another relay holds the event");
-            Ok(Done::FencedOut)
-        }
+        Ok(Attempt::Made { plan, sink })
     }
 
     /// Runs passes until the process ends: again at once after a pass that claimed
     /// something (an aggregate's next event becomes its head only once the previous one is
     /// recorded), else on a `hint` (NOTIFY) or after the poll interval, whichever comes
-    /// first.
+    /// first. While it waits it says so (`idem.relay_idle`), so that appenders NOTIFY; a
+    /// busy relay takes that back, and appenders skip the NOTIFY, whose commit-time lock
+    /// would halve their commit rate. After saying it waits it makes one more pass, so an
+    /// event committed just before is not left to the poll.
     pub async fn run(self: Arc<Self>, hint: Option<Arc<Notify>>) {
         let hint = hint.unwrap_or_else(|| Arc::new(Notify::new()));
+        let idle_for_ms = 3 * self.poll.as_millis() as i64 + 1_000;
+        let mut said_idle = false;
         loop {
             let busy = match self.tick().await {
                 Ok(r) => r.claimed > 0,
@@ -219,19 +236,32 @@ impl Relay {
                     false
                 }
             };
-            if !busy {
-                tokio::select! {
-                    () = hint.notified() => {}
-                    () = tokio::time::sleep(self.poll) => {}
+            if busy {
+                if said_idle && self.store.set_idle(&self.id, None).await.is_ok() {
+                    said_idle = false;
                 }
+                continue;
+            }
+            let first = !said_idle;
+            match self.store.set_idle(&self.id, Some(idle_for_ms)).await {
+                Ok(()) => said_idle = true,
+                Err(e) => tracing::warn!(error = %e, "cannot mark the relay idle; appenders will not wake it"),
+            }
+            if first && said_idle {
+                continue;
+            }
+            tokio::select! {
+                () = hint.notified() => {}
+                () = tokio::time::sleep(self.poll) => {}
             }
         }
     }
 
     /// Starts [`Relay::run`] (with LISTEN on PostgreSQL) and a task that publishes the
-    /// outbox gauges every 2 s: `idem_outbox_lag_ms` (age of the oldest undelivered event)
-    /// and `idem_outbox_events{state}`.
-    pub fn spawn(self: Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// outbox gauges every 2 s — `idem_outbox_lag_ms` (age of the oldest undelivered
+    /// event) and `idem_outbox_events{state}` — and deletes delivered and skipped events
+    /// past `retention_ms` (up to 1 000 each time).
+    pub fn spawn(self: Arc<Self>, retention_ms: Option<i64>) -> tokio::task::JoinHandle<()> {
         let hint = self.store.postgres().map(|p| wake::listen(p.clone()));
         let store = self.store.clone();
         tokio::spawn(async move {
@@ -246,6 +276,11 @@ impl Relay {
                     }
                     Err(e) => tracing::warn!(error = %e, "reading the outbox gauges failed"),
                 }
+                if let Some(ms) = retention_ms
+                    && let Err(e) = store.sweep(ms, 1_000).await
+                {
+                    tracing::warn!(error = %e, "the outbox retention sweep failed");
+                }
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
         });
@@ -253,9 +288,12 @@ impl Relay {
     }
 }
 
-/// What happened to one claimed event.
-enum Done {
-    Recorded(DeliveryPlan),
+/// What happened to one claimed event before recording.
+enum Attempt<'a> {
+    /// Delivered or failed: record this plan (for this sink).
+    Made { plan: DeliveryPlan, sink: &'a str },
+    /// Given back unattempted (retry budget empty).
     Deferred,
-    FencedOut,
+    /// Given back too late: another relay holds it now.
+    Lost,
 }

@@ -51,6 +51,13 @@ CREATE TABLE idem_outbox (
 );
 CREATE INDEX idem_outbox_open ON idem_outbox (aggregate_type, aggregate_id, seq) WHERE state IN ('PENDING', 'DEAD');
 
+CREATE INDEX idem_outbox_done ON idem_outbox (created_at) WHERE state IN ('DELIVERED', 'SKIPPED');
+
+CREATE TABLE idem_relay_idle (
+  relay TEXT PRIMARY KEY,
+  until_ms INTEGER NOT NULL
+);
+
 CREATE TABLE idem_outbox_attempts (
   event_seq INTEGER NOT NULL REFERENCES idem_outbox (seq) ON DELETE CASCADE,
   at INTEGER NOT NULL,
