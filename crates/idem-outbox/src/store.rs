@@ -219,9 +219,9 @@ fn sqlite(s: &str) -> String {
         .replace(" FOR UPDATE", "")
 }
 
-/// Open events that head their aggregate (the oldest PENDING or DEAD one of each).
-const HEADS: &str =
-    "SELECT min(seq) FROM idem.outbox WHERE state IN ('PENDING', 'DEAD') GROUP BY aggregate_type, aggregate_id";
+/// An open (PENDING or DEAD) event of `o`'s aggregate older than `o`: `o` is not its head.
+const OLDER_OPEN: &str = "SELECT 1 FROM idem.outbox p WHERE p.aggregate_type = o.aggregate_type \
+    AND p.aggregate_id = o.aggregate_id AND p.state IN ('PENDING', 'DEAD') AND p.seq < o.seq";
 
 impl OutboxStore {
     /// Connects to the application's database at `url` (`postgres://…` or `sqlite://…`).
@@ -272,8 +272,12 @@ impl OutboxStore {
                    AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= idem.now_ms())";
         let set = "lease_owner = $1, lease_expires_at = idem.now_ms() + $2, fencing_token = fencing_token + 1, \
                    attempts = attempts + 1";
-        let picked =
-            format!("SELECT o.seq FROM idem.outbox o WHERE o.seq IN ({HEADS}) AND {due} ORDER BY o.seq LIMIT $3");
+        // Walk PENDING events oldest first (index `outbox_pending`) and keep those with no
+        // older open event in their aggregate (an index probe each): a batch costs about
+        // `limit` probes, not a pass over the whole backlog.
+        let picked = format!(
+            "SELECT o.seq FROM idem.outbox o WHERE {due} AND NOT EXISTS ({OLDER_OPEN}) ORDER BY o.seq LIMIT $3"
+        );
         let sql = match self {
             // A data-modifying CTE: lock (skipping rows another relay holds), then update.
             OutboxStore::Postgres(_) => format!(

@@ -58,6 +58,8 @@ CREATE TABLE idem.outbox (
 );
 -- Open events by aggregate, in order: the relay's head-of-line read.
 CREATE INDEX outbox_open ON idem.outbox (aggregate_type, aggregate_id, seq) WHERE state IN ('PENDING', 'DEAD');
+-- Pending events oldest first: where the relay's claim starts.
+CREATE INDEX outbox_pending ON idem.outbox (seq) WHERE state = 'PENDING';
 
 -- Relays waiting for work (until `until_ms`, refreshed while they wait): appenders NOTIFY
 -- only while one is.

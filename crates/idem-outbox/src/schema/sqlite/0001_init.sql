@@ -50,6 +50,7 @@ CREATE TABLE idem_outbox (
   delivered_at INTEGER
 );
 CREATE INDEX idem_outbox_open ON idem_outbox (aggregate_type, aggregate_id, seq) WHERE state IN ('PENDING', 'DEAD');
+CREATE INDEX idem_outbox_pending ON idem_outbox (seq) WHERE state = 'PENDING';
 
 CREATE INDEX idem_outbox_done ON idem_outbox (created_at) WHERE state IN ('DELIVERED', 'SKIPPED');
 
