@@ -48,6 +48,21 @@ pub struct HttpConnector {
     provider_deduplicates: bool,
 }
 
+/// An HTTP client that never retries and never follows a redirect (exactly one layer
+/// retries, and a redirect proves nothing), with a whole-request and a connect timeout
+/// (ms). Shared with the relay's webhook sink.
+///
+/// # Errors
+/// reqwest's, when the TLS stack cannot be set up.
+pub fn client(timeout_ms: u64, connect_timeout_ms: u64) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(Duration::from_millis(timeout_ms))
+        .connect_timeout(Duration::from_millis(connect_timeout_ms))
+        .redirect(reqwest::redirect::Policy::none())
+        .retry(reqwest::retry::never())
+        .build()
+}
+
 /// Replaces `{key}`, `{tenant}`, `{idempotency_key}` with percent-encoded values.
 fn fill(template: &str, op: &OperationCtx) -> String {
     fn enc(s: &str) -> String {
@@ -153,12 +168,7 @@ impl HttpConnector {
                 format!("must exceed timeout_ms ({}), or a lease could expire under a live call", c.timeout_ms),
             ));
         }
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_millis(c.timeout_ms))
-            .connect_timeout(Duration::from_millis(c.connect_timeout_ms))
-            .redirect(reqwest::redirect::Policy::none())
-            .retry(reqwest::retry::never())
-            .build()
+        let client = client(c.timeout_ms, c.connect_timeout_ms)
             .map_err(|e| bad("url", format!("cannot build the HTTP client: {e}")))?;
         Ok(HttpConnector {
             name: name.to_owned(),

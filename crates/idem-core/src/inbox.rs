@@ -81,6 +81,9 @@ pub enum InboxError {
     /// Empty, longer than [`MAX_MESSAGE_ID_LEN`], or not printable ASCII.
     #[error("{0} must be 1-255 printable ASCII characters")]
     BadId(&'static str),
+    /// A consumer name starting with `idem.`: idem's own (the claimed idempotency keys).
+    #[error("consumer names starting with idem. are reserved")]
+    Reserved,
 }
 
 /// Checks a consumer name, message id or fingerprint (`what` names it in the error).

@@ -27,29 +27,25 @@ use idem_core::outbox::NewEvent;
 pub async fn append<'c>(conn: impl Into<Conn<'c>>, event: &NewEvent) -> Result<i64, OutboxError> {
     event.validate()?;
     let headers = serde_json::to_string(&event.headers).expect("a map of strings serializes");
-    let result = match conn.into() {
-        Conn::Postgres(c) => {
-            sqlx::query_scalar::<_, i64>("SELECT idem.outbox_append($1, $2, $3, $4, $5::json, $6::json)")
+    // The same six values, bound in the same order, on both databases.
+    macro_rules! bound {
+        ($sql:expr) => {
+            sqlx::query_scalar::<_, i64>($sql)
                 .bind(&event.id)
                 .bind(&event.aggregate_type)
                 .bind(&event.aggregate_id)
                 .bind(&event.topic)
                 .bind(event.payload_text())
                 .bind(headers)
-                .fetch_one(c)
-                .await
-        }
+        };
+    }
+    let result = match conn.into() {
+        Conn::Postgres(c) => bound!("SELECT idem.outbox_append($1, $2, $3, $4, $5::json, $6::json)").fetch_one(c).await,
         Conn::Sqlite(c) => {
-            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+            bound!(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO idem_outbox (id, aggregate_type, aggregate_id, topic, payload, headers, created_at) \
-                 VALUES (?, ?, ?, ?, ?, ?, {SQLITE_NOW_MS}) RETURNING seq"
+             VALUES (?, ?, ?, ?, ?, ?, {SQLITE_NOW_MS}) RETURNING seq"
             )))
-            .bind(&event.id)
-            .bind(&event.aggregate_type)
-            .bind(&event.aggregate_id)
-            .bind(&event.topic)
-            .bind(event.payload_text())
-            .bind(headers)
             .fetch_one(c)
             .await
         }

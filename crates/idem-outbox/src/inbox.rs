@@ -26,15 +26,25 @@
 //! ```
 //!
 //! The fingerprint covers the content the producer declares (the payload), never headers
-//! that change on redelivery. On PostgreSQL this calls `idem.inbox_claim` /
-//! `idem.inbox_finish`, which other languages call directly.
+//! that change on redelivery. On PostgreSQL this runs `idem.claim` / `idem.finish`, the
+//! functions behind `idem.inbox_claim` / `idem.inbox_finish`, which other languages call.
 
-use crate::claims::{Target, claim, finish as finish_target};
+use crate::claims::{claim, finish as finish_id};
 use crate::conn::Conn;
 use crate::error::OutboxError;
 use idem_core::fingerprint::{Fingerprint, fingerprint};
 pub use idem_core::inbox::InboxDecision;
-use idem_core::inbox::check_id;
+use idem_core::inbox::{InboxError, check_id};
+
+/// A consumer name: 1–255 printable ASCII, not starting with `idem.` (idem's own, e.g. the
+/// claimed idempotency keys).
+fn check_consumer(consumer: &str) -> Result<(), OutboxError> {
+    check_id("consumer", consumer)?;
+    if consumer.starts_with("idem.") {
+        return Err(InboxError::Reserved.into());
+    }
+    Ok(())
+}
 use serde_json::Value;
 
 /// The fingerprint of a message's content: SHA-256 of its RFC 8785 form (strings in NFC),
@@ -51,17 +61,18 @@ pub fn content_fingerprint(content: &Value) -> Result<Fingerprint, OutboxError> 
 ///
 /// # Errors
 /// [`OutboxError::Inbox`] for a consumer, id or fingerprint that is empty, over 255 bytes
-/// or not printable ASCII; [`OutboxError::NotInstalled`]; database errors.
+/// or not printable ASCII, or a consumer named `idem.…`; [`OutboxError::NotInstalled`];
+/// database errors.
 pub async fn claim_message<'c>(
     conn: impl Into<Conn<'c>>,
     consumer: &str,
     message_id: &str,
     fingerprint: &str,
 ) -> Result<InboxDecision, OutboxError> {
-    check_id("consumer", consumer)?;
+    check_consumer(consumer)?;
     check_id("message id", message_id)?;
     check_id("fingerprint", fingerprint)?;
-    claim(conn.into(), Target::Inbox { consumer, message_id }, fingerprint).await
+    claim(conn.into(), consumer, message_id, fingerprint).await
 }
 
 /// Records `outcome` on the claim (same transaction); a redelivery's
@@ -75,5 +86,6 @@ pub async fn finish<'c>(
     message_id: &str,
     outcome: &Value,
 ) -> Result<(), OutboxError> {
-    finish_target(conn.into(), Target::Inbox { consumer, message_id }, outcome).await
+    check_consumer(consumer)?;
+    finish_id(conn.into(), consumer, message_id, outcome).await
 }

@@ -1,7 +1,8 @@
 //! `idem schema install`: the `idem` schema in the application's own database, versioned.
 //!
-//! - PostgreSQL: schema `idem` with the tables `keys`, `inbox`, `outbox`,
-//!   `outbox_attempts`, `schema_version`, and the SQL functions any language can call in
+//! - PostgreSQL: schema `idem` with the tables `inbox` (consumers' claims, and the claimed
+//!   keys under consumer `idem.keys`), `outbox`, `outbox_attempts`, `relay_idle`,
+//!   `schema_version`, and the SQL functions any language can call in
 //!   its own transaction: `idem.outbox_append(id, aggregate_type, aggregate_id, topic,
 //!   payload json, headers json)`, `idem.inbox_claim(consumer, message_id, fingerprint)`,
 //!   `idem.inbox_finish(consumer, message_id, outcome json)`, `idem.key_claim(key,
@@ -76,71 +77,52 @@ pub async fn install(url: &str) -> Result<Installed, OutboxError> {
     }
 }
 
-/// [`install`] on an open PostgreSQL connection.
+/// The install, the same on both databases: in one transaction `$tx`, run `$bootstrap`
+/// (the version table), read the version, refuse a newer one, then run the scripts past it,
+/// each followed by `$record` (its version as `$1`).
+macro_rules! install_in {
+    ($tx:expr, $bootstrap:expr, $version:expr, $scripts:expr, $record:expr) => {{
+        let db = |e| OutboxError::Database(e);
+        let mut tx = $tx.map_err(db)?;
+        sqlx::raw_sql($bootstrap).execute(&mut *tx).await.map_err(db)?;
+        let (from,): (i64,) = sqlx::query_as($version).fetch_one(&mut *tx).await.map_err(db)?;
+        if from > VERSION {
+            return Err(newer(from));
+        }
+        for (i, script) in $scripts.iter().enumerate().skip(from as usize) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(fill(script))).execute(&mut *tx).await.map_err(db)?;
+            sqlx::query(sqlx::AssertSqlSafe($record)).bind(i as i64 + 1).execute(&mut *tx).await.map_err(db)?;
+        }
+        tx.commit().await.map_err(db)?;
+        Ok(Installed { from, to: VERSION })
+    }};
+}
+
+/// [`install`] on an open PostgreSQL connection (under an advisory lock).
 ///
 /// # Errors
 /// As [`install`].
 pub async fn install_postgres(c: &mut PgConnection) -> Result<Installed, OutboxError> {
-    let mut tx = c.begin().await.map_err(OutboxError::Database)?;
-    let db = |e| OutboxError::Database(e);
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem.schema'))").execute(&mut *tx).await.map_err(db)?;
-    sqlx::raw_sql(
-        "CREATE SCHEMA IF NOT EXISTS idem; \
+    install_in!(
+        c.begin().await,
+        "SELECT pg_advisory_xact_lock(hashtext('idem.schema')); CREATE SCHEMA IF NOT EXISTS idem; \
          CREATE TABLE IF NOT EXISTS idem.schema_version (version bigint PRIMARY KEY, installed_at bigint NOT NULL)",
+        "SELECT coalesce(max(version), 0)::bigint FROM idem.schema_version",
+        POSTGRES,
+        "INSERT INTO idem.schema_version VALUES ($1, (extract(epoch FROM now()) * 1000)::bigint)".to_owned()
     )
-    .execute(&mut *tx)
-    .await
-    .map_err(db)?;
-    let (from,): (i64,) = sqlx::query_as("SELECT coalesce(max(version), 0)::bigint FROM idem.schema_version")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-    if from > VERSION {
-        return Err(newer(from));
-    }
-    for (i, script) in POSTGRES.iter().enumerate().skip(from as usize) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(fill(script))).execute(&mut *tx).await.map_err(db)?;
-        sqlx::query("INSERT INTO idem.schema_version VALUES ($1, (extract(epoch FROM now()) * 1000)::bigint)")
-            .bind(i as i64 + 1)
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-    }
-    tx.commit().await.map_err(db)?;
-    Ok(Installed { from, to: VERSION })
 }
 
-/// [`install`] on an open SQLite connection.
+/// [`install`] on an open SQLite connection (`BEGIN IMMEDIATE`).
 ///
 /// # Errors
 /// As [`install`].
 pub async fn install_sqlite(c: &mut SqliteConnection) -> Result<Installed, OutboxError> {
-    let db = |e| OutboxError::Database(e);
-    let mut tx = c.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
-    sqlx::raw_sql(
+    install_in!(
+        c.begin_with("BEGIN IMMEDIATE").await,
         "CREATE TABLE IF NOT EXISTS idem_schema_version (version INTEGER PRIMARY KEY, installed_at INTEGER NOT NULL)",
+        "SELECT coalesce(max(version), 0) FROM idem_schema_version",
+        SQLITE,
+        format!("INSERT INTO idem_schema_version VALUES ($1, {})", crate::conn::SQLITE_NOW_MS)
     )
-    .execute(&mut *tx)
-    .await
-    .map_err(db)?;
-    let (from,): (i64,) = sqlx::query_as("SELECT coalesce(max(version), 0) FROM idem_schema_version")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-    if from > VERSION {
-        return Err(newer(from));
-    }
-    for (i, script) in SQLITE.iter().enumerate().skip(from as usize) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(fill(script))).execute(&mut *tx).await.map_err(db)?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "INSERT INTO idem_schema_version VALUES (?, {})",
-            crate::conn::SQLITE_NOW_MS
-        )))
-        .bind(i as i64 + 1)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-    }
-    tx.commit().await.map_err(db)?;
-    Ok(Installed { from, to: VERSION })
 }

@@ -28,11 +28,14 @@
 //! transaction claiming the key while the first is open waits for its commit, then
 //! replays (or claims, if the first rolled back): never two "new" claims.
 //!
+//! Keys are claimed in the inbox table under the consumer `idem.keys` (on PostgreSQL through
+//! `idem.key_claim` / `idem.key_finish`, which other languages call too).
+//!
 //! This is not the idem ledger's lease protocol: no lease, no UNKNOWN. The business write
 //! is local to the transaction, so its outcome is never in doubt; side effects that leave
 //! the database go through the outbox ([`crate::append`]) in the same transaction.
 
-use crate::claims::{Target, claim as claim_target, finish as finish_target};
+use crate::claims::{KEYS, claim as claim_id, finish as finish_id};
 use crate::conn::Conn;
 use crate::error::OutboxError;
 use idem_core::IdempotencyKey;
@@ -77,7 +80,7 @@ pub async fn claim<'c>(
 ) -> Result<Claim, OutboxError> {
     IdempotencyKey::parse(key)?;
     let fp = claim_fingerprint(action, payload)?;
-    Ok(match claim_target(conn.into(), Target::Key(key), fp.as_str()).await? {
+    Ok(match claim_id(conn.into(), KEYS, key, fp.as_str()).await? {
         InboxDecision::Apply => Claim::New,
         InboxDecision::Duplicate { outcome } => Claim::Replay(outcome),
         InboxDecision::Conflict { recorded_fingerprint } => Claim::Conflict { recorded_fingerprint },
@@ -90,5 +93,5 @@ pub async fn claim<'c>(
 /// # Errors
 /// [`OutboxError::NotClaimed`] when the key has no claim; database errors.
 pub async fn finish<'c>(conn: impl Into<Conn<'c>>, key: &str, result: &Value) -> Result<(), OutboxError> {
-    finish_target(conn.into(), Target::Key(key), result).await
+    finish_id(conn.into(), KEYS, key, result).await
 }

@@ -174,7 +174,7 @@ async fn sqlx_exec(db: &AppDb, sql: &str) {
     match db {
         AppDb::Postgres(p, _) => sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).execute(p).await.map(|_| ()),
         AppDb::Sqlite(p, _, _) => {
-            sqlx::query(sqlx::AssertSqlSafe(sql.replace("idem.", "idem_"))).execute(p).await.map(|_| ())
+            sqlx::query(sqlx::AssertSqlSafe(common::sqlite_sql(sql))).execute(p).await.map(|_| ())
         }
     }
     .unwrap();

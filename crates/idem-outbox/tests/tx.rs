@@ -25,7 +25,7 @@ async fn the_export_job_is_claimed_created_and_replayed_in_one_transaction() {
             c
         });
         assert_eq!(c, Claim::New);
-        assert_eq!(db.count("SELECT count(*) FROM idem.keys").await, 0, "{}", db.name());
+        assert_eq!(db.count("SELECT count(*) FROM idem.inbox WHERE consumer = 'idem.keys'").await, 0, "{}", db.name());
         // The real first attempt.
         let c = in_tx!(&db, commit, |conn| {
             let c = tx::claim(&mut *conn, "B-7:export:v1", "export", &payload).await.unwrap();
@@ -44,7 +44,7 @@ async fn the_export_job_is_claimed_created_and_replayed_in_one_transaction() {
             assert!(matches!(c, Claim::Conflict { .. }), "{} {c:?}", db.name());
         }
         assert_eq!(db.count("SELECT count(*) FROM jobs").await, 1);
-        assert_eq!(db.count("SELECT sum(conflicts) FROM idem.keys").await, 2);
+        assert_eq!(db.count("SELECT sum(conflicts) FROM idem.inbox WHERE consumer = 'idem.keys'").await, 2);
         // Finishing a key nobody claimed is an error naming it; bad keys are refused.
         let e = in_tx!(&db, rollback, |conn| tx::finish(&mut *conn, "B-9:export:v1", &json!(1)).await.unwrap_err());
         assert!(matches!(e, OutboxError::NotClaimed(ref m) if m.contains("B-9")), "{e}");
@@ -150,6 +150,18 @@ async fn inbox_decisions_are_the_same_in_core_rust_and_sql() {
         assert_eq!(d, InboxDecision::Apply);
         let e = in_tx!(&db, rollback, |conn| inbox::claim_message(&mut *conn, "", "m", "f").await.unwrap_err());
         assert!(e.to_string().contains("consumer must be 1-255"), "{e}");
+        // The keys' consumer is idem's own: a consumer cannot claim or finish under it.
+        let e = in_tx!(&db, rollback, |conn| inbox::claim_message(&mut *conn, "idem.keys", "B-7:export:v1", "f")
+            .await
+            .unwrap_err());
+        assert!(e.to_string().contains("reserved"), "{e}");
+        if let AppDb::Postgres(pool, _) = &db {
+            let e = sqlx::query("SELECT idem.inbox_claim('idem.keys', 'B-7:export:v1', 'f')")
+                .execute(pool)
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("consumer names starting with idem. are reserved"), "{e}");
+        }
     }
 }
 

@@ -335,37 +335,30 @@ pub enum OutboxCommand {
         json: bool,
     },
     /// Deliver a dead letter again: one manual attempt (if it fails, it is dead again).
-    Redrive {
-        #[command(flatten)]
-        db: AppDbArgs,
-        /// The event id.
-        id: String,
-        /// Why (mandatory, kept in the audit trail; at most 2000 bytes).
-        #[arg(long)]
-        reason: String,
-        /// Who (default: $USER).
-        #[arg(long, env = "USER", default_value = "operator")]
-        operator: String,
-    },
+    Redrive(OperatorArgs),
     /// Do not deliver a dead letter: its aggregate's later events go on.
-    Skip {
-        #[command(flatten)]
-        db: AppDbArgs,
-        /// The event id.
-        id: String,
-        /// Why (mandatory, kept in the audit trail; at most 2000 bytes).
-        #[arg(long)]
-        reason: String,
-        /// Who (default: $USER).
-        #[arg(long, env = "USER", default_value = "operator")]
-        operator: String,
-    },
+    Skip(OperatorArgs),
+}
+
+/// An operator's action on one dead letter.
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    pub db: AppDbArgs,
+    /// The event id.
+    pub id: String,
+    /// Why (mandatory, kept in the audit trail; at most 2000 bytes).
+    #[arg(long)]
+    pub reason: String,
+    /// Who (default: $USER).
+    #[arg(long, env = "USER", default_value = "operator")]
+    pub operator: String,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum SchemaCommand {
     /// Create or upgrade the idem schema in the application's database: on PostgreSQL
-    /// schema `idem` (tables keys, inbox, outbox, outbox_attempts and the functions
+    /// schema `idem` (tables inbox, outbox, outbox_attempts and the functions
     /// idem.outbox_append, idem.inbox_claim, idem.inbox_finish, idem.key_claim,
     /// idem.key_finish); on SQLite the idem_* tables. Versioned; running it again is a
     /// no-op. Prints the version.

@@ -1,7 +1,7 @@
 //! `idem schema install`, `idem relay` and `idem outbox …`: the outbox of an application's
 //! own database (idem-outbox).
 
-use crate::cli::{OutboxCommand, RelayArgs, SchemaCommand};
+use crate::cli::{OperatorArgs, OutboxCommand, RelayArgs, SchemaCommand};
 use crate::serve::redact;
 use anyhow::Context;
 use idem_core::outbox::{OperatorAction, OutboxState};
@@ -131,17 +131,14 @@ pub async fn outbox(cmd: OutboxCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        OutboxCommand::Redrive { db, id, reason, operator } => {
-            act(&db.database_url, &id, OperatorAction::Redrive, &reason, &operator).await
-        }
-        OutboxCommand::Skip { db, id, reason, operator } => {
-            act(&db.database_url, &id, OperatorAction::Skip, &reason, &operator).await
-        }
+        OutboxCommand::Redrive(a) => act(a, OperatorAction::Redrive).await,
+        OutboxCommand::Skip(a) => act(a, OperatorAction::Skip).await,
     }
 }
 
-async fn act(url: &str, id: &str, action: OperatorAction, reason: &str, operator: &str) -> anyhow::Result<()> {
-    match open(url).await?.operator_action(id, action, reason, operator).await? {
+async fn act(a: OperatorArgs, action: OperatorAction) -> anyhow::Result<()> {
+    let OperatorArgs { db, id, reason, operator } = a;
+    match open(&db.database_url).await?.operator_action(&id, action, &reason, &operator).await? {
         Ok(to) => {
             crate::out!("idem: {id} is {} ({} by {operator}: {})", to.as_str(), action.as_str(), reason.trim());
             Ok(())

@@ -19,7 +19,6 @@ use idem_connect::http::{classify_error, retry_after_ms};
 use idem_connect::http_status::{Answer, classify};
 use idem_core::Outcome;
 use idem_core::outbox::DeliveryResult;
-use std::time::Duration;
 
 /// A configured webhook endpoint.
 #[derive(Debug)]
@@ -49,16 +48,10 @@ impl WebhookSink {
                 WebhookSecret::parse(secret.expose()).map_err(|e| ConfigError { field: f, message: e.to_string() })?,
             );
         }
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_millis(c.timeout_ms))
-            .connect_timeout(Duration::from_millis(c.connect_timeout_ms))
-            .redirect(reqwest::redirect::Policy::none())
-            .retry(reqwest::retry::never())
-            .build()
-            .map_err(|e| ConfigError {
-                field: format!("{field}.url"),
-                message: format!("cannot build the HTTP client: {e}"),
-            })?;
+        let client = idem_connect::http::client(c.timeout_ms, c.connect_timeout_ms).map_err(|e| ConfigError {
+            field: format!("{field}.url"),
+            message: format!("cannot build the HTTP client: {e}"),
+        })?;
         Ok(WebhookSink { client, url, secrets })
     }
 }

@@ -49,18 +49,25 @@ impl AppDb {
         }
     }
 
-    /// `SELECT count(*)` of a query on either backend (`idem.` becomes `idem_` on SQLite).
+    /// `SELECT count(*)` of a query on either backend (`idem.TABLE` becomes `idem_TABLE` on
+    /// SQLite).
     pub async fn count(&self, sql: &str) -> i64 {
         match self {
             AppDb::Postgres(p, _) => {
                 sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(p).await.unwrap()
             }
-            AppDb::Sqlite(p, _, _) => sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.replace("idem.", "idem_")))
-                .fetch_one(p)
-                .await
-                .unwrap(),
+            AppDb::Sqlite(p, _, _) => {
+                sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sqlite_sql(sql))).fetch_one(p).await.unwrap()
+            }
         }
     }
+}
+
+/// A statement on the `idem` schema's tables, for SQLite's `idem_*` tables.
+pub fn sqlite_sql(sql: &str) -> String {
+    ["outbox_attempts", "outbox", "inbox", "relay_idle", "schema_version"]
+        .iter()
+        .fold(sql.to_owned(), |s, t| s.replace(&format!("idem.{t}"), &format!("idem_{t}")))
 }
 
 /// Runs `$body` with `$conn` bound to a connection inside a new transaction of `$db`

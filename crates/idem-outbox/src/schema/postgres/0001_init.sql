@@ -7,24 +7,15 @@ CREATE FUNCTION idem.now_ms() RETURNS bigint LANGUAGE sql VOLATILE AS $$
   SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint
 $$;
 
--- Keys claimed inside the application's transaction (idem.key_claim / idem.key_finish).
-CREATE TABLE idem.keys (
-  key text PRIMARY KEY,
-  fingerprint text NOT NULL,             -- SHA-256 of RFC 8785 {"action","payload"} (Rust), or the caller's
-  result jsonb,                          -- stored by key_finish, replayed to a retry
-  conflicts integer NOT NULL DEFAULT 0,  -- claims of this key with another fingerprint
-  last_conflict_fingerprint text,
-  last_conflict_at bigint,
-  claimed_at bigint NOT NULL,
-  finished_at bigint
-);
-
--- Messages a consumer claimed (idem.inbox_claim / idem.inbox_finish).
+-- Messages a consumer claimed (idem.inbox_claim / idem.inbox_finish), and idempotency keys
+-- claimed inside the application's transaction (idem.key_claim / idem.key_finish: consumer
+-- 'idem.keys', the key as message id, the result as outcome). Consumer names starting with
+-- 'idem.' are idem's own.
 CREATE TABLE idem.inbox (
   consumer text NOT NULL,
   message_id text NOT NULL,
   fingerprint text NOT NULL,             -- of the content the producer declared, never transport headers
-  outcome jsonb,
+  outcome jsonb,                         -- stored by finish, returned to a redelivery (a key's result)
   conflicts integer NOT NULL DEFAULT 0,
   last_conflict_fingerprint text,
   last_conflict_at bigint,
@@ -157,16 +148,15 @@ BEGIN
   RETURN v_seq;
 END $$;
 
--- The decision table of idem_core::inbox::decide_inbox, on idem.inbox.
-CREATE FUNCTION idem.inbox_claim(
+-- The decision table of idem_core::inbox::decide_inbox, on idem.inbox: behind
+-- idem.inbox_claim and idem.key_claim.
+CREATE FUNCTION idem.claim(
   p_consumer text, p_message_id text, p_fingerprint text,
   OUT decision text, OUT outcome jsonb, OUT recorded_fingerprint text
 ) LANGUAGE plpgsql AS $$
 DECLARE
   r idem.inbox;
 BEGIN
-  PERFORM idem.check_id('consumer', p_consumer);
-  PERFORM idem.check_id('message id', p_message_id);
   PERFORM idem.check_id('fingerprint', p_fingerprint);
   INSERT INTO idem.inbox (consumer, message_id, fingerprint, claimed_at)
   VALUES (p_consumer, p_message_id, p_fingerprint, idem.now_ms())
@@ -189,15 +179,41 @@ BEGIN
   END IF;
 END $$;
 
-CREATE FUNCTION idem.inbox_finish(p_consumer text, p_message_id text, p_outcome json) RETURNS void
+-- Records the outcome on a claim made in this transaction (or earlier).
+CREATE FUNCTION idem.finish(p_consumer text, p_message_id text, p_outcome json) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
   UPDATE idem.inbox SET outcome = p_outcome::jsonb, finished_at = idem.now_ms()
   WHERE consumer = p_consumer AND message_id = p_message_id;
   IF NOT FOUND THEN
-    RAISE EXCEPTION 'idem.inbox_finish: % has no claim for message %: call idem.inbox_claim first', p_consumer, p_message_id
-      USING ERRCODE = '22023';
+    RAISE EXCEPTION 'idem: nothing was claimed as % for %: call idem.inbox_claim or idem.key_claim first',
+      p_message_id, p_consumer USING ERRCODE = '22023';
   END IF;
+END $$;
+
+CREATE FUNCTION idem.check_consumer(p_consumer text) RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  PERFORM idem.check_id('consumer', p_consumer);
+  IF p_consumer LIKE 'idem.%' THEN
+    RAISE EXCEPTION 'consumer names starting with idem. are reserved' USING ERRCODE = '22023';
+  END IF;
+END $$;
+
+CREATE FUNCTION idem.inbox_claim(
+  p_consumer text, p_message_id text, p_fingerprint text,
+  OUT decision text, OUT outcome jsonb, OUT recorded_fingerprint text
+) LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM idem.check_consumer(p_consumer);
+  PERFORM idem.check_id('message id', p_message_id);
+  SELECT * INTO decision, outcome, recorded_fingerprint FROM idem.claim(p_consumer, p_message_id, p_fingerprint);
+END $$;
+
+CREATE FUNCTION idem.inbox_finish(p_consumer text, p_message_id text, p_outcome json) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM idem.check_consumer(p_consumer);
+  PERFORM idem.finish(p_consumer, p_message_id, p_outcome);
 END $$;
 
 -- The same decision for a key claimed in the application's transaction.
@@ -205,36 +221,14 @@ CREATE FUNCTION idem.key_claim(
   p_key text, p_fingerprint text,
   OUT decision text, OUT result jsonb, OUT recorded_fingerprint text
 ) LANGUAGE plpgsql AS $$
-DECLARE
-  r idem.keys;
 BEGIN
   PERFORM idem.check_id('idempotency key', p_key);
-  PERFORM idem.check_id('fingerprint', p_fingerprint);
-  INSERT INTO idem.keys (key, fingerprint, claimed_at) VALUES (p_key, p_fingerprint, idem.now_ms())
-  ON CONFLICT DO NOTHING;
-  IF FOUND THEN
-    decision := 'apply';
-    RETURN;
-  END IF;
-  SELECT * INTO r FROM idem.keys WHERE key = p_key FOR UPDATE;
-  recorded_fingerprint := r.fingerprint;
-  IF r.fingerprint = p_fingerprint THEN
-    decision := 'duplicate';
-    result := r.result;
-  ELSE
-    UPDATE idem.keys SET conflicts = conflicts + 1, last_conflict_fingerprint = p_fingerprint,
-      last_conflict_at = idem.now_ms()
-    WHERE key = p_key;
-    decision := 'conflict';
-  END IF;
+  SELECT * INTO decision, result, recorded_fingerprint FROM idem.claim('idem.keys', p_key, p_fingerprint);
 END $$;
 
 CREATE FUNCTION idem.key_finish(p_key text, p_result json) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-  UPDATE idem.keys SET result = p_result::jsonb, finished_at = idem.now_ms() WHERE key = p_key;
-  IF NOT FOUND THEN
-    RAISE EXCEPTION 'idem.key_finish: key % was not claimed: call idem.key_claim first', p_key USING ERRCODE = '22023';
-  END IF;
+  PERFORM idem.finish('idem.keys', p_key, p_result);
 END $$;
 
 -- idem_core::inbox::check_id.

@@ -3,17 +3,7 @@
 -- does what idem.outbox_append / idem.inbox_claim do on PostgreSQL. One writer at a time
 -- (open write transactions with BEGIN IMMEDIATE), so seq order is commit order.
 
-CREATE TABLE idem_keys (
-  key TEXT PRIMARY KEY,
-  fingerprint TEXT NOT NULL,
-  result TEXT,
-  conflicts INTEGER NOT NULL DEFAULT 0,
-  last_conflict_fingerprint TEXT,
-  last_conflict_at INTEGER,
-  claimed_at INTEGER NOT NULL,
-  finished_at INTEGER
-);
-
+-- idem_inbox holds the claimed idempotency keys too (consumer 'idem.keys').
 CREATE TABLE idem_inbox (
   consumer TEXT NOT NULL,
   message_id TEXT NOT NULL,
