@@ -190,3 +190,34 @@ async fn the_schema_installs_once_and_refuses_a_newer_one() {
     assert!(matches!(e, OutboxError::NotInstalled), "{e}");
     assert!(e.to_string().contains("idem schema install"));
 }
+
+/// Receiving webhooks: a verified message is claimed by its `webhook-id`; its redelivery
+/// (new timestamp, new signature, same body) is a duplicate; a bad signature or a missing
+/// header never reaches the inbox.
+#[tokio::test]
+async fn a_received_webhook_is_verified_then_claimed_once() {
+    use idem_outbox::receive::Unverified;
+    use idem_outbox::signature::{WebhookError, WebhookSecret, signature_header};
+    let secret = WebhookSecret::parse("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD").unwrap();
+    let other = WebhookSecret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+    let body = br#"{"order": 42, "state": "paid"}"#.to_vec();
+    let message = |ts: i64, signer: &WebhookSecret| {
+        let sig = signature_header(std::slice::from_ref(signer), "evt-42", ts, &body);
+        let headers: std::collections::HashMap<&str, String> =
+            [("webhook-id", "evt-42".to_owned()), ("webhook-timestamp", ts.to_string()), ("webhook-signature", sig)]
+                .into();
+        Unverified::new(|h| headers.get(h).cloned(), body.clone()).unwrap()
+    };
+    for db in AppDb::both().await {
+        for (ts, expected) in [(1_000, "apply"), (1_060, "duplicate")] {
+            let verified = message(ts, &secret).verify(std::slice::from_ref(&secret), ts).unwrap();
+            let d = in_tx!(&db, commit, |conn| verified.claim(&mut *conn, "orders-receiver").await.unwrap());
+            assert_eq!(d.as_str(), expected, "{} at {ts}", db.name());
+        }
+        let forged = message(1_100, &other).verify(std::slice::from_ref(&secret), 1_100);
+        assert_eq!(forged.unwrap_err(), WebhookError::NoMatchingSignature);
+        let missing = Unverified::new(|h| (h != "webhook-signature").then(|| "x".to_owned()), body.clone());
+        assert_eq!(missing.unwrap_err(), WebhookError::MissingHeader("webhook-signature"));
+        assert_eq!(db.count("SELECT count(*) FROM idem.inbox WHERE consumer = 'orders-receiver'").await, 1);
+    }
+}
