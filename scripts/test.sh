@@ -8,6 +8,9 @@
 #     connector's tests start on free loopback ports;
 #   - Chromium and chromedriver (Debian chromium, chromium-driver) for the admin page's
 #     browser test (screenshots land in $CARGO_TARGET_DIR/tmp/ui-screenshots);
+#   - nats-server with JetStream (Debian nats-server) on 127.0.0.1:4222, started if it is
+#     down;
+#   - psycopg 3 (Debian python3-psycopg), which runs the README's Python outbox example;
 #   - libfaketime (Debian faketime), which runs one `idem serve` node of the clock-skew
 #     test with its wall clock 20 s ahead;
 #   - curl (Debian), for the README walkthrough the tests run as written;
@@ -138,7 +141,39 @@ ensure_openapi_tools() {
   export IDEM_OPENAPI_VENV="$venv"
 }
 
+ensure_python_psycopg() {
+  # tests/outbox_sql.rs runs the README's Python outbox/inbox example with Debian's
+  # psycopg 3 (python3-psycopg) under /usr/bin/python3, and its SQL example with psql.
+  if ! /usr/bin/python3 -c 'import psycopg' 2>/dev/null; then
+    log "installing python3-psycopg (Debian package)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-psycopg >/dev/null
+  fi
+}
+
+ensure_nats() {
+  # The NATS JetStream connector and the relay's NATS sink are tested against a real
+  # server on 127.0.0.1:4222 with JetStream; each test makes and deletes its own stream.
+  # Left alone when it is already up (this machine kind starts it before the session).
+  if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+    if [ ! -x /usr/sbin/nats-server ]; then
+      log "installing nats-server (Debian package)"
+      as_root apt-get update -qq
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
+    fi
+    log "starting nats-server with JetStream on 127.0.0.1:4222"
+    as_root mkdir -p /var/lib/nats-server
+    as_root start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+      -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+    for _ in $(seq 1 60); do (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && break; sleep 0.5; done
+  fi
+  (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null || { log "nats-server did not come up on 127.0.0.1:4222"; exit 1; }
+  log "NATS ready"
+}
+
 ensure_postgres
+ensure_nats
+ensure_python_psycopg
 ensure_curl
 ensure_openapi_tools
 ensure_mail_servers

@@ -24,6 +24,13 @@
 //! provider_deduplicates = false  # true only if the provider answers a repeated Idempotency-Key with the first result
 //! retry = { base_ms = 1000, cap_ms = 30000, max_attempts = 5, budget_per_s = 5, budget_burst = 10 }
 //!
+//! [connectors.events]
+//! kind = "nats"
+//! url = "nats://127.0.0.1:4222"
+//! subject = "orders.created"
+//! stream = "ORDERS"           # stores the subject; its duplicate window settles lost PubAcks
+//! timeout_ms = 5000           # waiting for the PubAck; after it: UNKNOWN
+//!
 //! [connectors.mail]
 //! kind = "smtp"
 //! host = "smtp.example.com"
@@ -83,6 +90,9 @@ pub struct Config {
     /// (`idem_flow::config`), which knows their shape; this crate only carries them.
     #[serde(default)]
     pub workflows: BTreeMap<String, toml::Value>,
+    /// `[outbox]`: the relay of an application database's outbox, kept as written here and
+    /// read by idem-outbox (`idem_outbox::relay::config`), which knows its shape.
+    pub outbox: Option<toml::Value>,
 }
 
 /// `[executor]`.
@@ -176,6 +186,8 @@ pub enum ConnectorConfig {
     Http(HttpConfig),
     /// An SMTP server, with an IMAP mailbox for lookups.
     Smtp(SmtpConfig),
+    /// A NATS JetStream stream (publish with `Nats-Msg-Id` = `tenant:key`).
+    Nats(NatsConfig),
 }
 
 impl ConnectorConfig {
@@ -184,6 +196,7 @@ impl ConnectorConfig {
         match self {
             ConnectorConfig::Http(h) => &h.retry,
             ConnectorConfig::Smtp(s) => &s.retry,
+            ConnectorConfig::Nats(n) => &n.retry,
         }
     }
 }
@@ -233,7 +246,11 @@ impl RetryConfig {
         }
     }
 
-    fn check(&self, field: &str) -> Result<(), ConfigError> {
+    /// Checks the settings; errors name `{field}.retry`.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for a non-positive or inconsistent setting.
+    pub fn check(&self, field: &str) -> Result<(), ConfigError> {
         if self.max_elapsed_ms.is_some_and(|m| m < 1) {
             return Err(err(format!("{field}.retry.max_elapsed_ms"), "must be positive"));
         }
@@ -414,6 +431,38 @@ fn default_http_timeout() -> u64 {
 }
 fn default_connect_timeout() -> u64 {
     2_000
+}
+
+/// `kind = "nats"`: publish the payload to a JetStream stream (see `crate::nats`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Server URL, `nats://host:4222` (`${VAR}` replaced).
+    pub url: String,
+    /// Subject the payload is published to (`${VAR}` replaced; no wildcards).
+    pub subject: String,
+    /// The stream that stores `subject`: its duplicate window bounds when a lost PubAck
+    /// may be settled by publishing again.
+    pub stream: String,
+    /// How long to wait for the PubAck (ms, default 5 000); after it: UNKNOWN.
+    #[serde(default = "default_nats_timeout")]
+    pub timeout_ms: u64,
+    /// Lease per attempt (ms); default timeout + 10 s.
+    pub lease_ms: Option<i64>,
+    /// Safety margin before the end of the duplicate window (ms, default 1 000): a lookup
+    /// re-publishes only if the window still covers the first publish by this much.
+    #[serde(default = "default_window_margin")]
+    pub duplicate_window_margin_ms: i64,
+    /// Retry policy and budget.
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+fn default_nats_timeout() -> u64 {
+    5_000
+}
+fn default_window_margin() -> i64 {
+    1_000
 }
 
 /// TLS mode of a mail connection.

@@ -48,6 +48,21 @@ pub struct HttpConnector {
     provider_deduplicates: bool,
 }
 
+/// An HTTP client that never retries and never follows a redirect (exactly one layer
+/// retries, and a redirect proves nothing), with a whole-request and a connect timeout
+/// (ms). Shared with the relay's webhook sink.
+///
+/// # Errors
+/// reqwest's, when the TLS stack cannot be set up.
+pub fn client(timeout_ms: u64, connect_timeout_ms: u64) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(Duration::from_millis(timeout_ms))
+        .connect_timeout(Duration::from_millis(connect_timeout_ms))
+        .redirect(reqwest::redirect::Policy::none())
+        .retry(reqwest::retry::never())
+        .build()
+}
+
 /// Replaces `{key}`, `{tenant}`, `{idempotency_key}` with percent-encoded values.
 fn fill(template: &str, op: &OperationCtx) -> String {
     fn enc(s: &str) -> String {
@@ -67,8 +82,9 @@ fn fill(template: &str, op: &OperationCtx) -> String {
         .replace("{idempotency_key}", &enc(&op.provider_key()))
 }
 
-/// `Retry-After` as delta-seconds (RFC 9110 §10.2.3), in ms; HTTP-dates are not honoured.
-fn retry_after_ms(headers: &HeaderMap) -> Option<i64> {
+/// `Retry-After` as delta-seconds (RFC 9110 §10.2.3), in ms (at most one day); HTTP-dates
+/// are not honoured. Shared with the relay's webhook sink.
+pub fn retry_after_ms(headers: &HeaderMap) -> Option<i64> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     v.trim().parse::<i64>().ok().filter(|s| *s >= 0).map(|s| s.saturating_mul(1000).min(86_400_000))
 }
@@ -152,12 +168,7 @@ impl HttpConnector {
                 format!("must exceed timeout_ms ({}), or a lease could expire under a live call", c.timeout_ms),
             ));
         }
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_millis(c.timeout_ms))
-            .connect_timeout(Duration::from_millis(c.connect_timeout_ms))
-            .redirect(reqwest::redirect::Policy::none())
-            .retry(reqwest::retry::never())
-            .build()
+        let client = client(c.timeout_ms, c.connect_timeout_ms)
             .map_err(|e| bad("url", format!("cannot build the HTTP client: {e}")))?;
         Ok(HttpConnector {
             name: name.to_owned(),
@@ -217,7 +228,8 @@ async fn read_capped(mut resp: reqwest::Response, cap: usize) -> (Vec<u8>, bool)
 /// Classifies a transport error: before the request left ⇒ retryable; after ⇒ ambiguous
 /// (UNKNOWN, or retried when the provider deduplicates: `provider_deduplicates`).
 /// The URL is left out of the message: it may carry a token interpolated from `${VAR}`.
-fn classify_error(e: reqwest::Error, provider_deduplicates: bool) -> Outcome {
+/// Shared with the relay's webhook sink (whose receivers dedupe by `webhook-id`).
+pub fn classify_error(e: reqwest::Error, provider_deduplicates: bool) -> Outcome {
     let e = e.without_url();
     if e.is_connect() {
         retryable("connect", format!("could not connect, nothing was sent: {e}"), None)

@@ -2,7 +2,8 @@
 //!
 //! - [`config`]: the TOML connector configuration, secrets and `${VAR}` overrides.
 //! - [`connector`]: the `Connector` contract (execute, lookup) and outcome helpers.
-//! - [`http`], [`smtp`]: the HTTP/webhook and SMTP (+ IMAP lookup) connectors.
+//! - [`http`], [`smtp`], [`nats`]: the HTTP/webhook, SMTP (+ IMAP lookup) and NATS
+//!   JetStream connectors; [`nats::publish`] is also the relay's NATS sink.
 //! - [`http_status`]: what an HTTP status proves about a side effect (connector and proxy).
 //! - [`budget`]: per-connector retry budgets (token buckets).
 //! - [`registry`]: the configured connectors by name.
@@ -22,6 +23,7 @@ pub mod executor;
 pub mod http;
 pub mod http_status;
 pub mod labels;
+pub mod nats;
 pub mod reconciler;
 pub mod registry;
 pub mod smtp;

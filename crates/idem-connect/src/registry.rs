@@ -4,6 +4,7 @@ use crate::budget::RetryBudget;
 use crate::config::{Config, ConfigError, ConnectorConfig};
 use crate::connector::Connector;
 use crate::http::HttpConnector;
+use crate::nats::NatsConnector;
 use crate::smtp::SmtpConnector;
 use idem_core::RetryPolicy;
 use std::collections::BTreeMap;
@@ -47,6 +48,7 @@ impl Registry {
             let connector: Arc<dyn Connector> = match c {
                 ConnectorConfig::Http(h) => Arc::new(HttpConnector::new(name, h)?),
                 ConnectorConfig::Smtp(s) => Arc::new(SmtpConnector::new(name, s)?),
+                ConnectorConfig::Nats(n) => Arc::new(NatsConnector::new(name, n)?),
             };
             let r = c.retry();
             entries.insert(

@@ -14,6 +14,8 @@
 //! - [`record`]: the operation record and event log entries.
 //! - [`clock`]: epoch-millisecond time behind a trait.
 //! - [`flow`]: workflows — instances, steps, checkpoints, recovery policies, and their plans.
+//! - [`outbox`]: outbox events — their limits, the plan after a delivery attempt, dead letters.
+//! - [`inbox`]: a consumer's claim of a message id — apply, duplicate or conflict.
 //!
 //! Stores persist the plans these functions return; they do not decide anything.
 
@@ -22,9 +24,11 @@ pub mod completion;
 pub mod decision;
 pub mod fingerprint;
 pub mod flow;
+pub mod inbox;
 pub mod json_number;
 pub mod key;
 pub mod lease;
+pub mod outbox;
 pub mod payload;
 pub mod reconcile;
 pub mod record;

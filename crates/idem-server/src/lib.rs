@@ -73,6 +73,9 @@ pub struct AppState {
     pub metrics_token: Option<Arc<str>>,
     /// The database's last known state, for `/readyz` ([`health::spawn_prober`]).
     pub health: Arc<health::Health>,
+    /// The outbox of `[outbox]`, if configured (the admin page's `/ui/outbox`), and the
+    /// tenant whose operators see it.
+    pub outbox: Option<(idem_outbox::store::OutboxStore, String)>,
 }
 
 impl AppState {
@@ -119,6 +122,7 @@ impl AppState {
             gauges: Default::default(),
             metrics_token: None,
             health: Default::default(),
+            outbox: None,
         }
     }
 }
@@ -164,6 +168,9 @@ pub struct ServerConfig {
     /// The workflows declared in `connect` (`[workflows.NAME]`), validated against
     /// `registry` before start-up.
     pub workflows: std::collections::BTreeMap<String, idem_core::flow::Definition>,
+    /// `[outbox]` of `connect`, checked: the admin page shows that outbox, and with
+    /// `in_serve = true` this server runs its relay.
+    pub outbox: Option<idem_outbox::relay::config::RelayConfig>,
 }
 
 /// The application's routes with their middleware: the API, `/metrics` and the admin page;
@@ -450,6 +457,14 @@ async fn serve_with(
     let mut state = AppState::new(store, clock, config.registry.clone(), &config.connect, config.workflows.clone());
     state.database_clock = config.database_clock.clone();
     state.metrics_token = config.metrics_token.as_deref().map(Arc::from);
+    let mut relay_task = None;
+    if let Some(outbox) = &config.outbox {
+        let relay = idem_outbox::relay::Relay::from_config(outbox).await.map_err(std::io::Error::other)?;
+        state.outbox = Some((relay.store().clone(), outbox.tenant.clone()));
+        if outbox.in_serve {
+            relay_task = Some(Arc::new(relay).spawn(outbox.retention_ms));
+        }
+    }
     let store = state.store.clone();
     let budget = request_body::BodyBudget::new(config.limits.clone());
     let app = app(state.clone(), budget)?;
@@ -469,7 +484,7 @@ async fn serve_with(
         health::spawn_prober(state.health.clone(), state.store.clone()),
     ];
     let result = http_server::serve(listener, app, config.limits.header_read_timeout, shutdown_signal()).await;
-    for l in loops {
+    for l in loops.into_iter().chain(relay_task) {
         l.abort();
     }
     result

@@ -9,7 +9,10 @@
 //!   the same two statements issued to the same kind of database by as many clients;
 //! - replays/s of a SUCCEEDED key over HTTP;
 //! - peak RSS (VmHWM) of the server process under that load;
-//! - three-step workflows per second (`bench_workflows`), SQLite and PostgreSQL.
+//! - three-step workflows per second (`bench_workflows`), SQLite and PostgreSQL;
+//! - the outbox relay's events/s to a webhook receiver and to NATS JetStream, and its
+//!   commit-to-delivery p50/p99 at 1 000 events/s, against publishing right after the
+//!   commit (`bench_relay`; PostgreSQL, NATS with `--nats-url`).
 //!
 //! The ceiling of group commit is about C / (2·F) pairs/s for concurrency C and fsync
 //! latency F (two commits per pair); the run measures F and prints that ceiling too.
@@ -34,6 +37,8 @@ pub struct BenchArgs {
     pub http_concurrency: usize,
     /// PostgreSQL admin URL for the PostgreSQL runs (a database is created for them).
     pub postgres_url: Option<String>,
+    /// NATS server for the relay's JetStream rows (a stream is created and deleted).
+    pub nats_url: Option<String>,
 }
 
 struct Row {
@@ -255,7 +260,8 @@ fn peak_rss_mib(pid: u32) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-fn percentile(sorted: &[u64], p: f64) -> f64 {
+/// The `p` quantile of `sorted` microseconds, in ms.
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -468,6 +474,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             extra,
         });
     }
+    // The outbox relay against publishing right after the commit (PostgreSQL only).
+    if let Some(admin) = &args.postgres_url {
+        let (name, url) = fresh_pg(admin).await?;
+        created.push(name);
+        for (what, idem, baseline, extra) in
+            crate::bench_relay::rows(&url, args.nats_url.as_deref(), 16, args.seconds).await?
+        {
+            rows.push(Row { what, idem, baseline, extra });
+        }
+    }
     if let Some(admin) = &args.postgres_url {
         drop_pg(admin, &created).await?;
     }
@@ -479,7 +495,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
          straight to the database by the same number of clients. Replays trigger one finished key.\n\
          A 3-step workflow: a start, then per step an acquire, an HTTP call to a no-op provider on\n\
          loopback and a completion, each write durable; compare with ../shared/bench/peers (DBOS).\n\
-         Group-commit ceiling C/(2F): C concurrent clients, F = fsync time, two commits per pair."
+         Group-commit ceiling C/(2F): C concurrent clients, F = fsync time, two commits per pair.\n\
+         Relay rows: producers commit a row and an outbox event together; one relay delivers to a\n\
+         local webhook receiver (signatures verified) or JetStream (PubAck awaited). Baseline: each\n\
+         producer publishes itself right after its commit (no outbox: a crash in between loses it)."
     );
     if args.postgres_url.is_none() {
         println!("PostgreSQL rows skipped: pass --postgres-url (or IDEM_BENCH_PG_URL) to include them.");

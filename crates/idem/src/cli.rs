@@ -69,6 +69,17 @@ pub enum Command {
     Renew(RenewArgs),
     /// Report the outcome of the attempt that holds a fencing token.
     Complete(CompleteArgs),
+    /// The idem schema in an application's own database: outbox, inbox and key claims that
+    /// commit with the application's transaction (SQL functions for any language).
+    #[command(subcommand)]
+    Schema(SchemaCommand),
+    /// Deliver an application database's outbox events at least once, to webhooks and
+    /// NATS JetStream, as [outbox] in the config file says (runs until stopped).
+    Relay(RelayArgs),
+    /// Outbox events and dead letters in an application's database: list, show, and an
+    /// operator's redrive or skip (with a mandatory reason, audited).
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
     /// Measure idem against naive baselines on this machine and print the table.
     Bench(BenchCli),
     /// The acceptance matrix: run a scenario file, or serve the provider double it uses.
@@ -98,6 +109,10 @@ pub struct BenchCli {
     /// PostgreSQL admin URL for the PostgreSQL runs (databases are created on it).
     #[arg(long, env = "IDEM_BENCH_PG_URL")]
     pub postgres_url: Option<String>,
+    /// NATS server (with JetStream) for the relay's NATS rows, e.g. nats://127.0.0.1:4222;
+    /// a stream is created and deleted. Needs --postgres-url too.
+    #[arg(long, env = "IDEM_BENCH_NATS_URL")]
+    pub nats_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -306,6 +321,86 @@ pub enum KeysCommand {
         db: DbArgs,
         /// The key's id (from `idem keys list`).
         id: String,
+    },
+}
+
+/// The application's own database (not idem's ledger).
+#[derive(Debug, Args)]
+pub struct AppDbArgs {
+    /// The application's database: `postgres://user@host:port/db` or `sqlite://PATH`.
+    #[arg(long, env = "IDEM_APP_DATABASE_URL")]
+    pub database_url: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    /// The configuration file with an [outbox] section (database_url, sinks).
+    #[arg(long, env = "IDEM_CONFIG")]
+    pub config: std::path::PathBuf,
+    /// Serve GET /metrics (Prometheus) on this address, HOST:PORT: outbox lag, events by
+    /// state, delivered/retried/dead by sink.
+    #[arg(long, env = "IDEM_RELAY_LISTEN")]
+    pub listen: Option<String>,
+    /// Log format on stderr (level via RUST_LOG, default info).
+    #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// List events, newest first.
+    List {
+        #[command(flatten)]
+        db: AppDbArgs,
+        /// Only this state: PENDING, DELIVERED, DEAD (the dead letters) or SKIPPED.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..=1000))]
+        limit: i64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one event and its attempts and operator actions.
+    Get {
+        #[command(flatten)]
+        db: AppDbArgs,
+        /// The event id.
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deliver a dead letter again: one manual attempt (if it fails, it is dead again).
+    Redrive(OperatorArgs),
+    /// Do not deliver a dead letter: its aggregate's later events go on.
+    Skip(OperatorArgs),
+}
+
+/// An operator's action on one dead letter.
+#[derive(Debug, Args)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    pub db: AppDbArgs,
+    /// The event id.
+    pub id: String,
+    /// Why (mandatory, kept in the audit trail; at most 2000 bytes).
+    #[arg(long)]
+    pub reason: String,
+    /// Who (default: $USER).
+    #[arg(long, env = "USER", default_value = "operator")]
+    pub operator: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SchemaCommand {
+    /// Create or upgrade the idem schema in the application's database: on PostgreSQL
+    /// schema `idem` (tables inbox, outbox, outbox_attempts and the functions
+    /// idem.outbox_append, idem.inbox_claim, idem.inbox_finish, idem.key_claim,
+    /// idem.key_finish); on SQLite the idem_* tables. Versioned; running it again is a
+    /// no-op. Prints the version.
+    Install {
+        #[command(flatten)]
+        db: AppDbArgs,
     },
 }
 

@@ -2,12 +2,14 @@
 //! the database; `ops`, `acquire` and `complete` talk to a running server over HTTP.
 
 mod bench;
+mod bench_relay;
 mod bench_workflows;
 mod cli;
 mod client;
 mod keys;
 #[cfg(feature = "otel")]
 mod otel;
+mod outbox;
 mod output;
 mod serve;
 mod wf;
@@ -83,11 +85,15 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Renew(r) => client::renew(r).await,
         cli::Command::Complete(c) => client::complete(c).await,
         cli::Command::Scenarios(s) => scenarios(s).await,
+        cli::Command::Schema(s) => outbox::schema(s).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Relay(r) => outbox::relay(r).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Outbox(o) => outbox::outbox(o).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Bench(b) => bench::run(bench::BenchArgs {
             seconds: b.seconds,
             concurrency: b.concurrency,
             http_concurrency: b.http_concurrency,
             postgres_url: b.postgres_url,
+            nats_url: b.nats_url,
         })
         .await
         .map(|()| ExitCode::SUCCESS),

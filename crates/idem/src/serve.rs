@@ -15,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 /// # Errors
 /// An OTLP endpoint in a build without the `otel` feature (one line naming the feature),
 /// or an endpoint the exporter refuses.
-fn init_logging(format: LogFormat, otlp_endpoint: Option<&str>) -> anyhow::Result<()> {
+pub(crate) fn init_logging(format: LogFormat, otlp_endpoint: Option<&str>) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
@@ -88,6 +88,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
         idem_store::DatabaseUrl::Postgres(_) => None,
     };
+    let outbox = crate::outbox::relay_config(&connect)?;
     let registry = Arc::new(registry);
     // One clock for the whole ledger (DESIGN.md §2 invariant 7): on PostgreSQL the
     // database's, for the store and everything else in the process that needs "now".
@@ -127,6 +128,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         registry,
         database_clock,
         workflows,
+        outbox,
     };
     Ok(Prepared { _lock: lock, store, clock, config })
 }

@@ -9,12 +9,14 @@
 //! | `GET /ui/operations/{key}` | one operation: fields, fingerprint, evidence, payload, result, event timeline |
 //! | `GET /ui/review` | the review queue: flagged operations and UNKNOWN ones, with the resolve form |
 //! | `POST /ui/operations/{key}/resolve`, `…/reconcile` | operator actions (role checked on the server, CSRF-protected) |
+//! | `GET /ui/outbox`, `POST /ui/outbox/{id}/redrive`, `…/skip` | the outbox of `[outbox]`: counts, lag, dead letters with redrive/skip, latest events ([`outbox`]; operators of `[outbox] tenant`) |
 //!
 //! Every page is scoped to the signed-in key's tenant through the same store calls as the
 //! API: another tenant's operation is "not found" here too. This module renders and
 //! validates forms; it decides nothing the API would not (resolution rules live in
 //! idem-core, reached through the store).
 
+mod outbox;
 mod pages;
 pub mod session;
 mod workflows;
@@ -87,6 +89,8 @@ pub fn router() -> Router<AppState> {
         .route("/ui/workflows/{instance}", get(workflows::one))
         .route("/ui/workflows/{instance}/rerun", post(workflows::rerun))
         .route("/ui/workflows/{instance}/compensate", post(workflows::compensate))
+        .route("/ui/outbox", get(outbox::show))
+        .route("/ui/outbox/{id}/{action}", post(outbox::act))
         .route("/ui/style.css", get(pages::style))
 }
 

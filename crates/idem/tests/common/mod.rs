@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test file uses a different subset
 
 pub mod mail;
+pub mod nats;
 pub mod pg_cluster;
 pub mod proxy;
 pub mod webdriver;

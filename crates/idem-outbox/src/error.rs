@@ -1,0 +1,57 @@
+//! `OutboxError`: what the transaction half and the relay report.
+
+use idem_core::inbox::InboxError;
+use idem_core::key::KeyError;
+use idem_core::outbox::EventError;
+
+/// Why a call failed. Nothing of the call was written (the caller's transaction may still
+/// be used, except after [`OutboxError::Database`] on PostgreSQL, which aborts it).
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// The event breaks a rule of [`idem_core::outbox::NewEvent::validate`].
+    #[error("bad outbox event: {0}")]
+    Event(#[from] EventError),
+    /// An event with this id was appended before (ids are unique: they are the receiver's
+    /// dedupe key).
+    #[error("an outbox event with id {0:?} already exists; event ids are unique")]
+    DuplicateEventId(String),
+    /// A bad consumer name, message id or fingerprint.
+    #[error("{0}")]
+    Inbox(#[from] InboxError),
+    /// A bad idempotency key.
+    #[error("{0}")]
+    Key(#[from] KeyError),
+    /// The payload cannot be fingerprinted (member names equal after NFC).
+    #[error("{0}")]
+    Fingerprint(#[from] idem_core::FingerprintError),
+    /// `finish` without a claim in this transaction.
+    #[error("{0}")]
+    NotClaimed(String),
+    /// The `idem` schema is missing or older than this library.
+    #[error("the idem schema is not installed in this database: run `idem schema install --database-url URL`")]
+    NotInstalled,
+    /// The database holds a newer schema than this library knows.
+    #[error("the idem schema in this database is version {found}, newer than this idem knows ({known}): upgrade idem")]
+    SchemaNewer {
+        /// The version in the database.
+        found: i64,
+        /// [`crate::schema::VERSION`].
+        known: i64,
+    },
+    /// The database said no.
+    #[error("database error: {0}")]
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for OutboxError {
+    fn from(e: sqlx::Error) -> Self {
+        if let Some(db) = e.as_database_error() {
+            let code = db.code().unwrap_or_default();
+            // 42P01 undefined table, 3F000 undefined schema, 42883 undefined function.
+            if matches!(code.as_ref(), "42P01" | "3F000" | "42883") || db.message().contains("no such table: idem_") {
+                return OutboxError::NotInstalled;
+            }
+        }
+        OutboxError::Database(e)
+    }
+}
