@@ -356,7 +356,9 @@ impl World {
         let (rec, _) = plan_rerun_apply(&self.inst, &plan, Some(&plan.hash), "property", &Actor::default(), self.now)
             .expect("the plan just made is the plan");
         for (p, row) in plan.steps.iter().zip(self.rows.iter_mut()) {
-            if p.disposition == StepDisposition::Redone && self.named.insert(p.step.clone()) {}
+            if p.disposition == StepDisposition::Redone {
+                self.named.insert(p.step.clone());
+            }
             if p.disposition == StepDisposition::Redone && !named.contains(&p.step) {
                 // An unnamed redo is only ever of a step that failed (no effect).
                 let old = self.ops.get(&row.op_key).map(|o| o.state);

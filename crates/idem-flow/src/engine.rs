@@ -71,7 +71,7 @@ impl<'a> Job<'a> {
 enum StepRun {
     /// The step's operation moved (or was found finished): plan again from its record as
     /// stored now.
-    Progressed(idem_core::OperationRecord),
+    Progressed(Box<idem_core::OperationRecord>),
     /// The step cannot move now: write this and end the pass.
     Blocked(Next),
 }
@@ -136,7 +136,7 @@ impl Flows {
                     match self.run_operation(&inst, job, payload).await? {
                         StepRun::Progressed(op) => {
                             let cp = &mut checkpoints[index];
-                            *cp = Checkpoint::with_compensation(cp.row.clone(), Some(op), cp.compensation.take());
+                            *cp = Checkpoint::with_compensation(cp.row.clone(), Some(*op), cp.compensation.take());
                             known = Some((inst, checkpoints));
                             continue;
                         }
@@ -150,7 +150,7 @@ impl Flows {
                     match self.run_operation(&inst, job, payload).await? {
                         StepRun::Progressed(op) => {
                             let cp = &mut checkpoints[index];
-                            *cp = Checkpoint::with_compensation(cp.row.clone(), cp.operation.take(), Some(op));
+                            *cp = Checkpoint::with_compensation(cp.row.clone(), cp.operation.take(), Some(*op));
                             known = Some((inst, checkpoints));
                             continue;
                         }
@@ -240,7 +240,7 @@ impl Flows {
                 metrics::histogram!("idem_workflow_step_seconds", "kind" => job.kind)
                     .record(started.elapsed().as_secs_f64());
                 idem_connect::crash::crash_point("flow.after_step", job.key);
-                StepRun::Progressed(done)
+                StepRun::Progressed(Box::new(done))
             }
             Decision::InProgress { retry_after_ms } | Decision::RetryNotDue { retry_after_ms } => {
                 StepRun::Blocked(Next::Wait { index, until_ms: now + retry_after_ms.max(1) })
@@ -250,7 +250,9 @@ impl Flows {
                 index,
                 until_ms: out.record.lease_expires_at.unwrap_or(now).max(now + 1),
             }),
-            Decision::Replay | Decision::Unknown | Decision::ExpireToUnknown => StepRun::Progressed(out.record),
+            Decision::Replay | Decision::Unknown | Decision::ExpireToUnknown => {
+                StepRun::Progressed(Box::new(out.record))
+            }
             Decision::Mismatch | Decision::Late => StepRun::Blocked(Next::Pause {
                 index,
                 class: "step_key_conflict",

@@ -11,7 +11,7 @@
 //!   steps idem has no connector for; finished steps replay.
 //! - [`operator`]: guarded re-runs (dry run, plan hash, reason) and compensation on request.
 //! - [`runner`]: the durable loop over due instances (start-up recovery included).
-//! - [`error`]: [`FlowError`].
+//! - [`error`] — [`FlowError`], why a workflow call was refused or failed.
 //!
 //! Must not: write SQL (idem-store does), or decide anything (idem-core's `flow` plans
 //! do). Steps are ordinary operations: their retries, reconciliation and review are the

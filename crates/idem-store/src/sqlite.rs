@@ -44,6 +44,10 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// A write request for the writer task.
+/// A re-run's write: the instance update and the step rows to repoint (position, op_key,
+/// comp_key).
+type RerunWrite = (crate::flow::InstanceUpdate, Vec<(i64, String, String)>);
+
 enum Command {
     Acquire(AcquireInput, Reply<AcquireOutcome>),
     Complete(CompleteRequest, Reply<CompleteOutcome>),
@@ -56,7 +60,7 @@ enum Command {
     RevokeKey(String, Reply<bool>),
     StartInstance(Box<crate::flow::StartRequest>, Reply<crate::flow::StartOutcome>),
     UpdateInstance(Box<crate::flow::InstanceUpdate>, Reply<bool>),
-    ApplyRerun(Box<(crate::flow::InstanceUpdate, Vec<(i64, String, String)>)>, Reply<bool>),
+    ApplyRerun(Box<RerunWrite>, Reply<bool>),
     ClaimDueInstances { limit: i64, hold_ms: i64, reply: Reply<Vec<idem_core::flow::InstanceRecord>> },
     SweepInstances(i64, Reply<u64>),
 }

@@ -196,7 +196,7 @@ pub fn plan_rerun(
     let mut first_open = true;
     let mut all_kept_before = true;
     for (step, c) in def.steps.iter().zip(checkpoints) {
-        let is_named = named.iter().any(|n| *n == step.name);
+        let is_named = named.contains(&step.name);
         let foreign = c.foreign_step_operation(step).is_some();
         let state = c.operation.as_ref().map(|o| o.state);
         let first = first_open && (foreign || state != Some(State::Succeeded));
