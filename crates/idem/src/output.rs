@@ -133,19 +133,7 @@ pub fn operation_with_events(v: &Value) -> String {
     if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
         out.push_str(&format!("{:<17} {}: {}\n", "error", s(e, "class"), s(e, "message")));
     }
-    out.push_str("events:\n");
-    for e in v.get("events").and_then(Value::as_array).into_iter().flatten() {
-        out.push_str(&format!(
-            "  #{:<4} {}  {:<15} {:>9} -> {:<9} by {} ({})\n",
-            n(e, "seq"),
-            s(e, "at"),
-            s(e, "kind"),
-            s(e, "from_state"),
-            s(e, "to_state"),
-            s(e, "principal"),
-            s(e, "reason"),
-        ));
-    }
+    events(&mut out, v);
     out.trim_end().to_owned()
 }
 
@@ -218,10 +206,16 @@ pub fn instance_with_steps(v: &Value) -> String {
             ));
         }
     }
+    events(&mut out, v);
+    out.trim_end().to_owned()
+}
+
+/// The `events:` block of an operation or an instance: one line per event.
+fn events(out: &mut String, v: &Value) {
     out.push_str("events:\n");
     for e in v.get("events").and_then(Value::as_array).into_iter().flatten() {
         out.push_str(&format!(
-            "  #{:<4} {}  {:<14} {:>9} -> {:<9} by {} ({})\n",
+            "  #{:<4} {}  {:<15} {:>9} -> {:<9} by {} ({})\n",
             n(e, "seq"),
             s(e, "at"),
             s(e, "kind"),
@@ -231,7 +225,6 @@ pub fn instance_with_steps(v: &Value) -> String {
             s(e, "reason"),
         ));
     }
-    out.trim_end().to_owned()
 }
 
 /// A re-run's plan: one line per step, and what to do next.

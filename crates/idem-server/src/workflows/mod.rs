@@ -264,7 +264,7 @@ fn instance_filter(q: InstanceQuery) -> Result<InstanceFilter, Problem> {
         (status = 400, description = "Malformed request", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such instance, or no such step in its definition", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "In progress / retry not due (`Retry-After`), an earlier step has not succeeded, the instance is not RUNNING, or idem performs this step", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "In progress / retry not due (`Retry-After`), an earlier step has not succeeded (`previous-step-unfinished`) or its key holds an operation not made for it (`step-key-conflict`), the instance is not RUNNING, or idem performs this step", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The instance (or step) finished and was removed after retention", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The step was acquired before with another payload", body = Problem, content_type = "application/problem+json"),
     ),
@@ -341,7 +341,8 @@ pub async fn complete_step(
 
 /// Re-run an instance, guarded (`operator` role, a reason): a dry run shows exactly what it
 /// would do — per step kept, runs, redone (a new side effect under a new key), looked up
-/// first, or compensated — with a plan hash; a run may pass that hash and is refused if the
+/// first, compensated or compensation_runs, with the action and key each acts on — with a
+/// plan hash; a run may pass that hash and is refused if the
 /// instance changed since. A step that SUCCEEDED is redone only when named.
 #[utoipa::path(
     post, path = "/v1/workflows/{instance}/rerun", tag = "workflows",
@@ -396,7 +397,7 @@ pub async fn rerun(
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The key's role is not `operator` or `admin`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such instance in the caller's tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Refused, nothing changed: `instance-not-stopped`, `compensation-in-progress`, `nothing-to-compensate`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Refused, nothing changed: `instance-not-stopped` (another request won: the instance is COMPENSATING now), `compensation-in-progress`, `nothing-to-compensate`, `instance-busy`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The instance was removed after its retention window", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
