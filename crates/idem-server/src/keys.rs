@@ -135,28 +135,23 @@ pub async fn revoke(
     let rid = caller.request_id.clone();
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
     caller.require(Role::Admin).map_err(fail)?;
-    let mine = state.store.list_api_keys(Some(&caller.tenant)).await.map_err(|e| fail(store_problem(e)))?;
-    let Some(target) = mine.iter().find(|k| k.id == id && k.revoked_at.is_none()) else {
-        return Err(fail(Problem::new(StatusCode::NOT_FOUND, "not-found", "no live API key with that id")));
-    };
-    if is_last_active_admin(&mine, target) {
-        return Err(fail(Problem::new(
-            StatusCode::CONFLICT,
-            "last-admin-key",
-            format!(
-                "key {id} is the only active admin key of tenant {:?}; create another admin key first (POST /v1/keys with {{\"role\": \"admin\"}}), then revoke this one with the new key",
-                caller.tenant
-            ),
-        )));
+    use idem_store::keys::Revocation;
+    match state.store.revoke_api_key_keeping_an_admin(&caller.tenant, &id).await.map_err(|e| fail(store_problem(e)))? {
+        Revocation::Revoked => {}
+        Revocation::NotFound => {
+            return Err(fail(Problem::new(StatusCode::NOT_FOUND, "not-found", "no live API key with that id")));
+        }
+        Revocation::LastAdmin => {
+            return Err(fail(Problem::new(
+                StatusCode::CONFLICT,
+                "last-admin-key",
+                format!(
+                    "key {id} is the only active admin key of tenant {:?}; create another admin key first (POST /v1/keys with {{\"role\": \"admin\"}}), then revoke this one with the new key",
+                    caller.tenant
+                ),
+            )));
+        }
     }
-    state.store.revoke_api_key(&id).await.map_err(|e| fail(store_problem(e)))?;
     tracing::info!(%id, by = %caller.principal, "API key revoked");
     Ok(StatusCode::NO_CONTENT.into_response())
-}
-
-/// Whether `target` is the only active (unrevoked) admin key among `tenant_keys` (one
-/// tenant's keys): revoking it would leave nobody able to manage the tenant's keys.
-fn is_last_active_admin(tenant_keys: &[ApiKeyInfo], target: &ApiKeyInfo) -> bool {
-    target.role == Role::Admin
-        && !tenant_keys.iter().any(|k| k.id != target.id && k.role == Role::Admin && k.revoked_at.is_none())
 }

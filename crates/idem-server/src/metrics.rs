@@ -390,6 +390,14 @@ impl Store for MeteredStore {
         self.0.revoke_api_key(id).await
     }
 
+    async fn revoke_api_key_keeping_an_admin(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<idem_store::keys::Revocation, StoreError> {
+        self.0.revoke_api_key_keeping_an_admin(tenant, id).await
+    }
+
     async fn count_api_keys(&self) -> Result<i64, StoreError> {
         self.0.count_api_keys().await
     }

@@ -51,6 +51,7 @@ cases!(
     list_filters_and_paginates,
     overview_counts_states_review_and_mismatches,
     api_keys_authenticate_until_revoked,
+    the_last_admin_key_survives_concurrent_revocations,
     concurrent_acquires_grant_exactly_once,
     every_trigger_is_logged,
     expired_records_leave_tombstones_that_refuse_late_arrivals,
@@ -444,6 +445,34 @@ async fn api_keys_authenticate_until_revoked(h: Harness) {
     assert!(h.store.revoke_api_key(&info.id).await.unwrap());
     assert!(!h.store.revoke_api_key(&info.id).await.unwrap());
     assert!(h.store.authenticate(&secret).await.unwrap().is_none());
+}
+
+/// Two admins revoking each other at the same moment: exactly one revocation happens, the
+/// tenant keeps an admin key; other roles and other tenants' keys are unaffected.
+async fn the_last_admin_key_survives_concurrent_revocations(h: Harness) {
+    use crate::keys::Revocation;
+    for round in 0..8 {
+        let tenant = format!("{}-admins-{round}", h.tenant);
+        let (a, _) = h.store.create_api_key(&tenant, "a", Role::Admin, None).await.unwrap();
+        let (b, _) = h.store.create_api_key(&tenant, "b", Role::Admin, None).await.unwrap();
+        let (c, _) = h.store.create_api_key(&tenant, "c", Role::Client, None).await.unwrap();
+        let (x, y) = tokio::join!(
+            h.store.revoke_api_key_keeping_an_admin(&tenant, &a.id),
+            h.store.revoke_api_key_keeping_an_admin(&tenant, &b.id)
+        );
+        let mut got = [x.unwrap(), y.unwrap()];
+        got.sort_by_key(|r| *r as u8);
+        assert_eq!(got, [Revocation::Revoked, Revocation::LastAdmin], "round {round}");
+        let live = h.store.list_api_keys(Some(&tenant)).await.unwrap();
+        assert_eq!(live.iter().filter(|k| k.role == Role::Admin && k.revoked_at.is_none()).count(), 1);
+        assert_eq!(
+            h.store.revoke_api_key_keeping_an_admin(&format!("{tenant}-other"), &c.id).await.unwrap(),
+            Revocation::NotFound,
+            "another tenant's key"
+        );
+        assert_eq!(h.store.revoke_api_key_keeping_an_admin(&tenant, &c.id).await.unwrap(), Revocation::Revoked);
+        assert_eq!(h.store.revoke_api_key_keeping_an_admin(&tenant, &c.id).await.unwrap(), Revocation::NotFound);
+    }
 }
 
 async fn concurrent_acquires_grant_exactly_once(h: Harness) {

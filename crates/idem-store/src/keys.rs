@@ -14,6 +14,17 @@ use std::str::FromStr;
 /// Prefix of every generated secret (helps secret scanners and humans).
 pub const SECRET_PREFIX: &str = "idem_";
 
+/// What [`crate::Store::revoke_api_key_keeping_an_admin`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revocation {
+    /// The key is revoked.
+    Revoked,
+    /// No live key with that id in the tenant.
+    NotFound,
+    /// It is the tenant's last active admin key: nothing changed.
+    LastAdmin,
+}
+
 /// What a key may do. Each role includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -343,6 +343,12 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes a key by id; false if there was no live key with that id.
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError>;
 
+    /// Revokes tenant `tenant`'s live key `id` unless it is the tenant's last active admin
+    /// key — checked and written atomically (on PostgreSQL under a per-tenant transaction
+    /// lock, on SQLite by its single writer), so two admins revoking each other at the same
+    /// moment cannot both succeed.
+    async fn revoke_api_key_keeping_an_admin(&self, tenant: &str, id: &str) -> Result<keys::Revocation, StoreError>;
+
     /// Number of keys ever created (revoked ones included): 0 means a first start.
     async fn count_api_keys(&self) -> Result<i64, StoreError>;
 

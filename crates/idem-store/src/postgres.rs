@@ -627,6 +627,23 @@ impl Store for PgStore {
         Ok(revoked)
     }
 
+    async fn revoke_api_key_keeping_an_admin(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<crate::keys::Revocation, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        // One revocation per tenant at a time: the check below then sees every earlier one.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("idem api keys of {tenant}"))
+            .execute(&mut *tx)
+            .await?;
+        let done = ops::revoke_keeping_an_admin(&mut tx, tenant, id, self.clock.now_ms()).await?;
+        tx.commit().await?;
+        self.keys.invalidate();
+        Ok(done)
+    }
+
     async fn count_api_keys(&self) -> Result<i64, StoreError> {
         ops::count_api_keys(&mut *self.pool.acquire().await?).await
     }

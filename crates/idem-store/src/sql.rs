@@ -551,6 +551,37 @@ macro_rules! sql_ops {
             Ok(done.rows_affected() == 1)
         }
 
+        /// The check and the write of `revoke_api_key_keeping_an_admin`; the caller makes
+        /// them atomic (a transaction holding the tenant's key lock, or SQLite's writer).
+        pub(crate) async fn revoke_keeping_an_admin(
+            conn: &mut $Conn,
+            tenant: &str,
+            id: &str,
+            now_ms: i64,
+        ) -> Result<crate::keys::Revocation, StoreError> {
+            use crate::keys::Revocation;
+            let role: Option<(String,)> =
+                sqlx::query_as("SELECT role FROM api_keys WHERE id = $1 AND tenant = $2 AND revoked_at IS NULL")
+                    .bind(id)
+                    .bind(tenant)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            let Some((role,)) = role else { return Ok(Revocation::NotFound) };
+            if role == "admin" {
+                let (others,): (i64,) = sqlx::query_as(
+                    "SELECT COUNT(*) FROM api_keys WHERE tenant = $1 AND role = 'admin' AND revoked_at IS NULL AND id <> $2",
+                )
+                .bind(tenant)
+                .bind(id)
+                .fetch_one(&mut *conn)
+                .await?;
+                if others == 0 {
+                    return Ok(Revocation::LastAdmin);
+                }
+            }
+            Ok(if revoke_api_key(conn, id, now_ms).await? { Revocation::Revoked } else { Revocation::NotFound })
+        }
+
         pub(crate) async fn count_api_keys(conn: &mut $Conn) -> Result<i64, StoreError> {
             let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM api_keys").fetch_one(&mut *conn).await?;
             Ok(n)

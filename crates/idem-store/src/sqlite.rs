@@ -58,6 +58,7 @@ enum Command {
     Resolve(ResolveRequest, Reply<OperationRecord>),
     CreateKey(ApiKeyInfo, String, Reply<()>),
     RevokeKey(String, Reply<bool>),
+    RevokeKeyKeepingAdmin(String, String, Reply<crate::keys::Revocation>),
     StartInstance(Box<crate::flow::StartRequest>, Reply<crate::flow::StartOutcome>),
     UpdateInstance(Box<crate::flow::InstanceUpdate>, Reply<bool>),
     ApplyRerun(Box<RerunWrite>, Reply<bool>),
@@ -231,6 +232,9 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
             guarded!(reply, ops::insert_api_key(conn, &info, &hash).await)
         }
         Command::RevokeKey(id, reply) => guarded!(reply, ops::revoke_api_key(conn, &id, now).await),
+        Command::RevokeKeyKeepingAdmin(tenant, id, reply) => {
+            guarded!(reply, ops::revoke_keeping_an_admin(conn, &tenant, &id, now).await)
+        }
         Command::StartInstance(req, reply) => {
             guarded!(reply, flow_ops::start_once(conn, &req, now).await.and_then(|o| o.ok_or(StoreError::Contention)))
         }
@@ -323,6 +327,7 @@ fn fail(cmd: Command, e: StoreError) -> Pending {
         Command::Resolve(_, r) => pending(r, Err(e)),
         Command::CreateKey(_, _, r) => pending(r, Err(e)),
         Command::RevokeKey(_, r) => pending(r, Err(e)),
+        Command::RevokeKeyKeepingAdmin(_, _, r) => pending(r, Err(e)),
         Command::StartInstance(_, r) => pending(r, Err(e)),
         Command::UpdateInstance(_, r) => pending(r, Err(e)),
         Command::ApplyRerun(_, r) => pending(r, Err(e)),
@@ -545,6 +550,18 @@ impl Store for SqliteStore {
         let id = id.to_owned();
         let revoked = self.send(|r| Command::RevokeKey(id, r)).await;
         // Before answering; the epoch poller would notice within KEY_EPOCH_POLL anyway.
+        self.keys.invalidate();
+        revoked
+    }
+
+    async fn revoke_api_key_keeping_an_admin(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<crate::keys::Revocation, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        // The single writer runs the check and the write back to back: atomic.
+        let revoked = self.send(|r| Command::RevokeKeyKeepingAdmin(tenant, id, r)).await;
         self.keys.invalidate();
         revoked
     }
