@@ -103,6 +103,30 @@ pub async fn background_query_plans_sqlite(
     Ok(out)
 }
 
+/// The hot path's reads on SQLite (the batch's records and tombstones), each as
+/// `(name, plan text, opcodes)`: the test that checks they probe the unique indexes and
+/// build no ephemeral table (an `OpenEphemeral` per statement cost 12 % of a pair's
+/// instructions, see `sqlite_batch`).
+#[doc(hidden)]
+pub async fn hot_read_plans_sqlite(
+    conn: &mut sqlx::SqliteConnection,
+) -> Result<Vec<(&'static str, String, Vec<String>)>, sqlx::Error> {
+    let mut out = Vec::new();
+    for (name, sql) in crate::sqlite_batch::HOT_READS {
+        let list = r#"[["t","k1"],["t","k2"]]"#;
+        let plan: Vec<(i64, i64, i64, String)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+                .bind(list)
+                .fetch_all(&mut *conn)
+                .await?;
+        let ops: Vec<sqlx::sqlite::SqliteRow> =
+            sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"))).bind(list).fetch_all(&mut *conn).await?;
+        let ops = ops.iter().map(|r| sqlx::Row::try_get::<String, _>(r, 1)).collect::<Result<Vec<_>, _>>()?;
+        out.push((name, plan.into_iter().map(|r| r.3).collect::<Vec<_>>().join("; "), ops));
+    }
+    Ok(out)
+}
+
 /// [`background_query_plans_sqlite`] for PostgreSQL, with sequential scans disabled for
 /// the session (tiny test tables would otherwise be scanned whatever the indexes).
 #[doc(hidden)]

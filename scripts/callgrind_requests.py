@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Instructions per hot request of `idem serve`, counted by valgrind's callgrind.
+
+Wall-clock figures on a 2-core machine shared by clients, servers and builds move by
+2x from one run to the next; instruction counts do not. This script runs `idem serve`
+under `valgrind --tool=callgrind`, drives it from this (uncounted) Python process over
+one HTTP/1.1 keep-alive connection, and reads the counters of each phase with
+`callgrind_control`:
+
+  idle      nothing sent for IDLE_S seconds: the background work (sweeps, metrics)
+            per second, subtracted from every phase in proportion to its duration;
+  acquire   N acquires of new keys (POST /v1/operations -> 201);
+  complete  N completions of those keys (POST /v1/operations/{key}/complete -> 200);
+  replay    N repeats of a finished key (POST /v1/operations -> 200, recorded result).
+
+It prints instructions per request (Ir, the count callgrind calls "instructions read")
+and per pair (acquire + complete), and keeps the raw dumps in the output directory so
+`callgrind_annotate` can show where they go. Used by scripts/callgrind.sh.
+
+Usage: callgrind_requests.py IDEM_BINARY OUT_DIR [--requests N] [--database-url URL]
+Exit status 1 when a request gets an unexpected status.
+"""
+import argparse
+import glob
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+KEY = "callgrind-bench-admin-key-0123456789abcdef"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Client:
+    def __init__(self, port):
+        self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self.h = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+
+    def post(self, path, body, want):
+        self.c.request("POST", path, json.dumps(body), self.h)
+        r = self.c.getresponse()
+        data = r.read()
+        if r.status != want:
+            sys.exit(f"callgrind_requests: POST {path} answered {r.status}, expected {want}: {data[:300]!r}")
+        return json.loads(data) if data else None
+
+
+def acquire(cl, key, want):
+    return cl.post("/v1/operations", {"key": key, "action": "send_sms",
+                                      "payload": {"scope": "t1", "to": "+15550100", "body": "hello"}}, want)
+
+
+def complete(cl, key, token):
+    cl.post("/v1/operations/" + key + "/complete",
+            {"fencing_token": token, "outcome": "succeeded", "provider_ref": "m1",
+             "result": {"provider_message_id": "m1", "state": "SENT"}}, 200)
+
+
+def total_ir(path):
+    """The `totals:` (or `summary:`) line of a callgrind dump: instructions read."""
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"^(?:totals|summary):\s+(\d+)", line)
+            if m:
+                return int(m.group(1))
+    sys.exit(f"callgrind_requests: no totals in {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("idem")
+    ap.add_argument("out")
+    ap.add_argument("--requests", type=int, default=500)
+    ap.add_argument("--idle-seconds", type=float, default=5.0)
+    ap.add_argument("--database-url", default=None)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    for old in glob.glob(os.path.join(args.out, "callgrind.out*")):
+        os.remove(old)
+    tmp = tempfile.mkdtemp(prefix="idem-callgrind-")
+    url = args.database_url or f"sqlite://{tmp}/idem.db"
+    port = free_port()
+    env = dict(os.environ, IDEM_BOOTSTRAP_KEY=KEY, RUST_LOG="warn")
+    out_file = os.path.join(args.out, "callgrind.out")
+    log = open(os.path.join(args.out, "serve.log"), "w")
+    srv = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
+                            args.idem, "serve", "--listen", f"127.0.0.1:{port}", "--database-url", url],
+                           cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
+    dumps = []
+
+    def dump(name):
+        # `-d` writes the counters since the last dump or zeroing, then zeroes them.
+        subprocess.run(["callgrind_control", "-d", name, str(srv.pid)], check=True, stdout=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            files = sorted(f for f in glob.glob(out_file + ".*") if f not in dumps)
+            if files:
+                dumps.append(files[0])
+                time.sleep(0.2)  # let callgrind finish writing
+                return total_ir(files[0])
+            time.sleep(0.1)
+        sys.exit("callgrind_requests: no dump appeared")
+
+    try:
+        for _ in range(600):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                if srv.poll() is not None:
+                    sys.exit("callgrind_requests: idem serve exited; see " + log.name)
+                time.sleep(0.2)
+        cl = Client(port)
+        nonce = uuid.uuid4().hex[:8]
+        # Warm-up: code paths, caches and prepared statements of every phase.
+        for i in range(50):
+            k = f"W-{nonce}-{i}"
+            complete(cl, k, acquire(cl, k, 201)["fencing_token"])
+            acquire(cl, k, 200)
+        replay_key = f"W-{nonce}-0"
+        n = args.requests
+        phases = {}
+        dump("warmup")
+        t = time.time()
+        time.sleep(args.idle_seconds)
+        phases["idle"] = (dump("idle"), time.time() - t)
+        # The server closed the idle connection (--header-read-timeout-ms): open a new
+        # one outside the counted phases.
+        cl = Client(port)
+        acquire(cl, replay_key, 200)
+        dump("reconnect")
+        tokens = {}
+        t = time.time()
+        for i in range(n):
+            k = f"K-{nonce}-{i}"
+            tokens[k] = acquire(cl, k, 201)["fencing_token"]
+        phases["acquire"] = (dump("acquire"), time.time() - t)
+        t = time.time()
+        for k, tok in tokens.items():
+            complete(cl, k, tok)
+        phases["complete"] = (dump("complete"), time.time() - t)
+        t = time.time()
+        for _ in range(n):
+            acquire(cl, replay_key, 200)
+        phases["replay"] = (dump("replay"), time.time() - t)
+    finally:
+        srv.terminate()
+        try:
+            srv.wait(60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+    idle_ir, idle_s = phases["idle"]
+    idle_rate = idle_ir / idle_s
+    per = {}
+    print(f"idem serve under callgrind ({url.split(':')[0]}), {n} requests a phase, one keep-alive client")
+    print(f"  idle background work: {idle_rate:,.0f} instructions/s (subtracted per phase)")
+    for name in ("acquire", "complete", "replay"):
+        ir, secs = phases[name]
+        per[name] = (ir - idle_rate * secs) / n
+        print(f"  {name:<9} {per[name]:>12,.0f} instructions/request  ({ir:,} in {secs:.1f} s)")
+    print(f"  {'pair':<9} {per['acquire'] + per['complete']:>12,.0f} instructions/pair (acquire + complete)")
+    with open(os.path.join(args.out, "summary.json"), "w") as f:
+        json.dump({"requests": n, "database": url.split(":")[0], "idle_per_s": idle_rate,
+                   "per_request": per, "per_pair": per["acquire"] + per["complete"]}, f, indent=2)
+    print(f"  dumps: {args.out}/callgrind.out.* (callgrind_annotate --inclusive=yes FILE)")
+
+
+if __name__ == "__main__":
+    main()
