@@ -96,8 +96,11 @@ impl Flows {
                 .filter(|(p, c)| p.op_key != c.row.op_key || p.comp_key != c.row.comp_key)
                 .map(|(p, c)| (c.row.position, p.op_key.clone(), p.comp_key.clone()))
                 .collect();
+            let superseded =
+                idem_core::flow::plan_superseded(&def, &plan, &checkpoints, reason, actor, self.clock.now_ms());
             let update = InstanceUpdate { record: record.clone(), read_version: inst.version, events: vec![event] };
-            if self.store.flows().apply_rerun(update, keys).await? {
+            let write = idem_store::flow::RerunWrite { update, keys, superseded };
+            if self.store.flows().apply_rerun(write).await? {
                 return self.after_rerun(tenant, id, actor, plan, checkpoints, record).await;
             }
             // Without an approved hash, the plan first made is the one the caller asked for.

@@ -184,6 +184,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "A re-run passed the `plan_hash` of a dry run, and the plan is another now (the instance moved on, or its steps changed). Nothing was changed: look at the new plan.",
     ),
     (
+        "plan-hash-required",
+        "This re-run needs the plan hash of a dry run",
+        "The re-run redoes a step that SUCCEEDED or whose outcome is UNKNOWN: a new side effect. It runs only as a plan the operator saw: send the request again with `dry_run: true`, check the plan, and pass its `plan_hash` (`idem wf rerun --dry-run`, then `--plan-hash`). A request sent twice then redoes nothing twice. Nothing was changed.",
+    ),
+    (
         "instance-running",
         "The workflow instance is running",
         "A re-run needs the instance FAILED, PAUSED or SUCCEEDED; wait until it pauses or finishes.",

@@ -71,6 +71,18 @@ pub struct InstanceUpdate {
     pub events: Vec<InstanceEvent>,
 }
 
+/// An operator's re-run as [`WorkflowStore::apply_rerun`] writes it.
+#[derive(Debug, Clone)]
+pub struct RerunWrite {
+    /// The instance (idem-core `plan_rerun_apply`) and its audit event.
+    pub update: InstanceUpdate,
+    /// Step rows pointed at new keys: `(position, op_key, comp_key)`.
+    pub keys: Vec<(i64, String, String)>,
+    /// Operations the re-run closes (idem-core `plan_superseded`): `(record, read
+    /// version, event)`.
+    pub superseded: Vec<idem_core::flow::Superseded>,
+}
+
 /// Workflow storage. Every method is scoped to a tenant where it touches instances; an
 /// instance of another tenant behaves exactly like a missing one.
 #[async_trait]
@@ -101,10 +113,12 @@ pub trait WorkflowStore: Send + Sync {
     /// retention window when the instance became final; true if written.
     async fn update_instance(&self, update: InstanceUpdate) -> Result<bool, StoreError>;
 
-    /// Applies an operator's re-run: `update` (the instance, conditional on the version it
-    /// was planned from, with its audit event) and the step rows pointed at new keys
-    /// `(position, op_key, comp_key)`, in one transaction; true if written.
-    async fn apply_rerun(&self, update: InstanceUpdate, keys: Vec<(i64, String, String)>) -> Result<bool, StoreError>;
+    /// Applies an operator's re-run ([`RerunWrite`]) in one transaction: the instance
+    /// (conditional on the version it was planned from, with its audit event), the step rows
+    /// pointed at their new keys, and the operations it closes (each conditional on its
+    /// version); true if written, false (nothing written) if anything changed since it was
+    /// read.
+    async fn apply_rerun(&self, write: RerunWrite) -> Result<bool, StoreError>;
 
     /// Claims up to `limit` instances whose `next_run_at` has come, across tenants, oldest
     /// first, by moving their `next_run_at` `hold_ms` into the future (so no other runner

@@ -174,17 +174,25 @@ macro_rules! flow_ops {
             Ok(true)
         }
 
-        /// An operator's re-run: `u` (the instance, conditional on its version) and the step
-        /// rows pointed at their new keys `(position, op_key, comp_key)`, in one transaction;
-        /// false if the instance changed since it was read.
+        /// An operator's re-run (`RerunWrite`), inside the caller's transaction; false if the
+        /// instance or an operation it closes changed since it was read (the caller rolls
+        /// back).
         pub(crate) async fn apply_rerun_once(
             conn: &mut $Conn,
-            u: &InstanceUpdate,
-            keys: &[(i64, String, String)],
+            w: &$crate::flow::RerunWrite,
             retention: &idem_core::Retention,
         ) -> Result<bool, StoreError> {
+            let (u, keys) = (&w.update, &w.keys);
             if !update_instance_once(conn, u, retention).await? {
                 return Ok(false);
+            }
+            for (record, read_version, event) in &w.superseded {
+                let mut closed = record.clone();
+                retention.apply(&mut closed);
+                if !super::ops::update_cas(conn, &closed, *read_version).await? {
+                    return Ok(false);
+                }
+                super::ops::append_event(conn, event).await?;
             }
             for (position, op_key, comp_key) in keys {
                 sqlx::query(

@@ -709,13 +709,9 @@ impl crate::flow::WorkflowStore for PgStore {
         flow_fast::update_instance(&self.pool, &update, &self.config.retention).await
     }
 
-    async fn apply_rerun(
-        &self,
-        update: crate::flow::InstanceUpdate,
-        keys: Vec<(i64, String, String)>,
-    ) -> Result<bool, StoreError> {
+    async fn apply_rerun(&self, write: crate::flow::RerunWrite) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let written = flow_ops::apply_rerun_once(&mut tx, &update, &keys, &self.config.retention).await?;
+        let written = flow_ops::apply_rerun_once(&mut tx, &write, &self.config.retention).await?;
         if written {
             committed(tx.commit()).await?;
         } else {

@@ -46,7 +46,6 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 /// A write request for the writer task.
 /// A re-run's write: the instance update and the step rows to repoint (position, op_key,
 /// comp_key).
-type RerunWrite = (crate::flow::InstanceUpdate, Vec<(i64, String, String)>);
 
 enum Command {
     Acquire(AcquireInput, Reply<AcquireOutcome>),
@@ -61,7 +60,7 @@ enum Command {
     RevokeKeyKeepingAdmin(String, String, Reply<crate::keys::Revocation>),
     StartInstance(Box<crate::flow::StartRequest>, Reply<crate::flow::StartOutcome>),
     UpdateInstance(Box<crate::flow::InstanceUpdate>, Reply<bool>),
-    ApplyRerun(Box<RerunWrite>, Reply<bool>),
+    ApplyRerun(Box<crate::flow::RerunWrite>, Reply<bool>),
     ClaimDueInstances { limit: i64, hold_ms: i64, reply: Reply<Vec<idem_core::flow::InstanceRecord>> },
     SweepInstances(i64, Reply<u64>),
 }
@@ -242,7 +241,7 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
             guarded!(reply, flow_ops::update_instance_once(conn, &u, &config.retention).await)
         }
         Command::ApplyRerun(r, reply) => {
-            guarded!(reply, flow_ops::apply_rerun_once(conn, &r.0, &r.1, &config.retention).await)
+            guarded!(reply, flow_ops::apply_rerun_once(conn, &r, &config.retention).await)
         }
         Command::ClaimDueInstances { limit, hold_ms, reply } => {
             guarded!(reply, flow_ops::claim_due(conn, now, hold_ms, limit).await)
@@ -633,12 +632,8 @@ impl crate::flow::WorkflowStore for SqliteStore {
         self.send(|r| Command::UpdateInstance(Box::new(update), r)).await
     }
 
-    async fn apply_rerun(
-        &self,
-        update: crate::flow::InstanceUpdate,
-        keys: Vec<(i64, String, String)>,
-    ) -> Result<bool, StoreError> {
-        self.send(|r| Command::ApplyRerun(Box::new((update, keys)), r)).await
+    async fn apply_rerun(&self, write: crate::flow::RerunWrite) -> Result<bool, StoreError> {
+        self.send(|r| Command::ApplyRerun(Box::new(write), r)).await
     }
 
     async fn claim_due_instances(
@@ -646,6 +641,19 @@ impl crate::flow::WorkflowStore for SqliteStore {
         limit: i64,
         hold_ms: i64,
     ) -> Result<Vec<idem_core::flow::InstanceRecord>, StoreError> {
+        // Looked for on a reader first (one probe of the partial index
+        // `workflow_instances_due`): when nothing is due, the usual case, the poll costs no
+        // write transaction and does not send a batch of acquires and completions down the
+        // writer's general path, ten times a second. An instance that falls due right after
+        // this read is claimed on the next poll.
+        let (due,): (bool,) =
+            sqlx::query_as("SELECT EXISTS (SELECT 1 FROM workflow_instances WHERE next_run_at <= $1)")
+                .bind(self.clock.now_ms())
+                .fetch_one(&mut *self.readers.acquire().await?)
+                .await?;
+        if !due {
+            return Ok(Vec::new());
+        }
         self.send(|reply| Command::ClaimDueInstances { limit, hold_ms, reply }).await
     }
 

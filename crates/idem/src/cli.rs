@@ -473,14 +473,16 @@ pub enum WfCommand {
         /// Why (mandatory for a run; kept in the instance's events with who asked).
         #[arg(long)]
         reason: Option<String>,
-        /// A step to redo although it SUCCEEDED (a new side effect under a new key); repeat
-        /// for several. Without: continue from where the instance stopped.
+        /// A step to redo although it SUCCEEDED or is UNKNOWN (a new side effect under a new
+        /// key; such a run needs --plan-hash); repeat for several. Without: continue from
+        /// where the instance stopped.
         #[arg(long = "step")]
         steps: Vec<String>,
         /// Only show the plan; change nothing.
         #[arg(long)]
         dry_run: bool,
-        /// The hash of the plan you approved (from --dry-run).
+        /// The hash of the plan you approved (from --dry-run); required when the run redoes
+        /// a step that SUCCEEDED or is UNKNOWN.
         #[arg(long)]
         plan_hash: Option<String>,
     },

@@ -417,3 +417,78 @@ fn plain_config(addr: SocketAddr) -> String {
         &c[..start]
     )
 }
+
+/// The workflow of [`config`] whose second step runs on `cancels`, which has no lookup:
+/// an UNKNOWN outcome there pauses the instance for a person (policy `manual`).
+fn manual_config(addr: SocketAddr) -> String {
+    let c = config(addr);
+    let start = c.find("[workflows.order-intake]").unwrap();
+    format!(
+        "{}[workflows.order-intake]\nsteps = [\n  {{ name = \"create_order\", connector = \"orders\", input = {{ customer = {{ from = \"/input/customer\" }} }} }},\n  {{ name = \"notify\", connector = \"cancels\", input = {{ order = {{ from = \"/steps/create_order/provider_ref\" }} }} }},\n]\n",
+        &c[..start]
+    )
+}
+
+/// Break-it finding: a step named to be redone while its operation was UNKNOWN got a new
+/// key, but the old operation stayed UNKNOWN in the review queue, and an operator working
+/// that queue who resolved it to PENDING had the step performed a second time (two
+/// notifications). The re-run now closes the old operation in the same transaction
+/// (FAILED, `superseded`, its outcome never known): it leaves the queue and can never be
+/// performed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_closes_the_unknown_operation_it_supersedes() {
+    for backend in [Backend::Sqlite, Backend::Postgres] {
+        let (provider, addr) = start_provider().await;
+        let db = Db::new(backend).await;
+        let s = Server::start_with_config(&db.url, &manual_config(addr));
+        let id = "ORD-S1";
+        // The gateway answers 504 after the provider acted: ambiguous, and nobody to ask.
+        provider.script(&format!("{id}:notify"), vec![Step::EffectThenStatus(504)]);
+        start(&s, id).await;
+        wait_instance(&s, id, 20, |v| v["state"] == "PAUSED").await;
+        let old_key = format!("{id}:notify");
+        // The reconciler finds nobody to ask and puts it in the review queue.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let old = loop {
+            let old = s.record(&old_key).await.body;
+            if old["needs_review"] == true || Instant::now() > deadline {
+                break old;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!((old["state"].as_str(), old["needs_review"].as_bool()), (Some("UNKNOWN"), Some(true)), "{old}");
+
+        let operator = s.create_key("default", "operator");
+        let path = format!("/v1/workflows/{}/rerun", enc(id));
+        let body = json!({"reason": "customer asked again", "steps": ["notify"]});
+        let unconfirmed = s.post(&operator, &path, &body).await;
+        assert_eq!((unconfirmed.status.as_u16(), unconfirmed.problem()), (428, "plan-hash-required"));
+        let dry = s.post(&operator, &path, &json!({"dry_run": true, "steps": ["notify"]})).await;
+        let confirmed =
+            json!({"reason": "customer asked again", "steps": ["notify"], "plan_hash": dry.body["plan_hash"]});
+        // Sent three times at once (a double click, a retry): one runs, the others are refused.
+        let answers = futures_util::future::join_all((0..3).map(|_| s.post(&operator, &path, &confirmed))).await;
+        let ok: Vec<_> = answers.iter().filter(|a| a.status == 200).collect();
+        assert_eq!(ok.len(), 1, "{answers:?}");
+        let refused = |a: &&common::Resp| ["plan-changed", "instance-running"].contains(&a.problem());
+        assert!(answers.iter().filter(|a| a.status != 200).all(|a| a.status == 409 && refused(&a)), "{answers:?}");
+        wait_instance(&s, id, 20, |v| v["state"] == "SUCCEEDED").await;
+        assert_eq!(provider.effects(&format!("{old_key}:rerun-1")), 1);
+
+        let old = s.record(&old_key).await.body;
+        assert_eq!(old["state"], "FAILED", "{old}");
+        assert_eq!(old["error"]["class"], "superseded", "{old}");
+        assert_eq!(old["needs_review"], false, "{old}");
+        let message = old["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("{old_key}:rerun-1")) && message.contains("never known"), "{message}");
+        assert!(message.contains("customer asked again"), "{message}");
+        let queue = s.get(ADMIN_KEY, "/v1/operations?needs_review=true&limit=500").await.body;
+        assert!(!queue.to_string().contains(&format!("\"{old_key}\"")), "left the review queue: {queue}");
+        let pending = json!({"to": "PENDING", "reason": "provider says it never arrived"});
+        let r = s.post(&operator, &format!("/v1/operations/{}/resolve", enc(&old_key)), &pending).await;
+        assert_eq!(r.status, 409, "a closed operation is not resolved again: {r:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(provider.effects(&old_key), 1, "the superseded attempt is never performed again");
+        assert_eq!(provider.effects(&format!("{old_key}:rerun-1")), 1);
+    }
+}

@@ -67,5 +67,7 @@ pub use record::{
     validate_step_name, validate_workflow_name,
 };
 pub use recovery::{Recovery, plan_recovery};
-pub use rerun::{PlannedStep, RerunPlan, RerunRefusal, StepDisposition, plan_rerun, plan_rerun_apply};
+pub use rerun::{
+    PlannedStep, RerunPlan, RerunRefusal, StepDisposition, Superseded, plan_rerun, plan_rerun_apply, plan_superseded,
+};
 pub use state::{InstanceState, StepState};

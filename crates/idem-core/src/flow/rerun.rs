@@ -151,6 +151,19 @@ pub enum RerunRefusal {
     /// A step was re-run too often.
     #[error("step {0:?} was re-run {MAX_RERUNS} times; start a new instance")]
     TooManyReruns(String),
+    /// The plan redoes steps whose effects exist or may exist (SUCCEEDED or UNKNOWN): a new
+    /// side effect, which runs only as a plan the operator saw. A re-run request sent twice
+    /// (a double click, a client's retry after a timeout) then meets `PlanChanged` instead
+    /// of redoing the step twice (found by a break-it run: three notifications).
+    #[error(
+        "this re-run redoes {steps:?}, whose effects exist or may exist: a new side effect; preview it (dry_run) and send its plan_hash ({now}) to run it"
+    )]
+    PlanHashRequired {
+        /// The steps it would redo.
+        steps: Vec<String>,
+        /// The hash of the plan now.
+        now: String,
+    },
     /// The plan approved (its hash) is not the plan now: the instance changed since.
     #[error("the instance changed since the plan {approved} was made (the plan now is {now}): look at the new plan")]
     PlanChanged {
@@ -331,7 +344,9 @@ fn seal(inst: &InstanceRecord, resumes_as: InstanceState, steps: Vec<PlannedStep
 /// steps whose `op_key` or `comp_key` changed.
 ///
 /// # Errors
-/// [`RerunRefusal::PlanChanged`] when `approved` (a hash the caller saw) is not the plan's.
+/// [`RerunRefusal::PlanChanged`] when `approved` (a hash the caller saw) is not the plan's;
+/// [`RerunRefusal::PlanHashRequired`] when nothing was approved and the plan redoes a step
+/// that SUCCEEDED or is UNKNOWN.
 pub fn plan_rerun_apply(
     inst: &InstanceRecord,
     plan: &RerunPlan,
@@ -344,6 +359,16 @@ pub fn plan_rerun_apply(
         && a != plan.hash
     {
         return Err(RerunRefusal::PlanChanged { approved: a.to_owned(), now: plan.hash.clone() });
+    }
+    let effects_again: Vec<String> = plan
+        .steps
+        .iter()
+        .filter(|s| s.disposition == StepDisposition::Redone)
+        .filter(|s| matches!(s.state, StepState::Succeeded | StepState::Unknown))
+        .map(|s| s.step.clone())
+        .collect();
+    if approved.is_none() && !effects_again.is_empty() {
+        return Err(RerunRefusal::PlanHashRequired { steps: effects_again, now: plan.hash.clone() });
     }
     let mut rec = inst.clone();
     rec.state = plan.resumes_as;
@@ -370,6 +395,52 @@ pub fn plan_rerun_apply(
     e.from_state = Some(inst.state);
     e.reason = Some(format!("operator re-run: {}; plan {}: {}", reason.trim(), &plan.hash[..12], summary.join(", ")));
     Ok((rec, e))
+}
+
+/// An operation a re-run closes: `(record as closed, version it was read at, audit event)`.
+pub type Superseded = (crate::OperationRecord, i64, crate::OperationEvent);
+
+/// The operations a re-run would otherwise leave open. A step named to be redone while
+/// its operation is UNKNOWN gets a new key; the old operation stayed UNKNOWN in the review
+/// queue, where resolving it to PENDING performed the step a second time (found by a
+/// break-it run: two notifications). The re-run closes each such operation in the same
+/// transaction as the re-run itself, as an operator resolution to FAILED with error class
+/// `superseded`: it leaves the review queue and is never performed again. Its message and
+/// audit event name the new key, say that this attempt's outcome was never known, and
+/// keep the operator's reason. An operation of another caller under the step's key
+/// (`foreign`) is not ours to close and is left alone.
+#[must_use]
+pub fn plan_superseded(
+    def: &Definition,
+    plan: &RerunPlan,
+    checkpoints: &[Checkpoint],
+    reason: &str,
+    actor: &Actor,
+    now_ms: i64,
+) -> Vec<Superseded> {
+    let mut out = Vec::new();
+    for ((p, c), step) in plan.steps.iter().zip(checkpoints).zip(&def.steps) {
+        let Some(op) = c.operation.as_ref() else { continue };
+        if p.disposition != StepDisposition::Redone
+            || p.op_key == c.row.op_key
+            || op.state != State::Unknown
+            || c.foreign_step_operation(step).is_some()
+        {
+            continue;
+        }
+        let head = format!(
+            "superseded: step {:?} re-run as {} (the outcome of this attempt was never known)",
+            p.step, p.op_key
+        );
+        let full = format!("{head}: {}", reason.trim());
+        let planned = crate::plan_resolution(op, State::Failed, None, &full, None, actor, now_ms)
+            .or_else(|_| crate::plan_resolution(op, State::Failed, None, &head, None, actor, now_ms));
+        if let Ok((mut next, ev)) = planned {
+            next.error_class = Some("superseded".into());
+            out.push((next, op.version, ev));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -247,10 +247,11 @@ pub(super) async fn compensations_are_checkpointed_and_reruns_repoint_steps(h: H
         "ORD-13:send_confirmation:rerun-1:compensate".to_string(),
     )];
     let stale = InstanceUpdate { record: rec.clone(), read_version: inst.version - 1, events: events.clone() };
-    assert!(!flows.apply_rerun(stale, keys.clone()).await.unwrap(), "a stale version writes nothing");
+    let write = |update, keys| crate::flow::RerunWrite { update, keys, superseded: Vec::new() };
+    assert!(!flows.apply_rerun(write(stale, keys.clone())).await.unwrap(), "a stale version writes nothing");
     assert_eq!(flows.checkpoints(&h.tenant, "ORD-13").await.unwrap()[1].row.op_key, "ORD-13:send_confirmation");
     let update = InstanceUpdate { record: rec, read_version: inst.version, events };
-    assert!(flows.apply_rerun(update, keys).await.unwrap());
+    assert!(flows.apply_rerun(write(update, keys)).await.unwrap());
     let cps = flows.checkpoints(&h.tenant, "ORD-13").await.unwrap();
     assert_eq!(cps[1].row.op_key, "ORD-13:send_confirmation:rerun-1");
     assert_eq!(cps[1].row.comp_key, "ORD-13:send_confirmation:rerun-1:compensate");
