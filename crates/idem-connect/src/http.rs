@@ -82,11 +82,26 @@ fn fill(template: &str, op: &OperationCtx) -> String {
         .replace("{idempotency_key}", &enc(&op.provider_key()))
 }
 
-/// `Retry-After` as delta-seconds (RFC 9110 §10.2.3), in ms (at most one day); HTTP-dates
-/// are not honoured. Shared with the relay's webhook sink.
+/// Longest wait a `Retry-After` can ask for: one day, in ms.
+pub const MAX_RETRY_AFTER_MS: i64 = 86_400_000;
+
+/// `Retry-After` in ms from now (RFC 9110 §10.2.3: delay-seconds or an HTTP-date), at most
+/// [`MAX_RETRY_AFTER_MS`]: a delay too large for any integer type is that cap, an HTTP-date
+/// in the past is 0. `None` when absent or neither form. Shared with the relay's webhook
+/// sink.
 pub fn retry_after_ms(headers: &HeaderMap) -> Option<i64> {
-    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
-    v.trim().parse::<i64>().ok().filter(|s| *s >= 0).map(|s| s.saturating_mul(1000).min(86_400_000))
+    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    retry_after_at(v, std::time::SystemTime::now())
+}
+
+fn retry_after_at(v: &str, now: std::time::SystemTime) -> Option<i64> {
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        let secs = v.parse::<i64>().unwrap_or(i64::MAX);
+        return Some(secs.saturating_mul(1000).min(MAX_RETRY_AFTER_MS));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    let ms = at.duration_since(now).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    Some(ms.min(MAX_RETRY_AFTER_MS))
 }
 
 impl HttpConnector {
@@ -399,11 +414,21 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_in_seconds() {
+    fn retry_after_in_seconds_or_as_a_date() {
         let mut h = HeaderMap::new();
         h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("2"));
         assert_eq!(retry_after_ms(&h), Some(2000));
-        h.insert(reqwest::header::RETRY_AFTER, HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"));
-        assert_eq!(retry_after_ms(&h), None);
+        let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_445_412_470); // 07:27:50
+        // The break-it run's receiver: a date 10 s ahead was ignored, the event dead in 2 s.
+        assert_eq!(retry_after_at("Wed, 21 Oct 2015 07:28:00 GMT", now), Some(10_000));
+        assert_eq!(retry_after_at("Wednesday, 21-Oct-15 07:28:00 GMT", now), Some(10_000), "RFC 850 form");
+        assert_eq!(retry_after_at("Wed Oct 21 07:28:00 2015", now), Some(10_000), "asctime form");
+        assert_eq!(retry_after_at("Wed, 21 Oct 2015 07:27:00 GMT", now), Some(0), "in the past: now");
+        assert_eq!(retry_after_at("Sun, 21 Oct 2035 07:28:00 GMT", now), Some(MAX_RETRY_AFTER_MS), "capped");
+        assert_eq!(retry_after_at("99999999999999999999", now), Some(MAX_RETRY_AFTER_MS), "too large: the cap");
+        assert_eq!(retry_after_at("120", now), Some(120_000));
+        for bad in ["", "-1", "1.5", "soon", "2 s"] {
+            assert_eq!(retry_after_at(bad, now), None, "{bad:?}");
+        }
     }
 }

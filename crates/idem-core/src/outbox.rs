@@ -38,6 +38,30 @@ pub const MAX_PAYLOAD_BYTES: usize = 262_144;
 pub const MAX_HEADERS: usize = 32;
 /// Longest header name or value, in bytes.
 pub const MAX_HEADER_LEN: usize = 1024;
+/// Header names an event may not carry (lower case): the message's framing and the
+/// connection's own headers (RFC 9110 §7.6.1, §8.6; RFC 9112 §6.1), which belong to the
+/// transport, not to the event. A `content-length: 2` sent along truncated a delivered
+/// body to `{"` while the relay recorded it DELIVERED, and `host` re-addressed it (found
+/// by a break-it run). The webhook sink also drops them from events stored before this
+/// check.
+pub const RESERVED_HEADERS: [&str; 10] = [
+    "connection",
+    "content-length",
+    "expect",
+    "host",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Whether `name` is one of [`RESERVED_HEADERS`] (ASCII case-insensitive).
+#[must_use]
+pub fn is_reserved_header(name: &str) -> bool {
+    RESERVED_HEADERS.iter().any(|r| r.eq_ignore_ascii_case(name))
+}
 /// Longest operator reason, in bytes.
 pub const MAX_REASON_LEN: usize = crate::reconcile::MAX_REASON_LEN;
 
@@ -59,8 +83,9 @@ pub struct NewEvent {
     pub topic: String,
     /// The event's content (JSON).
     pub payload: Value,
-    /// Extra headers sent with it (at most [`MAX_HEADERS`]); names are HTTP tokens and
-    /// must not start with `webhook-` or `nats-` (the relay sets those).
+    /// Extra headers sent with it (at most [`MAX_HEADERS`]); names are HTTP tokens, must
+    /// not start with `webhook-` or `nats-` (the relay sets those) and are not one of
+    /// [`RESERVED_HEADERS`].
     pub headers: BTreeMap<String, String>,
 }
 
@@ -93,7 +118,7 @@ pub enum EventError {
     PayloadTooLarge(usize),
     /// More than [`MAX_HEADERS`] headers, or a bad name or value.
     #[error(
-        "headers: at most 32, names are HTTP tokens not starting with webhook- or nats-, values at most 1024 bytes without control characters"
+        "headers: at most 32, names are HTTP tokens not starting with webhook- or nats- and not a framing or connection header (content-length, transfer-encoding, host, connection, ...), values at most 1024 bytes without control characters"
     )]
     BadHeaders,
 }
@@ -111,6 +136,7 @@ fn header_name_ok(n: &str) -> bool {
         && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
         && !lower.starts_with("webhook-")
         && !lower.starts_with("nats-")
+        && !is_reserved_header(&lower)
 }
 
 impl NewEvent {

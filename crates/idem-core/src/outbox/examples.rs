@@ -49,6 +49,27 @@ pub fn bad_events() -> Vec<(&'static str, NewEvent, EventError)> {
             EventError::BadHeaders,
         ),
         (
+            "a framing header (it truncated the delivered body)",
+            with(&|e| {
+                e.headers.insert("content-length".into(), "2".into());
+            }),
+            EventError::BadHeaders,
+        ),
+        (
+            "a transfer coding",
+            with(&|e| {
+                e.headers.insert("Transfer-Encoding".into(), "chunked".into());
+            }),
+            EventError::BadHeaders,
+        ),
+        (
+            "another host",
+            with(&|e| {
+                e.headers.insert("HOST".into(), "evil.example".into());
+            }),
+            EventError::BadHeaders,
+        ),
+        (
             "header value with a newline",
             with(&|e| {
                 e.headers.insert("x-trace".into(), "a\r\nb".into());

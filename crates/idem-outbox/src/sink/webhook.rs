@@ -68,7 +68,9 @@ impl Sink for WebhookSink {
             .header("webhook-id", e.id)
             .header("webhook-timestamp", ts.to_string())
             .header("webhook-signature", signature);
-        for (k, v) in e.headers {
+        // Framing and connection headers are refused at append; one stored before that
+        // check (or written into the table by hand) is dropped here, never sent.
+        for (k, v) in e.headers.iter().filter(|(k, _)| !idem_core::outbox::is_reserved_header(k)) {
             req = req.header(k.as_str(), v.as_str());
         }
         let resp = match req.body(e.payload.to_owned()).send().await {

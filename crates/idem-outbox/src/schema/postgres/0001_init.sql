@@ -122,14 +122,16 @@ BEGIN
     RAISE EXCEPTION 'idem.outbox_append: payload is % bytes; at most {{MAX_PAYLOAD_BYTES}} are allowed', v_size USING ERRCODE = '22023';
   END IF;
   IF jsonb_typeof(v_headers) <> 'object' OR (SELECT count(*) FROM jsonb_object_keys(v_headers)) > {{MAX_HEADERS}} THEN
-    RAISE EXCEPTION 'idem.outbox_append: headers: at most 32, names are HTTP tokens not starting with webhook- or nats-, values at most 1024 bytes without control characters' USING ERRCODE = '22023';
+    RAISE EXCEPTION 'idem.outbox_append: headers: at most 32, names are HTTP tokens not starting with webhook- or nats- and not a framing or connection header (content-length, transfer-encoding, host, connection, ...), values at most 1024 bytes without control characters' USING ERRCODE = '22023';
   END IF;
   FOR v_key, v_value IN SELECT * FROM jsonb_each(v_headers) LOOP
     IF octet_length(v_key) > {{MAX_HEADER_LEN}} OR v_key !~ '^[A-Za-z0-9!#$%&''*+.^_`|~-]+$'
        OR lower(v_key) LIKE 'webhook-%' OR lower(v_key) LIKE 'nats-%'
+       OR lower(v_key) IN ('connection', 'content-length', 'expect', 'host', 'keep-alive',
+                           'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade')
        OR jsonb_typeof(v_value) <> 'string' OR octet_length(v_value #>> '{}') > {{MAX_HEADER_LEN}}
        OR (v_value #>> '{}') ~ '[\x01-\x1f\x7f-\x9f]' THEN
-      RAISE EXCEPTION 'idem.outbox_append: headers: at most 32, names are HTTP tokens not starting with webhook- or nats-, values at most 1024 bytes without control characters' USING ERRCODE = '22023';
+      RAISE EXCEPTION 'idem.outbox_append: headers: at most 32, names are HTTP tokens not starting with webhook- or nats- and not a framing or connection header (content-length, transfer-encoding, host, connection, ...), values at most 1024 bytes without control characters' USING ERRCODE = '22023';
     END IF;
   END LOOP;
   -- One appender per aggregate at a time, until its commit: a later event of the
