@@ -63,6 +63,35 @@ async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library(
         ]
     );
 
+    // The README's Python fingerprint is idem's for strings of any script (break-it: NFC and
+    // UTF-16 member order differed from a plain `json.dumps(sort_keys=True)`), integers,
+    // booleans, null, nesting and control characters.
+    let payloads = [
+        json!({"city": "Zu\u{0308}rich"}),
+        json!({"\u{1F600}": 1, "\u{FB01}": 2, "z": 3, "a": [true, null, -7]}),
+        json!({"t": "tab\there\u{0001}\u{007f}\"q\"\\", "nested": {"b": {"Å": "A\u{030A}"}, "a": 1}}),
+    ];
+    let defs = readme_block("python");
+    let defs = &defs[..defs.find("def export_batch").expect("the README's Python defines export_batch")];
+    let script = format!("{defs}\nimport sys\nfor line in sys.stdin:\n    print(fingerprint(json.loads(line)))\n");
+    let mut child = Command::new("/usr/bin/python3")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        for p in &payloads {
+            writeln!(stdin, "{p}").unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    let python: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_owned).collect();
+    let rust: Vec<String> = payloads.iter().map(|p| idem_core::fingerprint::fingerprint(p, None).unwrap().0).collect();
+    assert_eq!(python, rust, "{payloads:?}");
+
     let one = |sql: &'static str| {
         let pool = pool.clone();
         async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.unwrap() }
