@@ -55,6 +55,8 @@ pub enum Command {
     /// 10 = replay of a SUCCEEDED/FAILED operation (200: do nothing);
     /// 11 = outcome UNKNOWN, reconciliation pending (202: do nothing);
     /// 12 = in progress or retry not due (409: try later);
+    /// 13 = late arrival: finished long ago, only its tombstone is left (410: do nothing,
+    /// never retry);
     /// 1 = error (bad input, 422 key reused with another payload, server unreachable).
     /// With a connector idem performs the effect itself: 0 = it succeeded, 1 = it failed
     /// finally, 11 = not finished yet (running, retry scheduled or UNKNOWN; poll with

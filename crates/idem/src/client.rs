@@ -14,6 +14,11 @@ use std::time::Duration;
 pub const EXIT_REPLAY: u8 = 10;
 pub const EXIT_UNKNOWN: u8 = 11;
 pub const EXIT_BUSY: u8 = 12;
+/// 410 late-arrival: the operation finished and was removed after its retention window;
+/// its tombstone answers until it expires. Nothing to do, and retrying changes nothing: a
+/// script that retried on exit 1 kept retrying until the tombstone expired, and then the
+/// key was new and the effect ran again (break-it finding).
+pub const EXIT_LATE: u8 = 13;
 
 pub(crate) struct Api {
     http: reqwest::Client,
@@ -226,6 +231,7 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
         200 if a.replayed => EXIT_REPLAY,
         202 => EXIT_UNKNOWN,
         409 => EXIT_BUSY,
+        410 => EXIT_LATE,
         _ => {
             check(&a)?;
             bail!("unexpected answer {} from the server", a.status)
@@ -233,8 +239,8 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     };
     if args.server.json {
         crate::out!("{}", a.body);
-    } else if a.status == StatusCode::CONFLICT {
-        crate::out!("{}", output::problem_line(409, &a.body));
+    } else if matches!(a.status.as_u16(), 409 | 410) {
+        crate::out!("{}", output::problem_line(a.status.as_u16(), &a.body));
     } else {
         crate::out!("{}", output::acquire_summary(a.status.as_u16(), &output::printable(&a.body)));
     }

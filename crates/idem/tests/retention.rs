@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{ADMIN_KEY, Backend, Db, Server};
+use common::{ADMIN_KEY, Backend, Db, Server, idem_bin};
 use serde_json::json;
 use std::time::Duration;
 
@@ -36,6 +36,16 @@ async fn s7_late_request_after_the_retention_window(b: Backend) {
     assert_eq!(late.problem(), "late-arrival");
     let other = s.acquire(key, json!({"to": "someone-else"})).await;
     assert_eq!(other.status, 410, "410 whatever the payload");
+    // The CLI gives a late arrival its own exit status (13), not the 1 of "server
+    // unreachable" that scripts retry on.
+    let cli = std::process::Command::new(idem_bin())
+        .args(["acquire", key, "--action", "send_email", "--payload", r#"{"to": "c-7"}"#])
+        .env("IDEM_URL", &s.base)
+        .env("IDEM_API_KEY", ADMIN_KEY)
+        .output()
+        .unwrap();
+    assert_eq!(cli.status.code(), Some(13), "{}", String::from_utf8_lossy(&cli.stderr));
+    assert!(String::from_utf8_lossy(&cli.stdout).contains("late-arrival"), "{cli:?}");
     // The old worker's late completion is told the same (not a bare 404), and not recorded.
     let late_done = s
         .complete(key, json!({"fencing_token": granted.token(), "outcome": "succeeded", "provider_ref": "late"}))
