@@ -339,6 +339,10 @@ pub fn plan_delivery(
         DeliveryResult::Delivered { .. } => {
             ("unknown".to_owned(), "the sink reported delivery without evidence".to_owned(), None)
         }
+        // `no_sink` is the relay's own refusal: no receiver was involved.
+        DeliveryResult::Rejected { error_class, message } if error_class == "no_sink" => {
+            return DeliveryPlan::Dead { error_class, message };
+        }
         DeliveryResult::Rejected { error_class, message } => {
             return DeliveryPlan::Dead { error_class, message: format!("refused by the receiver: {message}") };
         }

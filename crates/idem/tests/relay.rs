@@ -113,6 +113,8 @@ async fn webhooks_are_signed_and_retried_or_dead_by_what_the_receiver_answers() 
     assert_eq!(state("o2").await.1, 1);
     assert_eq!(state("o3").await, ("DEAD".into(), 3, None, Some("server_error".into())), "out of attempts");
     assert_eq!(state("o4").await.3.as_deref(), Some("no_sink"));
+    let o4 = s.get("o4").await.unwrap().unwrap().0.error_message.unwrap_or_default();
+    assert!(o4.starts_with("no sink of this relay takes topic") && !o4.contains("receiver"), "{o4}");
     assert_eq!(state("o5").await.0, "DELIVERED");
     let arrivals = receiver.arrivals();
     assert!(arrivals.iter().all(|a| a.verified), "every signature verified with the new secret alone");

@@ -190,7 +190,10 @@ impl Relay {
                 "none",
                 DeliveryResult::Rejected {
                     error_class: "no_sink".into(),
-                    message: format!("no sink takes topic {:?} (outbox.sinks.*.topics)", row.topic),
+                    message: format!(
+                        "no sink of this relay takes topic {:?} (outbox.sinks.*.topics); every relay of one outbox needs the same sinks; redrive it once one does",
+                        row.topic
+                    ),
                 },
                 RetryPolicy::default(),
             ),
