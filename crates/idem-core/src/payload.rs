@@ -157,6 +157,23 @@ impl<'de> Visitor<'de> for StrictValue {
     }
 }
 
+/// A hint for serde_json's parse error `text` where its own words do not say what is wrong
+/// to someone who wrote JSON by hand (empty when they do): used by the server's 400s and
+/// the CLI's one-line errors alike. serde's "key must be a string" means an object member
+/// name, not the idempotency key.
+#[must_use]
+pub fn json_error_hint(text: &str) -> &'static str {
+    if text.contains("hex escape") || text.contains("surrogate") {
+        " (a \\uD800-\\uDFFF escape must be one half of a surrogate pair, followed or preceded by the other: a string must be Unicode text)"
+    } else if text.contains("recursion limit") {
+        " (idem keeps at most 64 levels of arrays and objects)"
+    } else if text.contains("key must be a string") {
+        " (that is an object's member name: member names are strings in double quotes, as in {\"to\": \"c-1\"})"
+    } else {
+        ""
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

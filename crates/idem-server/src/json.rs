@@ -54,13 +54,7 @@ fn source_text(e: &dyn std::error::Error) -> String {
         cur = next;
     }
     let text = cur.to_string();
-    let hint = if text.contains("hex escape") || text.contains("surrogate") {
-        " (a \\uD800-\\uDFFF escape must be one half of a surrogate pair, followed or preceded by the other: a string must be Unicode text)"
-    } else if text.contains("recursion limit") {
-        " (idem keeps at most 64 levels of arrays and objects)"
-    } else {
-        ""
-    };
+    let hint = idem_core::payload::json_error_hint(&text);
     format!("{text}{hint}")
 }
 

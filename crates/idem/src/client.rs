@@ -193,8 +193,11 @@ pub(crate) fn read_json(
 /// no duplicate member names, no number literal a double does not carry exactly), so what
 /// is sent is exactly what was written and a refusal is local, naming the member or number.
 fn client_json(text: &str, what: &str) -> anyhow::Result<Value> {
-    let v: idem_core::Payload = serde_json::from_str(text).with_context(|| {
-        format!("{what} is not valid JSON for idem (JSON text, no duplicate member names, numbers exact as IEEE 754 doubles within ±2^53)")
+    let v: idem_core::Payload = serde_json::from_str(text).map_err(|e| {
+        let hint = idem_core::payload::json_error_hint(&e.to_string());
+        anyhow::anyhow!(
+            "{what} is not valid JSON for idem (JSON text, no duplicate member names, numbers exact as IEEE 754 doubles within ±2^53): {e}{hint}"
+        )
     })?;
     Ok(v.0)
 }

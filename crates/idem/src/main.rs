@@ -75,10 +75,32 @@ fn usage_error(e: clap::Error) -> ExitCode {
         return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
     }
     let text = e.render().to_string();
-    let first = text.lines().next().unwrap_or_default().trim_start_matches("error: ").trim();
-    let usage = text.lines().find_map(|l| l.trim().strip_prefix("Usage: ")).unwrap_or("idem [COMMAND]");
-    eprintln!("idem: {first} (usage: {usage}; see --help)");
+    // clap's message: its first line, and for missing arguments the indented list below it
+    // (which the first line alone left out: "were not provided: (usage …)").
+    let message: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty() && !l.trim_start().starts_with("Usage:"))
+        .map(|l| l.trim().trim_start_matches("error: "))
+        .collect();
+    let usage = match text.lines().find_map(|l| l.trim().strip_prefix("Usage: ")) {
+        Some(u) => u.to_owned(),
+        None => command_path(),
+    };
+    eprintln!("idem: {} (usage: {usage}; see --help)", message.join(" "));
     ExitCode::from(2)
+}
+
+/// `idem` and the subcommands named on this command line (`idem wf rerun`), for a usage
+/// error whose message has no usage line of its own (an invalid value).
+fn command_path() -> String {
+    let mut cmd = <cli::Cli as clap::CommandFactory>::command();
+    let mut path = vec!["idem".to_owned()];
+    for arg in std::env::args().skip(1).filter(|a| !a.starts_with('-')) {
+        let Some(sub) = cmd.find_subcommand(&arg).cloned() else { break };
+        path.push(arg);
+        cmd = sub;
+    }
+    path.join(" ") + " …"
 }
 
 fn one_line(e: &anyhow::Error) -> String {

@@ -277,6 +277,28 @@ fn usage_errors_are_one_line_with_exit_2() {
         assert!(err.starts_with("idem: ") && err.trim_end().lines().count() == 1, "{args:?}: {err}");
         assert!(err.contains("usage: idem"), "{err}");
     }
+    // The missing arguments are named, and an invalid value's usage names the command
+    // (break-it: "were not provided: (usage …)" with an empty list; "usage: idem [COMMAND]").
+    let missing = text(&Command::new(idem_bin()).args(["wf", "rerun"]).output().unwrap().stderr);
+    assert!(missing.contains("were not provided: <INSTANCE_ID>"), "{missing}");
+    let invalid = text(&Command::new(idem_bin()).args(["acquire", "k", "--lease-ms", "soon"]).output().unwrap().stderr);
+    assert!(invalid.contains("usage: idem acquire"), "{invalid}");
+    let payload = Command::new(idem_bin())
+        .args([
+            "acquire",
+            "k",
+            "--action",
+            "a",
+            "--payload",
+            "{bad",
+            "--server",
+            "http://127.0.0.1:9",
+            "--api-key",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(text(&payload.stderr).contains("member name"), "{}", text(&payload.stderr));
     let help = Command::new(idem_bin()).args(["wf", "--help"]).output().unwrap();
     assert_eq!(help.status.code(), Some(0));
     assert!(text(&help.stdout).lines().count() > 5);
