@@ -40,10 +40,39 @@ fn json_problem(rejection: &JsonRejection) -> Problem {
             Problem::invalid(format!("the body is not valid JSON: {}", source_text(e)))
         }
         JsonRejection::JsonDataError(e) => {
-            Problem::invalid(format!("the body does not fit the schema: {}", source_text(e)))
+            Problem::invalid(format!("the body does not fit the schema: {}", without_type_names(&source_text(e))))
         }
         other => Problem::invalid(other.body_text()),
     }
+}
+
+/// serde's "expected struct AcquireBody with 9 elements" names one of our Rust types,
+/// which means nothing to a caller: it is "a JSON object" (the OpenAPI document has the
+/// fields).
+fn without_type_names(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("struct ") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + "struct ".len()..];
+        let name_len = after.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(after.len());
+        if name_len == 0 {
+            out.push_str("struct ");
+            rest = after;
+            continue;
+        }
+        let mut tail = &after[name_len..];
+        if let Some(t) = tail.strip_prefix(" with ")
+            && let Some(end) = t.find(" elements")
+            && t[..end].bytes().all(|b| b.is_ascii_digit())
+        {
+            tail = &t[end + " elements".len()..];
+        }
+        out.push_str("a JSON object");
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The innermost error message (serde's, with line and column), without axum's prefix,
@@ -101,5 +130,23 @@ impl<S: Send + Sync> FromRequestParts<S> for ApiPath {
                 .with_request_id(rid))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn serde_type_names_become_json_words() {
+        let f = super::without_type_names;
+        assert_eq!(
+            f("invalid type: sequence, expected struct AcquireBody with 9 elements at line 1 column 2"),
+            "invalid type: sequence, expected a JSON object at line 1 column 2"
+        );
+        assert_eq!(
+            f("invalid type: string \"x\", expected struct RerunBody"),
+            "invalid type: string \"x\", expected a JSON object"
+        );
+        assert_eq!(f("missing field `key`"), "missing field `key`");
+        assert_eq!(f("a struct  alone"), "a struct  alone");
     }
 }

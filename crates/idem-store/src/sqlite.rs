@@ -44,9 +44,6 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// A write request for the writer task.
-/// A re-run's write: the instance update and the step rows to repoint (position, op_key,
-/// comp_key).
-
 enum Command {
     Acquire(AcquireInput, Reply<AcquireOutcome>),
     Complete(CompleteRequest, Reply<CompleteOutcome>),

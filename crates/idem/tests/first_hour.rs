@@ -140,7 +140,7 @@ async fn the_readmes_walkthrough_runs_as_written() {
             .replace("localhost:8080", &format!("localhost:{port}"))
             .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"))
             .replace("idem_5b0c…", &key)
-            .replace("$PWD/target/release/idem", &common::idem_bin().display().to_string());
+            .replace("${CARGO_TARGET_DIR:-$PWD/target}/release/idem", &common::idem_bin().display().to_string());
         script.push_str(&text);
         script.push('\n');
     }
