@@ -408,25 +408,35 @@ async fn concurrent_compensation_requests_run_it_once() {
     }
 }
 
-/// The workflow of [`config`] without compensations.
-fn plain_config(addr: SocketAddr) -> String {
+/// The connectors of [`config`] with `order-intake` made of `steps`, each `(name,
+/// connector)`: the first takes the instance's customer, the others the first's order.
+fn config_with_steps(addr: SocketAddr, steps: &[(&str, &str)]) -> String {
     let c = config(addr);
     let start = c.find("[workflows.order-intake]").unwrap();
-    format!(
-        "{}[workflows.order-intake]\nsteps = [\n  {{ name = \"create_order\", connector = \"orders\", input = {{ customer = {{ from = \"/input/customer\" }} }} }},\n  {{ name = \"reserve_stock\", connector = \"orders\", input = {{ order = {{ from = \"/steps/create_order/provider_ref\" }} }} }},\n  {{ name = \"charge\", connector = \"orders\", input = {{ order = {{ from = \"/steps/create_order/provider_ref\" }} }} }},\n]\n",
-        &c[..start]
-    )
+    let lines: Vec<String> = steps
+        .iter()
+        .enumerate()
+        .map(|(i, (name, connector))| {
+            let input = if i == 0 {
+                "customer = { from = \"/input/customer\" }"
+            } else {
+                "order = { from = \"/steps/create_order/provider_ref\" }"
+            };
+            format!("  {{ name = \"{name}\", connector = \"{connector}\", input = {{ {input} }} }},")
+        })
+        .collect();
+    format!("{}[workflows.order-intake]\nsteps = [\n{}\n]\n", &c[..start], lines.join("\n"))
+}
+
+/// The workflow of [`config`] without compensations.
+fn plain_config(addr: SocketAddr) -> String {
+    config_with_steps(addr, &[("create_order", "orders"), ("reserve_stock", "orders"), ("charge", "orders")])
 }
 
 /// The workflow of [`config`] whose second step runs on `cancels`, which has no lookup:
 /// an UNKNOWN outcome there pauses the instance for a person (policy `manual`).
 fn manual_config(addr: SocketAddr) -> String {
-    let c = config(addr);
-    let start = c.find("[workflows.order-intake]").unwrap();
-    format!(
-        "{}[workflows.order-intake]\nsteps = [\n  {{ name = \"create_order\", connector = \"orders\", input = {{ customer = {{ from = \"/input/customer\" }} }} }},\n  {{ name = \"notify\", connector = \"cancels\", input = {{ order = {{ from = \"/steps/create_order/provider_ref\" }} }} }},\n]\n",
-        &c[..start]
-    )
+    config_with_steps(addr, &[("create_order", "orders"), ("notify", "cancels")])
 }
 
 /// Break-it finding: a step named to be redone while its operation was UNKNOWN got a new
