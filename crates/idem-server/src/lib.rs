@@ -462,7 +462,8 @@ async fn serve_with(
         let relay = idem_outbox::relay::Relay::from_config(outbox).await.map_err(std::io::Error::other)?;
         state.outbox = Some((relay.store().clone(), outbox.tenant.clone()));
         if outbox.in_serve {
-            relay_task = Some(Arc::new(relay).spawn(outbox.retention_ms));
+            let relay = Arc::new(relay);
+            relay_task = Some((relay.clone(), relay.spawn(outbox.retention_ms)));
         }
     }
     let store = state.store.clone();
@@ -484,13 +485,22 @@ async fn serve_with(
         health::spawn_prober(state.health.clone(), state.store.clone()),
     ];
     let result = http_server::serve(listener, app, config.limits.header_read_timeout, shutdown_signal()).await;
-    for l in loops.into_iter().chain(relay_task) {
+    for l in loops {
         l.abort();
+    }
+    if let Some((relay, task)) = relay_task {
+        // As `idem relay` does: finish and record the deliveries in flight, claim no more.
+        relay.stop();
+        if tokio::time::timeout(Duration::from_secs(30), task).await.is_err() {
+            tracing::warn!("outbox deliveries still in flight after 30 s; their leases will run out");
+        }
     }
     result
 }
 
-async fn shutdown_signal() {
+/// Resolves on Ctrl-C (SIGINT) or SIGTERM: when `idem serve` and `idem relay` shut down
+/// gracefully.
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -214,3 +214,88 @@ async fn bad_relay_configurations_fail_at_start_naming_the_field() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("outbox.database_url"), "{out:?}");
 }
+
+/// A webhook receiver that takes `delay` to answer 204, counting the requests it got.
+async fn slow_receiver(delay: Duration) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+    let got = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = got.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // The head, then as many body bytes as it announces.
+                loop {
+                    let Ok(n) = sock.read(&mut chunk).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                let _ = sock.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n").await;
+            });
+        }
+    });
+    (url, got)
+}
+
+/// Break-it finding: a relay stopped with SIGTERM exited at once, mid-delivery, and the
+/// event was delivered a second time after its lease ran out. A stopping relay claims
+/// nothing more, finishes and records the delivery in flight, then exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_and_records_the_delivery_in_flight() {
+    use std::sync::atomic::Ordering;
+    let app_url = idem_store::testing::fresh_pg_database("idem_app").await;
+    idem_outbox::schema::install(&app_url).await.unwrap();
+    let app = sqlx::PgPool::connect(&app_url).await.unwrap();
+    let (url, got) = slow_receiver(Duration::from_millis(1_000)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&dir, &app_url, &url, "");
+    let (mut relay, _) = start_relay(&cfg);
+    sqlx::query("SELECT idem.outbox_append('term-1', 'order', '1', 'orders.changed', '{\"n\": 1}')")
+        .execute(&app)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while got.load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "the relay never delivered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The receiver holds the answer for a second: stop the relay now.
+    let pid = relay.0.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = relay.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "the relay did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM idem.outbox WHERE id = 'term-1'").fetch_one(&app).await.unwrap();
+    assert_eq!(state, "DELIVERED", "recorded before the relay exited");
+    // Another relay finds nothing to deliver again.
+    let (_again, _) = start_relay(&cfg);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(got.load(Ordering::SeqCst), 1, "delivered once");
+}

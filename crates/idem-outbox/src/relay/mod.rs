@@ -79,12 +79,24 @@ pub struct Relay {
     lease_ms: i64,
     batch: i64,
     poll: Duration,
+    /// Set by [`Relay::stop`]: [`Relay::run`] returns after the pass in flight.
+    stopping: std::sync::atomic::AtomicBool,
+    stop_wake: Notify,
 }
 
 impl Relay {
     /// A relay named `id` (its lease owner name) over `store`.
     pub fn new(store: OutboxStore, routes: Vec<Route>, id: String, lease_ms: i64, batch: i64, poll: Duration) -> Self {
-        Relay { store, routes, id, lease_ms, batch, poll }
+        Relay {
+            store,
+            routes,
+            id,
+            lease_ms,
+            batch,
+            poll,
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            stop_wake: Notify::new(),
+        }
     }
 
     /// Builds the sinks of `config` and connects to its database.
@@ -227,11 +239,21 @@ impl Relay {
     /// busy relay takes that back, and appenders skip the NOTIFY, whose commit-time lock
     /// would halve their commit rate. After saying it waits it makes one more pass, so an
     /// event committed just before is not left to the poll.
+    ///
+    /// Returns once [`Relay::stop`] was called, after the pass in flight: its deliveries
+    /// finish and are recorded, so a stopped relay leaves no claimed event behind for
+    /// another relay to deliver a second time.
     pub async fn run(self: Arc<Self>, hint: Option<Arc<Notify>>) {
         let hint = hint.unwrap_or_else(|| Arc::new(Notify::new()));
         let idle_for_ms = 3 * self.poll.as_millis() as i64 + 1_000;
         let mut said_idle = false;
         loop {
+            if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                if said_idle {
+                    let _ = self.store.set_idle(&self.id, None).await;
+                }
+                return;
+            }
             let busy = match self.tick().await {
                 Ok(r) => r.claimed > 0,
                 Err(e) => {
@@ -255,9 +277,17 @@ impl Relay {
             }
             tokio::select! {
                 () = hint.notified() => {}
+                () = self.stop_wake.notified() => {}
                 () = tokio::time::sleep(self.poll) => {}
             }
         }
+    }
+
+    /// Asks [`Relay::run`] to return after the pass in flight (its deliveries recorded);
+    /// claims no more events. For a graceful shutdown (SIGTERM).
+    pub fn stop(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop_wake.notify_waiters();
     }
 
     /// Starts [`Relay::run`] (with LISTEN on PostgreSQL) and a task that publishes the
