@@ -49,6 +49,11 @@ async fn the_relay_in_serve_shows_on_metrics_and_the_admin_page_and_operators_re
     );
     let db = Db::new(Backend::Sqlite).await;
     let s = Server::start_with_config(&db.url, &config);
+    // Before any delivery the counters are there, at 0 (an alert's rate() needs them).
+    let before = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for line in ["idem_outbox_delivered_total{sink=\"hooks\"} 0", "idem_outbox_dead_total{sink=\"none\"} 0"] {
+        assert!(before.lines().any(|l| l == line), "{line} in\n{before}");
+    }
     let mut t = app.begin().await.unwrap();
     for id in ["d1", "ok1"] {
         let e = NewEvent {

@@ -295,6 +295,13 @@ impl Relay {
     /// event) and `idem_outbox_events{state}` — and deletes delivered and skipped events
     /// past `retention_ms` (up to 1 000 each time).
     pub fn spawn(self: Arc<Self>, retention_ms: Option<i64>) -> tokio::task::JoinHandle<()> {
+        // Every sink's counters exist from the start (at 0), so a rate() or an alert on
+        // them works before the first delivery; `none` counts the `no_sink` dead events.
+        for sink in self.routes.iter().map(|r| r.name.as_str()).chain(["none"]) {
+            for name in ["idem_outbox_delivered_total", "idem_outbox_retried_total", "idem_outbox_dead_total"] {
+                metrics::counter!(name, "sink" => sink.to_owned()).increment(0);
+            }
+        }
         let hint = self.store.postgres().map(|p| wake::listen(p.clone()));
         let store = self.store.clone();
         tokio::spawn(async move {
