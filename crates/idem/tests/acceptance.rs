@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{ADMIN_KEY, Backend, Db, Server, idem_bin, start_provider};
+use common::{ADMIN_KEY, Backend, Db, Server, idem_bin, metric, start_provider};
 use std::process::Command;
 
 const SCENARIOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scenarios");
@@ -66,19 +66,6 @@ expect = { state = "PAUSED""#,
     let (code, text) = run_matrix(&s, addr, &path);
     assert_eq!(code, Some(1), "{text}");
     assert!(text.lines().any(|l| l.starts_with("W2") && l.contains("FAIL")), "{text}");
-}
-
-/// The sum of the samples of `name` whose labels include all of `labels`.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-            n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
-        })
-        .map(|(_, v)| v.parse::<f64>().unwrap())
-        .sum()
 }
 
 /// Compares `/metrics` with the runner's `totals:` line: every trigger's status, the

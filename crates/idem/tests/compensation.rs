@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{ADMIN_KEY, Backend, Db, Server, enc, start_provider};
+use common::{ADMIN_KEY, Backend, Db, Server, enc, metric, start_provider};
 use idem::acceptance::provider::{Provider, Step};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -153,19 +153,6 @@ async fn postgres_compensation_survives_kill_9_between_call_and_record() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_compensation_survives_kill_9_between_call_and_record() {
     a_failed_last_step_compensates_the_earlier_ones_last_first(Backend::Sqlite, true).await;
-}
-
-/// The sum of the samples of `name` whose labels include `labels`.
-fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
-            n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
-        })
-        .map(|(_, v)| v.parse::<f64>().unwrap())
-        .sum()
 }
 
 /// Seed 003's last check: the compensation itself fails — the provider refuses the release

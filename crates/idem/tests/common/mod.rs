@@ -366,3 +366,17 @@ pub async fn ui_session(s: &Server, api_key: &str) -> String {
     assert_eq!(r.status(), 303, "signed in");
     cookie_of(&r, "idem_session")
 }
+
+/// The sum of the samples of `name` in the Prometheus text `text` whose labels include all
+/// of `labels`.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+            n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| v.parse::<f64>().unwrap())
+        .sum()
+}
