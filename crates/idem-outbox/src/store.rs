@@ -377,10 +377,14 @@ impl OutboxStore {
                 Ok(rows.iter().map(|r| applied.contains(&r.seq)).collect())
             }
             OutboxStore::Sqlite(pool) => {
+                // The statements' text once for the batch, not once per row.
+                let update = sqlite(update);
+                let insert =
+                    sqlite(&format!("{insert} VALUES ($1, idem.now_ms(), 'attempt', $2, $3, $4, $5, $6, $7, $8, $9)"));
                 let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
                 let mut applied = Vec::with_capacity(rows.len());
                 for r in &rows {
-                    let n = sqlx::query(sqlx::AssertSqlSafe(sqlite(update)))
+                    let n = sqlx::query(sqlx::AssertSqlSafe(update.clone()))
                         .bind(r.seq)
                         .bind(r.token)
                         .bind(r.state)
@@ -393,9 +397,7 @@ impl OutboxStore {
                         .await?
                         .rows_affected();
                     if n == 1 {
-                        let sql =
-                            format!("{insert} VALUES ($1, idem.now_ms(), 'attempt', $2, $3, $4, $5, $6, $7, $8, $9)");
-                        sqlx::query(sqlx::AssertSqlSafe(sqlite(&sql)))
+                        sqlx::query(sqlx::AssertSqlSafe(insert.clone()))
                             .bind(r.seq)
                             .bind(r.trigger)
                             .bind(relay)
