@@ -88,7 +88,8 @@ impl Flows {
             let (inst, def, checkpoints) = self.load(tenant, id).await?;
             let plan = plan_rerun(&inst, &def, &checkpoints, named, &|c| self.looks_up(c))?;
             let approved = approved.or(lost.as_deref());
-            let (record, event) = plan_rerun_apply(&inst, &plan, approved, reason, actor, self.clock.now_ms())?;
+            let now = self.clock.now_ms();
+            let (record, event) = plan_rerun_apply(&inst, &plan, approved, reason, actor, now)?;
             let keys: Vec<(i64, String, String)> = plan
                 .steps
                 .iter()
@@ -96,8 +97,7 @@ impl Flows {
                 .filter(|(p, c)| p.op_key != c.row.op_key || p.comp_key != c.row.comp_key)
                 .map(|(p, c)| (c.row.position, p.op_key.clone(), p.comp_key.clone()))
                 .collect();
-            let superseded =
-                idem_core::flow::plan_superseded(&def, &plan, &checkpoints, reason, actor, self.clock.now_ms());
+            let superseded = idem_core::flow::plan_superseded(&def, &plan, &checkpoints, reason, actor, now);
             let update = InstanceUpdate { record: record.clone(), read_version: inst.version, events: vec![event] };
             let write = idem_store::flow::RerunWrite { update, keys, superseded };
             if self.store.flows().apply_rerun(write).await? {

@@ -490,10 +490,7 @@ async fn serve_with(
     }
     if let Some((relay, task)) = relay_task {
         // As `idem relay` does: finish and record the deliveries in flight, claim no more.
-        relay.stop();
-        if tokio::time::timeout(Duration::from_secs(30), task).await.is_err() {
-            tracing::warn!("outbox deliveries still in flight after 30 s; their leases will run out");
-        }
+        relay.stop_and_drain(task).await;
     }
     result
 }

@@ -36,9 +36,6 @@ pub fn relay_config(connect: &idem_connect::Config) -> anyhow::Result<Option<Rel
     Ok(connect.outbox.as_ref().map(RelayConfig::parse).transpose()?)
 }
 
-/// Longest a stopping relay waits for its deliveries in flight.
-const DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
-
 pub async fn relay(args: RelayArgs) -> anyhow::Result<()> {
     crate::serve::init_logging(args.log_format, None)?;
     let connect = idem_connect::Config::load(&args.config)?;
@@ -66,11 +63,11 @@ pub async fn relay(args: RelayArgs) -> anyhow::Result<()> {
             // SIGTERM or Ctrl-C: claim nothing more, finish and record the deliveries in
             // flight (bounded by the sinks' timeouts), then exit. A delivery cut off here
             // would be redelivered by another relay once its lease ran out.
-            crate::out!("idem: relay stopping: finishing the deliveries in flight (at most {} s)", DRAIN.as_secs());
-            relay.stop();
-            if tokio::time::timeout(DRAIN, task).await.is_err() {
-                tracing::warn!("deliveries still in flight after {} s; their leases will run out", DRAIN.as_secs());
-            }
+            crate::out!(
+                "idem: relay stopping: finishing the deliveries in flight (at most {} s)",
+                idem_outbox::relay::DRAIN.as_secs()
+            );
+            relay.stop_and_drain(task).await;
         }
     }
     Ok(())

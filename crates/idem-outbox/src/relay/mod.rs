@@ -70,6 +70,9 @@ pub struct TickReport {
     pub fenced_out: usize,
 }
 
+/// Longest a stopping relay waits for its deliveries in flight.
+pub const DRAIN: Duration = Duration::from_secs(30);
+
 /// A relay over one application database.
 #[derive(Debug)]
 pub struct Relay {
@@ -287,7 +290,19 @@ impl Relay {
     /// claims no more events. For a graceful shutdown (SIGTERM).
     pub fn stop(&self) {
         self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.stop_wake.notify_waiters();
+        // `notify_one` keeps a permit when `run` is not waiting yet (it is in a pass), so
+        // its next wait ends at once instead of after the poll interval.
+        self.stop_wake.notify_one();
+    }
+
+    /// [`Relay::stop`], then waits up to [`DRAIN`] for `task` (the [`Relay::spawn`] handle)
+    /// to finish the pass in flight. A delivery still running after that is left to its
+    /// lease: another relay delivers it again (at least once).
+    pub async fn stop_and_drain(&self, task: tokio::task::JoinHandle<()>) {
+        self.stop();
+        if tokio::time::timeout(DRAIN, task).await.is_err() {
+            tracing::warn!("outbox deliveries still in flight after {} s; their leases will run out", DRAIN.as_secs());
+        }
     }
 
     /// Starts [`Relay::run`] (with LISTEN on PostgreSQL) and a task that publishes the
