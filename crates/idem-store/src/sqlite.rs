@@ -122,6 +122,38 @@ fn options(path: &Path) -> SqliteConnectOptions {
         .pragma("temp_store", "memory")
 }
 
+/// Turns on SQLite's query planner stability guarantee (`SQLITE_DBCONFIG_ENABLE_QPSG`,
+/// <https://www.sqlite.org/c3ref/c_dbconfig_defensive.html>) on one connection.
+///
+/// Without it SQLite plans some statements for the values bound at their first run and
+/// marks them expired whenever those parameters are bound again: any `LIMIT ?` (the
+/// planner reads the bound limit, `sqlite3ExprIsInteger`) and any `col = ?` next to a
+/// partial index. sqlx clears the bindings after every run, so each run of such a
+/// statement was parsed and planned again (`sqlite3Reprepare`, about 180 000 instructions
+/// each): the lease sweeper, the retention sweep, the reconciler's and the workflow
+/// engine's polls, at about 7 re-prepares a second with nothing to do, half the idle
+/// server's instructions (scripts/callgrind.sh: idle 2.66 M -> see ARCHITECTURE.md).
+/// Plans no longer depend on bound values; the statements' plans are checked by
+/// `testing::hot_read_plans_sqlite` and `conformance background_queries_use_the_partial_indexes`.
+///
+/// # Errors
+/// [`StoreError::Database`] if the connection's worker thread is gone or SQLite refuses
+/// the setting.
+pub(crate) async fn stable_plans(conn: &mut SqliteConnection) -> Result<(), StoreError> {
+    let mut handle = conn.lock_handle().await?;
+    let db = handle.as_raw_handle().as_ptr();
+    let mut on: std::os::raw::c_int = 0;
+    // SAFETY: `lock_handle` gives exclusive use of the open handle for this call, and
+    // SQLITE_DBCONFIG_ENABLE_QPSG takes (int, int*) as passed.
+    let rc = unsafe { libsqlite3_sys::sqlite3_db_config(db, libsqlite3_sys::SQLITE_DBCONFIG_ENABLE_QPSG, 1, &mut on) };
+    if rc != libsqlite3_sys::SQLITE_OK || on != 1 {
+        return Err(StoreError::Database(sqlx::Error::Protocol(format!(
+            "sqlite3_db_config(SQLITE_DBCONFIG_ENABLE_QPSG) failed: rc {rc}, setting {on}"
+        ))));
+    }
+    Ok(())
+}
+
 impl SqliteStore {
     /// Opens (creating if missing) the database file at `path` and applies migrations.
     ///
@@ -131,6 +163,7 @@ impl SqliteStore {
     pub async fn open(path: impl AsRef<Path>, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
         let opts = options(path.as_ref());
         let mut conn = opts.clone().connect().await?;
+        stable_plans(&mut conn).await?;
         MIGRATOR.run(&mut conn).await?;
         // No ping before handing out a reader: a connection to a local file does not go
         // stale, and the ping is one more round trip to the connection's thread per read.
@@ -138,6 +171,9 @@ impl SqliteStore {
             .max_connections(8)
             .acquire_timeout(config.acquire_timeout())
             .test_before_acquire(false)
+            .after_connect(|conn, _| {
+                Box::pin(async move { stable_plans(conn).await.map_err(|e| sqlx::Error::Protocol(e.to_string())) })
+            })
             .connect_with(opts.read_only(true))
             .await?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
@@ -680,5 +716,48 @@ impl crate::flow::WorkflowStore for SqliteStore {
 
     async fn sweep_instances(&self, limit: i64) -> Result<u64, StoreError> {
         self.send(|r| Command::SweepInstances(limit, r)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libsqlite3_sys as ffi;
+
+    /// Runs `SELECT … LIMIT ?` twice on `conn`'s handle, rebinding the limit as sqlx does
+    /// (reset, clear bindings, bind), and returns how often SQLite re-prepared it.
+    async fn reprepares_of_a_limit_query(conn: &mut SqliteConnection) -> i32 {
+        let mut handle = conn.lock_handle().await.unwrap();
+        let db = handle.as_raw_handle().as_ptr();
+        let sql = c"SELECT value FROM json_each('[1,2,3]') LIMIT ?1";
+        // SAFETY: exclusive use of the open handle (lock_handle); the statement is
+        // finalized before the guard is dropped.
+        unsafe {
+            let mut stmt = std::ptr::null_mut();
+            assert_eq!(ffi::sqlite3_prepare_v3(db, sql.as_ptr(), -1, 0, &mut stmt, std::ptr::null_mut()), 0);
+            for limit in [2, 1] {
+                assert_eq!(ffi::sqlite3_bind_int64(stmt, 1, limit), 0);
+                let mut rows = 0;
+                while ffi::sqlite3_step(stmt) == ffi::SQLITE_ROW {
+                    rows += 1;
+                }
+                assert_eq!(rows, limit, "the bound limit is honoured");
+                ffi::sqlite3_reset(stmt);
+                ffi::sqlite3_clear_bindings(stmt);
+            }
+            let n = ffi::sqlite3_stmt_status(stmt, ffi::SQLITE_STMTSTATUS_REPREPARE, 0);
+            ffi::sqlite3_finalize(stmt);
+            n
+        }
+    }
+
+    #[tokio::test]
+    async fn bound_limits_do_not_make_sqlite_prepare_a_statement_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut plain = options(&dir.path().join("a.db")).connect().await.unwrap();
+        assert!(reprepares_of_a_limit_query(&mut plain).await > 0, "without the setting SQLite re-prepares");
+        let mut stable = options(&dir.path().join("b.db")).connect().await.unwrap();
+        stable_plans(&mut stable).await.unwrap();
+        assert_eq!(reprepares_of_a_limit_query(&mut stable).await, 0);
     }
 }
