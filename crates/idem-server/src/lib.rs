@@ -20,6 +20,7 @@ pub mod index;
 pub mod json;
 pub mod keys;
 pub mod logging;
+pub mod metric_handles;
 pub mod metrics;
 pub mod openapi;
 pub mod openapi_contract;

@@ -239,9 +239,11 @@ pub fn decision_label(d: &Decision) -> &'static str {
     }
 }
 
-/// Counts one answered trigger.
+/// Counts one answered trigger (`idem_acquires_total{decision}`).
 pub fn record_trigger(d: &Decision) {
-    metrics::counter!("idem_acquires_total", "decision" => decision_label(d)).increment(1);
+    let label = decision_label(d);
+    let i = crate::metric_handles::DECISIONS.iter().position(|l| *l == label).expect("every decision label is listed");
+    crate::metric_handles::DECISION_COUNTERS[i].increment(1);
 }
 
 /// Middleware: counts and times every request by method, route template and status.
@@ -249,19 +251,23 @@ pub async fn track_http(req: Request, next: Next) -> Response {
     // Only the methods of RFC 9110 §9 as labels: any token is a valid method, and a client
     // must not be able to add series at will.
     let method = match req.method().as_str() {
-        m @ ("GET" | "HEAD" | "POST" | "PUT" | "DELETE" | "CONNECT" | "OPTIONS" | "TRACE" | "PATCH") => m,
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "CONNECT" => "CONNECT",
+        "OPTIONS" => "OPTIONS",
+        "TRACE" => "TRACE",
+        "PATCH" => "PATCH",
         _ => "other",
-    }
-    .to_owned();
-    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |p| p.as_str()).to_owned();
-    tracing::Span::current().record("route", route.as_str());
+    };
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let route = route.as_ref().map_or("unmatched", |p| p.as_str());
+    tracing::Span::current().record("route", route);
     let start = Instant::now();
     let resp = next.run(req).await;
-    let secs = start.elapsed().as_secs_f64();
-    let status = resp.status().as_u16().to_string();
-    metrics::counter!("idem_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
-        .increment(1);
-    metrics::histogram!("idem_http_request_duration_seconds", "method" => method, "route" => route).record(secs);
+    crate::metric_handles::record_http(method, route, resp.status().as_u16(), start.elapsed().as_secs_f64());
     resp
 }
 
