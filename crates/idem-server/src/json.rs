@@ -15,13 +15,41 @@ pub struct ApiJson<T>(pub T);
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
 
+    /// Parses with plain `serde_json::from_slice` and only on failure again with axum's
+    /// `Json::from_bytes`, whose path tracking (serde_path_to_error) names the failing
+    /// field in the message but costs about a third more per parse: the same answers, the
+    /// cost only on bad input. A non-JSON content type goes to axum's extractor whole, so
+    /// its rule (`application/json` or a `+json` suffix) and rejection stay axum's.
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let rid = crate::auth::request_id(req.headers()).map(str::to_owned);
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => Err(json_problem(&rejection).with_request_id(rid.as_deref())),
+        let problem = |r: JsonRejection| json_problem(&r).with_request_id(rid.as_deref());
+        if !json_content_type(req.headers()) {
+            return match axum::Json::<T>::from_request(req, state).await {
+                Ok(axum::Json(v)) => Ok(ApiJson(v)),
+                Err(r) => Err(problem(r)),
+            };
+        }
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|r| problem(r.into()))?;
+        match serde_json::from_slice(&bytes) {
+            Ok(v) => Ok(ApiJson(v)),
+            Err(_) => match axum::Json::<T>::from_bytes(&bytes) {
+                Ok(axum::Json(v)) => Ok(ApiJson(v)),
+                Err(r) => Err(problem(r)),
+            },
         }
     }
+}
+
+/// axum's rule for a JSON body (axum 0.8 `json_content_type`): `Content-Type` parses as a
+/// media type `application/json` or `application/*+json`, parameters allowed.
+fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<mime::Mime>().ok())
+        .is_some_and(|m| {
+            m.type_() == "application" && (m.subtype() == "json" || m.suffix().is_some_and(|s| s == "json"))
+        })
 }
 
 fn json_problem(rejection: &JsonRejection) -> Problem {

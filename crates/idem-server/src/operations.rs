@@ -232,9 +232,10 @@ pub async fn acquire(
     State(state): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
-    ApiJson(body): ApiJson<AcquireBody>,
+    ApiJson(mut body): ApiJson<AcquireBody>,
 ) -> Result<Response, Problem> {
-    let input = acquire_input(&caller, &headers, body.key.as_deref(), &body, state.executor.registry())
+    let payload = body.payload.take().map_or(serde_json::Value::Null, |p| p.0);
+    let input = acquire_input(&caller, &headers, body.key.as_deref(), &body, payload, state.executor.registry())
         .map_err(|p| with_rid(p, &caller))?;
     let wait_ms = in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
@@ -444,12 +445,12 @@ fn acquire_input(
     headers: &HeaderMap,
     key: Option<&str>,
     body: &AcquireBody,
+    payload: serde_json::Value,
     registry: &idem_connect::Registry,
 ) -> Result<AcquireInput, Problem> {
     let key = key_of(key, headers)?;
     check_action(&body.action)?;
 
-    let payload = body.payload.as_ref().map_or(serde_json::Value::Null, |p| p.0.clone());
     let connector = match body.connector.as_deref().or_else(|| registry.for_action(&body.action)) {
         None => None,
         Some(name) if registry.get(name).is_some_and(|e| e.executes) => Some(name.to_owned()),

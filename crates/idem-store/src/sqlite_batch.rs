@@ -276,10 +276,21 @@ pub(crate) async fn run_batch(
         // Never with MAX_BATCH requests; keeps every statement within SQLite's limits.
         return Fast::Retry(StoreError::Invalid("batch too large for the fast path".into()));
     }
-    // 1. BEGIN IMMEDIATE; the records; the tombstones of the same keys.
-    let hashes: Vec<String> = keys.iter().map(|(_, k)| key_hash(k)).collect();
+    // 1. BEGIN IMMEDIATE; the records; the tombstones of the keys some acquire names
+    //    (`plan` consults a tombstone only for an acquire: a completion of a key without
+    //    a record is 404 either way), so a completion costs no SHA-256 of its key.
+    let acquired: std::collections::HashSet<(&str, &str)> = reqs
+        .iter()
+        .filter_map(|r| match r {
+            Hot::Acquire(i) => Some((i.tenant.as_str(), i.key.as_str())),
+            Hot::Complete(_) => None,
+        })
+        .collect();
+    let hashes: Vec<Option<String>> =
+        keys.iter().map(|(t, k)| acquired.contains(&(t.as_str(), k.as_str())).then(|| key_hash(k))).collect();
     let key_list = pairs_json(keys.iter().map(|(t, k)| (t.as_str(), k.as_str())));
-    let hash_list = pairs_json(keys.iter().zip(&hashes).map(|((t, _), h)| (t.as_str(), h.as_str())));
+    let hash_list =
+        pairs_json(keys.iter().zip(&hashes).filter_map(|((t, _), h)| h.as_deref().map(|h| (t.as_str(), h))));
     let q = sqlx::query(BATCH_READ).bind(key_list).bind(hash_list);
     let mut records = HashMap::with_capacity(keys.len());
     let mut tombstones = HashMap::new();
@@ -304,7 +315,7 @@ pub(crate) async fn run_batch(
                         let final_state = state
                             .parse()
                             .map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?;
-                        if let Some(i) = hashes.iter().position(|h| *h == hash)
+                        if let Some(i) = hashes.iter().position(|h| h.as_deref() == Some(hash.as_str()))
                             && keys[i].0 == tenant
                         {
                             let t = Tombstone {
