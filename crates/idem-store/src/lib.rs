@@ -21,6 +21,7 @@ pub mod flow;
 mod flow_row;
 mod flow_sql;
 mod key_cache;
+mod record_cache;
 pub use key_cache::{KEY_ENTRIES, KEY_TTL};
 pub mod keys;
 pub mod postgres;

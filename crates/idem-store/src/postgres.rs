@@ -221,72 +221,6 @@ async fn committed_batch<T, E>(
     out
 }
 
-/// Records this node wrote last, to skip the read before the next write of the same key.
-///
-/// Correct under several nodes because a cached record is only ever used in two ways:
-/// - as the base of a conditional write (`WHERE version = <cached version> AND created_at =
-///   <cached created_at>`): if another node changed the record since, or the key was
-///   reused for a new record after its tombstone expired, the write does nothing and the
-///   store re-reads;
-/// - to answer a trigger without writing the record, only when the cached record is
-///   SUCCEEDED or FAILED (final records never change) and not past its retention
-///   (`expires_at`), so it cannot have been swept.
-///
-/// Bounded: at most [`CACHE_ENTRIES`] records, each with a payload and result of at most
-/// [`CACHE_MAX_JSON_BYTES`] bytes (larger ones are not cached); full, it starts over.
-#[derive(Debug, Default)]
-struct RecordCache {
-    map: std::sync::Mutex<std::collections::HashMap<(String, String), OperationRecord>>,
-}
-
-/// Records kept by [`RecordCache`].
-const CACHE_ENTRIES: usize = 2048;
-/// Largest payload (and result) of a cached record, serialised, in bytes.
-const CACHE_MAX_JSON_BYTES: usize = 8 * 1024;
-
-impl RecordCache {
-    fn get(&self, tenant: &str, key: &str) -> Option<OperationRecord> {
-        let map = self.map.lock().expect("record cache lock");
-        map.get(&(tenant.to_owned(), key.to_owned())).cloned()
-    }
-
-    fn put(&self, r: &OperationRecord) {
-        let small = |v: &serde_json::Value| json_fits(v, CACHE_MAX_JSON_BYTES);
-        if !small(&r.payload) || r.result.as_ref().is_some_and(|v| !small(v)) {
-            self.forget(&r.tenant, &r.key);
-            return;
-        }
-        let mut map = self.map.lock().expect("record cache lock");
-        if map.len() >= CACHE_ENTRIES {
-            map.clear();
-        }
-        map.insert((r.tenant.clone(), r.key.clone()), r.clone());
-    }
-
-    fn forget(&self, tenant: &str, key: &str) {
-        self.map.lock().expect("record cache lock").remove(&(tenant.to_owned(), key.to_owned()));
-    }
-}
-
-/// Whether `v` serialises to at most `limit` bytes, counted without building the text and
-/// given up as soon as the limit is passed (this runs on every write of the hot path).
-fn json_fits(v: &serde_json::Value, limit: usize) -> bool {
-    struct Count {
-        seen: usize,
-        limit: usize,
-    }
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.seen += buf.len();
-            if self.seen > self.limit { Err(std::io::Error::other("over the limit")) } else { Ok(buf.len()) }
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    serde_json::to_writer(Count { seen: 0, limit }, v).is_ok()
-}
-
 /// The options of every pooled connection: `url`, plus `plan_cache_mode =
 /// force_generic_plan`. The hot path's statements are prepared once per connection (and
 /// per batch size) and executed thousands of times a second; by default PostgreSQL plans
@@ -323,7 +257,7 @@ pub struct PgStore {
     pool: PgPool,
     clock: Arc<dyn Clock>,
     config: StoreConfig,
-    cache: Arc<RecordCache>,
+    cache: Arc<crate::record_cache::RecordCache>,
     writers: Arc<Writers>,
     keys: Arc<crate::key_cache::KeyCache>,
 }
@@ -762,8 +696,7 @@ impl crate::flow::WorkflowStore for PgStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{StoreError, json_fits, write_distinct};
-    use serde_json::json;
+    use super::{StoreError, write_distinct};
     use std::sync::Mutex;
 
     /// A `write` that records each statement's keys and refuses a statement holding "bad".
@@ -811,14 +744,5 @@ mod tests {
         assert_eq!((&out[0], &out[2]), (&"a!".to_owned(), &"c!".to_owned()));
         assert!(out[1].starts_with("error"), "{out:?}");
         assert_eq!(statements, [vec!["a", "bad", "c"], vec!["a"], vec!["bad"], vec!["c"]]);
-    }
-
-    #[test]
-    fn json_fits_counts_the_serialised_bytes() {
-        let v = json!({"to": "customer-42"});
-        let n = serde_json::to_vec(&v).unwrap().len();
-        assert!(json_fits(&v, n));
-        assert!(!json_fits(&v, n - 1));
-        assert!(!json_fits(&json!("x".repeat(10_000)), 8 * 1024));
     }
 }

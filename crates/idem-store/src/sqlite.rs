@@ -375,12 +375,13 @@ async fn writer_loop(
     config: StoreConfig,
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut cache = crate::sqlite_batch::WriterCache::default();
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let n = batch.len();
         let (done, commit_error) = if batch.iter().all(is_hot) {
-            run_fast(&mut conn, &mut batch, clock.as_ref(), &config).await
+            run_fast(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache).await
         } else {
-            run_general(&mut conn, &mut batch, clock.as_ref(), &config).await
+            run_general(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache).await
         };
         if commit_error.is_none() {
             metrics::histogram!("idem_store_batch_size", "backend" => "sqlite").record(n as f64);
@@ -391,6 +392,12 @@ async fn writer_loop(
         }
     }
     let _ = conn.close().await;
+}
+
+/// Rows this connection inserted, updated or deleted since it opened (SQLite's
+/// `total_changes()`, rolled-back ones included); `None` when it cannot be read.
+async fn total_changes(conn: &mut SqliteConnection) -> Option<i64> {
+    sqlx::query_scalar("SELECT total_changes()").fetch_one(&mut *conn).await.ok()
 }
 
 fn record_commit(seconds: f64) {
@@ -405,9 +412,10 @@ async fn run_fast(
     batch: &mut Vec<Command>,
     clock: &dyn Clock,
     config: &StoreConfig,
+    cache: &mut crate::sqlite_batch::WriterCache,
 ) -> (Vec<Pending>, Option<String>) {
     use crate::sqlite_batch::{Fast, run_batch};
-    let outcome = { run_batch(conn, &hot_views(batch), config, clock.now_ms(), record_commit).await };
+    let outcome = { run_batch(conn, &hot_views(batch), config, clock.now_ms(), cache, record_commit).await };
     match outcome {
         Fast::BeginFailed(e) => {
             let msg = e.to_string();
@@ -420,7 +428,7 @@ async fn run_fast(
         Fast::Retry(e) => {
             tracing::warn!(error = %e, "group-commit batch failed; running it again request by request");
             let _ = exec(conn, "ROLLBACK").await;
-            run_general(conn, batch, clock, config).await
+            run_general(conn, batch, clock, config, cache).await
         }
         Fast::Done(results, commit_error) => {
             let commit_error = commit_error.map(|e| {
@@ -438,11 +446,17 @@ async fn run_fast(
 
 /// Any batch: `BEGIN IMMEDIATE`, runs of hot requests as segments and other commands one
 /// by one, each under its own savepoint, then `COMMIT`.
+///
+/// The writer's record cache follows: the keys of hot segments are forgotten (they were
+/// written without it), and the whole cache is dropped after any other command that
+/// changed a row (sweeps, lease expiry, reconciliation, workflows write records it does
+/// not follow); most of those are polls that find nothing due and write nothing.
 async fn run_general(
     conn: &mut SqliteConnection,
     batch: &mut Vec<Command>,
     clock: &dyn Clock,
     config: &StoreConfig,
+    cache: &mut crate::sqlite_batch::WriterCache,
 ) -> (Vec<Pending>, Option<String>) {
     let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
     let commit_error = match exec(conn, "BEGIN IMMEDIATE").await {
@@ -461,9 +475,17 @@ async fn run_general(
                     while let Some(next) = cmds.next_if(is_hot) {
                         segment.push(next);
                     }
+                    for h in hot_views(&segment) {
+                        let (tenant, key) = h.key();
+                        cache.forget(tenant, key);
+                    }
                     done.extend(run_hot(conn, segment, clock, config).await);
                 } else {
+                    let before = total_changes(conn).await;
                     done.push(run_one(conn, cmd, clock, config).await);
+                    if before.is_none() || total_changes(conn).await != before {
+                        cache.invalidate();
+                    }
                 }
             }
             let start = std::time::Instant::now();

@@ -133,3 +133,79 @@ async fn sqlite_acknowledged_batches_survive_kill_9() {
 async fn postgres_acknowledged_batches_survive_kill_9() {
     acknowledged_batches_survive_kill_9(Backend::Postgres).await;
 }
+
+/// The same for whole pairs and replays, the path the writer's record cache serves (a
+/// completion planned from the record its acquire left in memory, a replay answered from
+/// it): 16 clients run acquire -> complete -> replay back to back, the server is killed
+/// while they do; after the restart (an empty cache) every acknowledged completion is
+/// SUCCEEDED with its evidence, and a replay answers it from the database.
+async fn acknowledged_pairs_survive_kill_9(b: Backend) {
+    let db = Db::new(b).await;
+    let s = Server::start(&db.url);
+    let (http, base) = (s.http.clone(), s.url("/v1/operations"));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|w| {
+            let (http, base, done) = (http.clone(), base.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut completed = Vec::new();
+                for i in 0..500 {
+                    let key = format!("pair-{w}-{i}");
+                    let body = json!({"key": key, "action": "send", "payload": {"i": i}});
+                    let Ok(r) = http.post(&base).bearer_auth(ADMIN_KEY).json(&body).send().await else { break };
+                    if r.status() != 201 {
+                        break;
+                    }
+                    let Ok(granted) = r.json::<serde_json::Value>().await else { break };
+                    let complete = json!({"fencing_token": granted["fencing_token"], "outcome": "succeeded", "provider_ref": format!("ref-{key}")});
+                    let url = format!("{base}/{}/complete", common::enc(&key));
+                    match http.post(&url).bearer_auth(ADMIN_KEY).json(&complete).send().await {
+                        Ok(r) if r.status() == 200 => completed.push(key),
+                        _ => break,
+                    }
+                    done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    match http.post(&base).bearer_auth(ADMIN_KEY).json(&body).send().await {
+                        Ok(r) if r.status() == 200 => {}
+                        _ => break,
+                    }
+                }
+                completed
+            })
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    while done.load(std::sync::atomic::Ordering::SeqCst) < 200 && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    s.kill9();
+    let mut completed = Vec::new();
+    for t in tasks {
+        completed.extend(t.await.unwrap());
+    }
+    assert!(completed.len() >= 200, "completions were acknowledged before the kill");
+    assert!(completed.len() < 16 * 500, "the kill happened while clients were still sending");
+    let s = Server::start(&db.url);
+    for k in &completed {
+        let r = s.record(k).await;
+        assert_eq!(r.status, 200, "acknowledged {k} was lost");
+        assert_eq!(
+            (r.body["state"].as_str(), r.body["provider_ref"].as_str()),
+            (Some("SUCCEEDED"), Some(&*format!("ref-{k}")))
+        );
+    }
+    let k = &completed[completed.len() / 2];
+    let replay = s.post(ADMIN_KEY, "/v1/operations", &json!({"key": k, "action": "send", "payload": {"i": k.rsplit('-').next().unwrap().parse::<i64>().unwrap()}})).await;
+    assert_eq!(replay.status, 200, "{replay:?}");
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    eprintln!("{} pairs acknowledged before kill -9; all SUCCEEDED after restart", completed.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_acknowledged_pairs_survive_kill_9() {
+    acknowledged_pairs_survive_kill_9(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_acknowledged_pairs_survive_kill_9() {
+    acknowledged_pairs_survive_kill_9(Backend::Postgres).await;
+}

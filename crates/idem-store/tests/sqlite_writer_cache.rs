@@ -1,0 +1,85 @@
+//! The SQLite writer's record cache (`sqlite_batch::WriterCache`) never answers from a
+//! record the database no longer holds: a change by another connection on the same file
+//! (another process, `PRAGMA data_version`) or by a command outside the hot path (lease
+//! expiry, sweeps: `total_changes()`) makes the next batch read the record again.
+
+use idem_core::{AcquireInput, Actor, Decision, ManualClock, Outcome};
+use idem_store::{CompleteRequest, Store, StoreError, sqlite::SqliteStore};
+use serde_json::json;
+use sqlx::Connection;
+use std::sync::Arc;
+
+fn input(key: &str) -> AcquireInput {
+    AcquireInput {
+        tenant: "t".into(),
+        key: key.into(),
+        action: "send".into(),
+        payload: json!({"to": "a@example.com"}),
+        fingerprint: "fp".into(),
+        lease_ms: 1_000,
+        redo_safe: false,
+        connector: None,
+        holder: None,
+        actor: Actor { principal: "w".into(), request_id: None },
+    }
+}
+
+fn success(key: &str, token: i64) -> CompleteRequest {
+    CompleteRequest {
+        tenant: "t".into(),
+        key: key.into(),
+        fencing_token: token,
+        outcome: Outcome::Succeeded { provider_ref: format!("ref-{key}"), result: None },
+        actor: Actor { principal: "w".into(), request_id: None },
+        policy: None,
+    }
+}
+
+async fn open() -> (tempfile::TempDir, SqliteStore, sqlx::SqliteConnection, Arc<ManualClock>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cache.db");
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = SqliteStore::open(&path, clock.clone(), Default::default()).await.unwrap();
+    let raw = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    (dir, store, raw, clock)
+}
+
+#[tokio::test]
+async fn a_new_token_granted_by_another_process_fences_the_cached_one() {
+    let (_dir, store, mut raw, _clock) = open().await;
+    let token = store.acquire(input("k")).await.unwrap().record.fencing_token;
+    // Another process on the same file re-grants the lease (the next token).
+    sqlx::query("UPDATE operations SET fencing_token = ?, attempt_count = 2, version = version + 1 WHERE op_key = 'k'")
+        .bind(token + 1)
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    let stale = store.complete(success("k", token)).await;
+    assert!(matches!(stale, Err(StoreError::Complete(_))), "the first token is stale now: {stale:?}");
+    assert!(store.complete(success("k", token + 1)).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_record_another_process_removed_is_not_replayed_from_the_cache() {
+    let (_dir, store, mut raw, _clock) = open().await;
+    let token = store.acquire(input("k")).await.unwrap().record.fencing_token;
+    store.complete(success("k", token)).await.unwrap();
+    assert_eq!(store.acquire(input("k")).await.unwrap().decision, Decision::Replay);
+    sqlx::query("DELETE FROM operations WHERE op_key = 'k'").execute(&mut raw).await.unwrap();
+    let again = store.acquire(input("k")).await.unwrap();
+    assert_eq!(again.decision, Decision::Acquire, "the key is new again");
+    assert_eq!(again.record.attempt_count, 1);
+}
+
+#[tokio::test]
+async fn a_lease_the_sweeper_expired_is_seen_by_the_next_trigger() {
+    let (_dir, store, _raw, clock) = open().await;
+    store.acquire(input("k")).await.unwrap();
+    clock.advance(2_000);
+    assert_eq!(store.expire_leases(100).await.unwrap(), 1);
+    // From the database: UNKNOWN, reconciliation pending. From a stale cache it would be
+    // EXECUTING with an expired lease, expired a second time (ExpireToUnknown).
+    assert_eq!(store.acquire(input("k")).await.unwrap().decision, Decision::Unknown);
+    let expiries = store.events("t", "k").await.unwrap().iter().filter(|e| e.kind.as_str() == "lease_expired").count();
+    assert_eq!(expiries, 1);
+}
