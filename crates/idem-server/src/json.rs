@@ -8,7 +8,8 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 /// A JSON body; malformed JSON, wrong types and unknown fields are 400 `invalid-request`,
-/// a body over the limit 413 `payload-too-large`, a non-JSON content type 415.
+/// a body over the limit 413 `payload-too-large`, a non-JSON content type or any
+/// `Content-Encoding` but `identity` 415 (RFC 9110 §15.5.16).
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
@@ -22,6 +23,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     /// its rule (`application/json` or a `+json` suffix) and rejection stay axum's.
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let rid = crate::auth::request_id(req.headers()).map(str::to_owned);
+        if let Some(coding) = req.headers().get(axum::http::header::CONTENT_ENCODING)
+            && !coding.as_bytes().eq_ignore_ascii_case(b"identity")
+        {
+            // RFC 9110 §15.5.16: a content coding the server does not support is 415.
+            let detail = format!(
+                "Content-Encoding {:?} is not supported: send the JSON body uncompressed",
+                String::from_utf8_lossy(coding.as_bytes())
+            );
+            return Err(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", detail)
+                .with_request_id(rid.as_deref()));
+        }
         let problem = |r: JsonRejection| json_problem(&r).with_request_id(rid.as_deref());
         if !json_content_type(req.headers()) {
             return match axum::Json::<T>::from_request(req, state).await {

@@ -51,7 +51,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "Too many request bodies in flight",
         "This node already holds its limit of request body bytes being read and processed (`--max-inflight-body-bytes`, default 8 MiB) and none finished within `--inflight-wait-ms`; it refuses rather than run out of memory. Nothing was recorded; retry after `Retry-After` seconds, or send it to another node.",
     ),
-    ("unsupported-media-type", "The body must be JSON", "Send `Content-Type: application/json`."),
+    (
+        "unsupported-media-type",
+        "The body must be uncompressed JSON",
+        "Send `Content-Type: application/json` and no `Content-Encoding` (or `identity`).",
+    ),
     (
         "not-found",
         "Not found",

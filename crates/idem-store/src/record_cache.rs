@@ -28,12 +28,24 @@ pub(crate) const CACHE_ENTRIES: usize = 2048;
 pub(crate) const CACHE_MAX_JSON_BYTES: usize = 8 * 1024;
 
 /// See the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RecordCache {
     map: Mutex<HashMap<(String, String), OperationRecord>>,
+    entries: usize,
+}
+
+impl Default for RecordCache {
+    fn default() -> Self {
+        Self::new(CACHE_ENTRIES)
+    }
 }
 
 impl RecordCache {
+    /// A cache of at most `entries` records.
+    pub(crate) fn new(entries: usize) -> Self {
+        RecordCache { map: Mutex::default(), entries }
+    }
+
     /// A copy of the cached record of `(tenant, key)`.
     pub(crate) fn get(&self, tenant: &str, key: &str) -> Option<OperationRecord> {
         let map = self.map.lock().expect("record cache lock");
@@ -48,7 +60,7 @@ impl RecordCache {
             return;
         }
         let mut map = self.map.lock().expect("record cache lock");
-        if map.len() >= CACHE_ENTRIES {
+        if map.len() >= self.entries {
             map.clear();
         }
         map.insert((r.tenant.clone(), r.key.clone()), r.clone());

@@ -89,6 +89,9 @@ pub(crate) const HOT_READS: [(&str, &str); 2] = [("records", read_records!()), (
 /// The first round trip of [`run_batch`]: the write lock, `data_version` (has another
 /// connection committed since this one last looked?), the records, the tombstones.
 const BATCH_READ: &str = concat!("BEGIN IMMEDIATE; PRAGMA data_version; ", read_records!(), "; ", read_tombstones!());
+/// Triggers on idem's two hot tables (idem puts none there).
+const HOT_TABLE_TRIGGERS: &str = "SELECT count(*) FROM sqlite_schema \
+     WHERE type = 'trigger' AND tbl_name IN ('operations', 'operation_events')";
 
 /// The writer's [`RecordCache`] and the `PRAGMA data_version` it is valid for.
 ///
@@ -99,12 +102,27 @@ const BATCH_READ: &str = concat!("BEGIN IMMEDIATE; PRAGMA data_version; ", read_
 /// or a command outside the hot path writes it (the writer calls [`Self::invalidate`]
 /// after any such batch that changed a row: `total_changes()` moved). A batch checks `data_version` under the write lock before it
 /// plans with a cached record, and re-reads the keys it took from the cache when it
-/// changed. Saves the read of the record a completion (or a replay) names: ~40 000
-/// instructions per completion (scripts/callgrind.sh).
-#[derive(Debug, Default)]
+/// changed. idem puts no triggers on `operations` or `operation_events`; while someone
+/// else's trigger is there (it could change a row during the writer's own commit), the
+/// cache is not used at all (creating one is a commit by another connection, so the next
+/// batch looks: [`HOT_TABLE_TRIGGERS`] runs whenever `data_version` moved). Saves
+/// the read of the record a completion (or a replay) names: ~40 000 instructions per
+/// completion (scripts/callgrind.sh).
+#[derive(Debug)]
 pub(crate) struct WriterCache {
     records: RecordCache,
     data_version: Option<i64>,
+}
+
+/// Records the SQLite writer keeps: enough for the completions of a few hundred leases in
+/// flight and the keys being replayed. A miss costs one read; memory counts against the
+/// server's budget (peak RSS under `idem bench` rose from ~50 to 63–67 MiB with 2 048).
+const WRITER_CACHE_ENTRIES: usize = 1024;
+
+impl Default for WriterCache {
+    fn default() -> Self {
+        WriterCache { records: RecordCache::new(WRITER_CACHE_ENTRIES), data_version: None }
+    }
 }
 
 impl WriterCache {
@@ -419,9 +437,15 @@ async fn run_batch_cached(
     };
     if cache.data_version != Some(data_version) {
         // Another connection committed since: nothing cached can be trusted, and the keys
-        // taken from the cache are read now, under the same write lock.
+        // taken from the cache are read now, under the same write lock. The cache is used
+        // again from this version on unless a trigger could rewrite idem's rows.
         cache.records.clear();
-        cache.data_version = Some(data_version);
+        let triggers: Result<i64, _> = sqlx::query_scalar(HOT_TABLE_TRIGGERS).fetch_one(&mut *conn).await;
+        cache.data_version = match triggers {
+            Ok(0) => Some(data_version),
+            Ok(_) => None,
+            Err(e) => return Fast::Retry(e.into()),
+        };
         if !cached.is_empty() {
             let stale: Vec<Key> = cached.drain(..).map(|r| (r.tenant, r.key)).collect();
             match load_all(conn, &stale).await {
@@ -472,8 +496,10 @@ async fn run_batch_cached(
         }
     }
     commit_seconds(start.elapsed().as_secs_f64());
-    for r in &planned.changed {
-        cache.records.put(r);
+    if cache.data_version.is_some() {
+        for r in &planned.changed {
+            cache.records.put(r);
+        }
     }
     Fast::Done(planned.results, None)
 }

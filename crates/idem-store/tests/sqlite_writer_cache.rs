@@ -1,7 +1,8 @@
 //! The SQLite writer's record cache (`sqlite_batch::WriterCache`) never answers from a
 //! record the database no longer holds: a change by another connection on the same file
-//! (another process, `PRAGMA data_version`) or by a command outside the hot path (lease
-//! expiry, sweeps: `total_changes()`) makes the next batch read the record again.
+//! (another process, `PRAGMA data_version`), by a command outside the hot path (lease
+//! expiry, sweeps: `total_changes()`) or by a trigger someone added to idem's tables
+//! (the batch changed more rows than it wrote) makes the next batch read the record again.
 
 use idem_core::{AcquireInput, Actor, Decision, ManualClock, Outcome};
 use idem_store::{CompleteRequest, Store, StoreError, sqlite::SqliteStore};
@@ -82,4 +83,23 @@ async fn a_lease_the_sweeper_expired_is_seen_by_the_next_trigger() {
     assert_eq!(store.acquire(input("k")).await.unwrap().decision, Decision::Unknown);
     let expiries = store.events("t", "k").await.unwrap().iter().filter(|e| e.kind.as_str() == "lease_expired").count();
     assert_eq!(expiries, 1);
+}
+
+#[tokio::test]
+async fn a_trigger_that_rewrites_idems_row_is_not_hidden_by_the_cache() {
+    // A break-it finding: a trigger on `operations` changed the row during the writer's
+    // own commit, and replays kept answering the cached copy.
+    let (_dir, store, mut raw, _clock) = open().await;
+    sqlx::query(
+        "CREATE TRIGGER rewrite_ref AFTER UPDATE OF state ON operations WHEN NEW.state = 'SUCCEEDED' \
+         BEGIN UPDATE operations SET provider_ref = 'from-trigger' WHERE id = NEW.id; END",
+    )
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    let token = store.acquire(input("k")).await.unwrap().record.fencing_token;
+    store.complete(success("k", token)).await.unwrap();
+    let replay = store.acquire(input("k")).await.unwrap();
+    assert_eq!(replay.decision, Decision::Replay);
+    assert_eq!(replay.record.provider_ref.as_deref(), Some("from-trigger"), "the database's row, not the cached one");
 }

@@ -112,6 +112,20 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     // Wrong content type: 415.
     let r = s.http.post(s.url("/v1/operations")).bearer_auth(ADMIN_KEY).body("{}").send().await.unwrap();
     assert_eq!(r.status(), 415);
+    // A compressed body is not read as JSON (a break-it pass got 400 "not valid JSON"): 415.
+    let r = s
+        .http
+        .post(s.url("/v1/operations"))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 0x08, 0x00])
+        .send()
+        .await
+        .unwrap();
+    let r = common::Resp::read(r).await;
+    assert_eq!((r.status.as_u16(), r.problem()), (415, "unsupported-media-type"), "{r:?}");
+    assert!(r.body["detail"].as_str().unwrap().contains("gzip"), "{r:?}");
     // Bad list filter: 400.
     let r = s.get(ADMIN_KEY, "/v1/operations?state=DONE").await;
     assert_eq!((r.status.as_u16(), r.problem()), (400, "invalid-request"));
