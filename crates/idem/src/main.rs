@@ -20,11 +20,11 @@ use std::process::ExitCode;
 /// mimalloc instead of glibc malloc: allocation and free were about a quarter of the
 /// instructions of an acquire or a completion (scripts/callgrind.sh: 816 000 -> 697 000
 /// instructions per pair; natively about 9 % less user CPU per pair at concurrency 32).
-/// The price is resident memory: mimalloc commits its arenas up front on Linux, so an idle
-/// `idem serve` holds about 35 MiB instead of 19 MiB, 49 MiB instead of 31 MiB after 9 600
-/// pairs at concurrency 32 (still under the 64 MiB goal). `MIMALLOC_ARENA_EAGER_COMMIT=0`
-/// in the environment brings that to 22 / 36 MiB; every `MIMALLOC_*` variable applies as
-/// mimalloc documents. mimalloc hands freed memory back to the operating system on its
+/// By default mimalloc commits its arenas up front on Linux, which cost resident memory
+/// (peak RSS under `idem bench` 63–71 MiB against a 64 MiB goal); idem turns that off
+/// before the first allocation ([`arena_commit_on_demand`]: 36–41 MiB, same throughput).
+/// Every `MIMALLOC_*` variable applies as mimalloc documents, `MIMALLOC_ARENA_EAGER_COMMIT`
+/// included. mimalloc hands freed memory back to the operating system on its
 /// own (after its purge delay), which `crates/idem/tests/memory.rs` checks after a burst
 /// of wide payloads.
 #[global_allocator]
@@ -41,6 +41,42 @@ macro_rules! out {
         }
     }};
 }
+
+/// `mi_option_arena_eager_commit` in mimalloc v3's `mimalloc.h` (`mi_option_e`: 0
+/// show_errors, 1 show_stats, 2 verbose, 3 deprecated_eager_commit, 4 arena_eager_commit).
+#[cfg(target_os = "linux")]
+const MI_OPTION_ARENA_EAGER_COMMIT: std::os::raw::c_int = 4;
+
+#[cfg(target_os = "linux")]
+unsafe extern "C" {
+    /// mimalloc's `void mi_option_set(mi_option_t option, long value)`, linked in with
+    /// the allocator (libmimalloc-sys binds it only behind a feature that needs one more
+    /// crate).
+    fn mi_option_set(option: std::os::raw::c_int, value: std::os::raw::c_long);
+    fn getenv(name: *const std::os::raw::c_char) -> *const std::os::raw::c_char;
+}
+
+/// mimalloc commits its arenas up front on Linux by default, and memory a burst touched
+/// then stays resident; with that off (mimalloc's `MIMALLOC_ARENA_EAGER_COMMIT=0`) the
+/// server's peak RSS under `idem bench` fell from 63–71 MiB to 37–39 MiB with no loss of
+/// throughput. It must be set before the first allocation reserves an arena, which Rust's
+/// runtime makes before `main`: hence a constructor, which allocates nothing (libc
+/// `getenv`, not `std::env`). An explicit `MIMALLOC_ARENA_EAGER_COMMIT` still wins.
+#[cfg(target_os = "linux")]
+extern "C" fn arena_commit_on_demand() {
+    // SAFETY: getenv reads the environment the process started with (no thread exists
+    // yet); mi_option_set only stores the option's value.
+    unsafe {
+        if getenv(c"MIMALLOC_ARENA_EAGER_COMMIT".as_ptr()).is_null() {
+            mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ARENA_COMMIT_ON_DEMAND: extern "C" fn() = arena_commit_on_demand;
 
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
