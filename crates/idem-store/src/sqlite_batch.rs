@@ -100,9 +100,9 @@ const HOT_TABLE_TRIGGERS: &str = "SELECT count(*) FROM sqlite_schema \
 /// the database's record until another connection commits (another process on the same
 /// file: `data_version` changes, <https://www.sqlite.org/pragma.html#pragma_data_version>)
 /// or a command outside the hot path writes it (the writer calls [`Self::invalidate`]
-/// after any such batch that changed a row: `total_changes()` moved). A batch checks `data_version` under the write lock before it
-/// plans with a cached record, and re-reads the keys it took from the cache when it
-/// changed. idem puts no triggers on `operations` or `operation_events`; while someone
+/// after any such command that changed a row: `total_changes()` moved). A batch checks
+/// `data_version` under the write lock before it plans with a cached record, and re-reads
+/// the keys it took from the cache when it changed. idem puts no triggers on `operations` or `operation_events`; while someone
 /// else's trigger is there (it could change a row during the writer's own commit), the
 /// cache is not used at all (creating one is a commit by another connection, so the next
 /// batch looks: [`HOT_TABLE_TRIGGERS`] runs whenever `data_version` moved). Saves
@@ -116,7 +116,7 @@ pub(crate) struct WriterCache {
 
 /// Records the SQLite writer keeps: enough for the completions of a few hundred leases in
 /// flight and the keys being replayed. A miss costs one read; memory counts against the
-/// server's budget (peak RSS under `idem bench` rose from ~50 to 63–67 MiB with 2 048).
+/// server's budget (2 048 records added ~7 MiB to the peak RSS under `idem bench`).
 const WRITER_CACHE_ENTRIES: usize = 1024;
 
 impl Default for WriterCache {
@@ -145,10 +145,8 @@ fn pairs_json<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> String {
 }
 
 fn key_of(h: &Hot<'_>) -> Key {
-    match h {
-        Hot::Acquire(i) => (i.tenant.clone(), i.key.clone()),
-        Hot::Complete(c) => (c.tenant.clone(), c.key.clone()),
-    }
+    let (tenant, key) = h.key();
+    (tenant.to_owned(), key.to_owned())
 }
 
 async fn load_all(conn: &mut SqliteConnection, keys: &[Key]) -> Result<HashMap<Key, OperationRecord>, StoreError> {
@@ -365,13 +363,8 @@ async fn run_batch_cached(
     // 1. BEGIN IMMEDIATE; the records; the tombstones of the keys some acquire names
     //    (`plan` consults a tombstone only for an acquire: a completion of a key without
     //    a record is 404 either way), so a completion costs no SHA-256 of its key.
-    let acquired: std::collections::HashSet<(&str, &str)> = reqs
-        .iter()
-        .filter_map(|r| match r {
-            Hot::Acquire(i) => Some((i.tenant.as_str(), i.key.as_str())),
-            Hot::Complete(_) => None,
-        })
-        .collect();
+    let acquired: std::collections::HashSet<(&str, &str)> =
+        reqs.iter().filter(|r| matches!(r, Hot::Acquire(_))).map(Hot::key).collect();
     let hashes: Vec<Option<String>> =
         keys.iter().map(|(t, k)| acquired.contains(&(t.as_str(), k.as_str())).then(|| key_hash(k))).collect();
     let key_list = pairs_json(keys.iter().map(|(t, k)| (t.as_str(), k.as_str())));
@@ -422,7 +415,6 @@ async fn run_batch_cached(
                     }),
                 Either::Right(row) => OperationRow::from_row(&row).map_err(StoreError::from).and_then(|r| {
                     let rec = r.into_record()?;
-                    cache.records.put(&rec);
                     records.insert((rec.tenant.clone(), rec.key.clone()), rec);
                     Ok(())
                 }),
@@ -457,6 +449,13 @@ async fn run_batch_cached(
                 Ok(found) => tombstones.extend(found),
                 Err(e) => return Fast::Retry(e),
             }
+        }
+    }
+    // What was read under the write lock is the database's record: kept while the cache
+    // is in use (never while a trigger may rewrite rows).
+    if cache.data_version.is_some() {
+        for r in records.values() {
+            cache.records.put(r);
         }
     }
     for r in cached {
