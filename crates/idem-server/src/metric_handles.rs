@@ -68,6 +68,21 @@ pub fn record_http(method: &'static str, route: &str, status: u16, seconds: f64)
 pub const DECISIONS: [&str; 8] =
     ["acquired", "already_held", "replay", "in_progress", "retry_not_due", "unknown", "mismatch", "late"];
 
+/// The place of `d`'s label in [`DECISIONS`] (and of its counter in [`DECISION_COUNTERS`]).
+pub fn decision_index(d: &idem_core::Decision) -> usize {
+    use idem_core::Decision;
+    match d {
+        Decision::Acquire => 0,
+        Decision::AlreadyHeld => 1,
+        Decision::Replay => 2,
+        Decision::InProgress { .. } => 3,
+        Decision::RetryNotDue { .. } => 4,
+        Decision::Unknown | Decision::ExpireToUnknown => 5,
+        Decision::Mismatch => 6,
+        Decision::Late => 7,
+    }
+}
+
 /// `idem_acquires_total{decision}`, one handle per label of [`DECISIONS`].
 pub static DECISION_COUNTERS: LazyLock<[Counter; 8]> = LazyLock::new(|| {
     crate::metrics::handle();
@@ -93,7 +108,9 @@ mod tests {
         assert_eq!(sample(&text, &series), 2.0, "{text}");
         let count = format!("idem_http_request_duration_seconds_count{{method=\"PATCH\",route=\"{route}\"}}");
         assert_eq!(sample(&text, &count), 3.0);
-        DECISION_COUNTERS[7].increment(1);
+        assert_eq!(DECISIONS[decision_index(&idem_core::Decision::Late)], "late");
+        assert_eq!(DECISIONS[decision_index(&idem_core::Decision::ExpireToUnknown)], "unknown");
+        DECISION_COUNTERS[decision_index(&idem_core::Decision::Late)].increment(1);
         let text = crate::metrics::handle().render();
         assert!(sample(&text, "idem_acquires_total{decision=\"late\"}") >= 1.0);
     }

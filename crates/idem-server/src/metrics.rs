@@ -227,23 +227,12 @@ pub async fn serve(State(state): State<AppState>, headers: axum::http::HeaderMap
 
 /// The `decision` label of an answered trigger.
 pub fn decision_label(d: &Decision) -> &'static str {
-    match d {
-        Decision::Acquire => "acquired",
-        Decision::AlreadyHeld => "already_held",
-        Decision::Replay => "replay",
-        Decision::InProgress { .. } => "in_progress",
-        Decision::RetryNotDue { .. } => "retry_not_due",
-        Decision::Unknown | Decision::ExpireToUnknown => "unknown",
-        Decision::Mismatch => "mismatch",
-        Decision::Late => "late",
-    }
+    crate::metric_handles::DECISIONS[crate::metric_handles::decision_index(d)]
 }
 
 /// Counts one answered trigger (`idem_acquires_total{decision}`).
 pub fn record_trigger(d: &Decision) {
-    let label = decision_label(d);
-    let i = crate::metric_handles::DECISIONS.iter().position(|l| *l == label).expect("every decision label is listed");
-    crate::metric_handles::DECISION_COUNTERS[i].increment(1);
+    crate::metric_handles::DECISION_COUNTERS[crate::metric_handles::decision_index(d)].increment(1);
 }
 
 /// Middleware: counts and times every request by method, route template and status.
