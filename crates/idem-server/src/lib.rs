@@ -190,7 +190,7 @@ fn app(state: AppState, budget: request_body::BodyBudget, with_ui: bool) -> Rout
     let max_body_bytes = budget.limits().max_body_bytes;
     let x_request_id = axum::http::HeaderName::from_static("x-request-id");
     let routes = if with_ui { ui::router().route("/", get(index::index)) } else { Router::new() };
-    routes
+    let routes = routes
         .route("/v1/operations", post(operations::acquire).get(operations::list))
         .route("/v1/operations/{key}", get(operations::get_one))
         .route("/v1/operations/{key}/complete", post(operations::complete))
@@ -213,14 +213,22 @@ fn app(state: AppState, budget: request_body::BodyBudget, with_ui: bool) -> Rout
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
-        .layer(axum::middleware::from_fn_with_state(budget, request_body::guard))
-        .layer(axum::middleware::from_fn(problem::fill_request_id))
-        .layer(axum::middleware::from_fn(metrics::track_http))
-        .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(PropagateRequestIdLayer::new(x_request_id.clone()))
-        .layer(logging::trace_layer())
-        .layer(SetRequestIdLayer::new(x_request_id, MakeRequestUuid))
+        .layer(axum::middleware::from_fn(metrics::expose_route));
+    // The middleware wraps the router once, outermost first. Applied with `Router::layer`
+    // it wrapped every route's service instead, and each layer clones the service below
+    // it on every request: 35 boxed clones and ~45 allocations per request (callgrind),
+    // about 20 000 instructions of an acquire's ~320 000.
+    let service = tower::ServiceBuilder::new()
         .layer(axum::middleware::from_fn(logging::sanitize_request_id))
+        .layer(SetRequestIdLayer::new(x_request_id.clone(), MakeRequestUuid))
+        .layer(logging::trace_layer())
+        .layer(PropagateRequestIdLayer::new(x_request_id))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn(metrics::track_http))
+        .layer(axum::middleware::from_fn(problem::fill_request_id))
+        .layer(axum::middleware::from_fn_with_state(budget, request_body::guard))
+        .service(routes);
+    Router::new().fallback_service(service)
 }
 
 /// Whether `uri` is on the admin page, whose errors are HTML pages, not problem+json.

@@ -251,12 +251,26 @@ pub async fn track_http(req: Request, next: Next) -> Response {
         "PATCH" => "PATCH",
         _ => "other",
     };
-    let route = req.extensions().get::<MatchedPath>().cloned();
-    let route = route.as_ref().map_or("unmatched", |p| p.as_str());
-    tracing::Span::current().record("route", route);
     let start = Instant::now();
     let resp = next.run(req).await;
+    let route = resp.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str);
     crate::metric_handles::record_http(method, route, resp.status().as_u16(), start.elapsed().as_secs_f64());
+    resp
+}
+
+/// Middleware inside the router (the only place that knows which route matched): records
+/// the route template (`/v1/operations/{key}`) in the request's span and hands it to
+/// [`track_http`], which runs outside the router, in the response's extensions. A
+/// request no route matched gets none ("unmatched").
+pub async fn expose_route(req: Request, next: Next) -> Response {
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    if let Some(r) = &route {
+        tracing::Span::current().record("route", r.as_str());
+    }
+    let mut resp = next.run(req).await;
+    if let Some(r) = route {
+        resp.extensions_mut().insert(r);
+    }
     resp
 }
 
