@@ -51,23 +51,29 @@ const DUE: &str = "SELECT c.relname::text, pg_relation_size(c.oid) / current_set
      AND c.relnamespace = to_regnamespace(current_schema())";
 
 /// Checks (see [`CHECK_EVERY`]) for as long as `alive` (the store) exists and some table
-/// of [`TABLES`] has never been analyzed. Failures are logged and retried on the next
-/// check; they cost nothing but the plans this exists to fix.
+/// of [`TABLES`] has never been analyzed. A table it cannot analyze is logged once and
+/// left to autovacuum; a failed check is retried on the next one.
 pub(super) fn spawn<T: Send + Sync + 'static>(alive: Weak<T>, pool: PgPool) {
     tokio::spawn(async move {
         let tables: Vec<String> = TABLES.iter().map(|(t, _)| (*t).to_owned()).collect();
         let mut checks = 0u32;
+        // Tables this node could not analyze (no privilege, say): warned about once, left
+        // to autovacuum.
+        let mut refused: Vec<String> = Vec::new();
         while alive.strong_count() > 0 {
             checks = checks.saturating_add(1);
             match sqlx::query_as::<_, (String, bool)>(DUE).bind(&tables).bind(MIN_PAGES).fetch_all(&pool).await {
-                Ok(rows) if rows.is_empty() => return,
+                Ok(rows) if rows.iter().all(|(t, _)| refused.contains(t)) => return,
                 Ok(rows) => {
                     for (table, due) in rows {
                         let Some((_, analyze)) = TABLES.iter().find(|(t, _)| *t == table) else { continue };
-                        if due {
+                        if due && !refused.contains(&table) {
                             match sqlx::raw_sql(*analyze).execute(&pool).await {
                                 Ok(_) => tracing::info!(table, "analyzed a fresh table so its lookups plan by key"),
-                                Err(e) => tracing::warn!(table, error = %e, "cannot analyze a fresh table"),
+                                Err(e) => {
+                                    tracing::warn!(table, error = %e, "cannot analyze a fresh table; autovacuum will");
+                                    refused.push(table);
+                                }
                             }
                         }
                     }
