@@ -101,19 +101,8 @@ pub async fn outbox(cmd: OutboxCommand) -> anyhow::Result<()> {
             if json {
                 crate::out!("{}", serde_json::Value::Array(rows.iter().map(row_json).collect()));
             } else {
-                for r in rows {
-                    crate::out!(
-                        "{}  {:<9}  {}/{}  {}  attempts {}{}",
-                        r.id,
-                        r.state,
-                        r.aggregate_type,
-                        r.aggregate_id,
-                        r.topic,
-                        r.attempts,
-                        r.error_class
-                            .map(|c| format!("  {c}: {}", r.error_message.unwrap_or_default()))
-                            .unwrap_or_default()
-                    );
+                for r in &rows {
+                    crate::out!("{}", crate::output::outbox_line(&crate::output::printable(&row_json(r))));
                 }
             }
             Ok(())
@@ -136,7 +125,7 @@ pub async fn outbox(cmd: OutboxCommand) -> anyhow::Result<()> {
             if json {
                 crate::out!("{v}");
             } else {
-                crate::out!("{}", serde_json::to_string_pretty(&v)?);
+                crate::out!("{}", crate::output::outbox_event(&crate::output::printable(&v)));
             }
             Ok(())
         }

@@ -187,13 +187,14 @@ pub fn instance_with_steps(v: &Value) -> String {
     out.push_str("steps:\n");
     for st in v.get("steps").and_then(Value::as_array).into_iter().flatten() {
         out.push_str(&format!(
-            "  {:<2} {:<24} {:<11} {:<18} attempts {:<3} {}\n",
+            "  {:<2} {:<24} {:<11} {:<18} attempts {:<3} {}  key {}\n",
             n(st, "position"),
             s(st, "step"),
             s(st, "state"),
             s(st, "policy"),
             n(st, "attempts"),
-            evidence(st)
+            evidence(st),
+            s(st, "operation_key"),
         ));
         if let Some(c) = st.get("compensation").filter(|c| !c.is_null()) {
             out.push_str(&format!(
@@ -207,6 +208,67 @@ pub fn instance_with_steps(v: &Value) -> String {
         }
     }
     events(&mut out, v);
+    out.trim_end().to_owned()
+}
+
+/// One line per outbox event (`idem outbox list`):
+/// `ID  STATE  AGGREGATE_TYPE/AGGREGATE_ID  TOPIC  attempts N[  CLASS: MESSAGE]`.
+pub fn outbox_line(v: &Value) -> String {
+    let error = v
+        .get("error_class")
+        .and_then(Value::as_str)
+        .map(|c| format!("  {c}: {}", v.get("error_message").and_then(Value::as_str).unwrap_or("")))
+        .unwrap_or_default();
+    format!(
+        "{}  {:<9}  {}/{}  {}  attempts {}{error}",
+        s(v, "id"),
+        s(v, "state"),
+        s(v, "aggregate_type"),
+        s(v, "aggregate_id"),
+        s(v, "topic"),
+        n(v, "attempts")
+    )
+}
+
+/// An outbox event (`idem outbox get`): its fields, its payload, then its attempts log
+/// (deliveries, redrives, skips), oldest first.
+pub fn outbox_event(v: &Value) -> String {
+    let mut out = String::new();
+    for k in ["id", "state", "topic", "created_at", "next_attempt_at", "delivered_at", "sink"] {
+        out.push_str(&format!("{k:<15} {}\n", s(v, k)));
+    }
+    out.push_str(&format!("{:<15} {}/{}\n", "aggregate", s(v, "aggregate_type"), s(v, "aggregate_id")));
+    out.push_str(&format!("{:<15} {}\n", "seq", n(v, "seq")));
+    out.push_str(&format!("{:<15} {}\n", "attempts", n(v, "attempts")));
+    if let Some(e) = v.get("evidence").and_then(Value::as_str) {
+        out.push_str(&format!("{:<15} {e}\n", "evidence"));
+    }
+    if let Some(c) = v.get("error_class").and_then(Value::as_str) {
+        out.push_str(&format!("{:<15} {c}: {}\n", "error", s(v, "error_message")));
+    }
+    out.push_str(&format!("{:<15} {}\n", "payload", v.get("payload").unwrap_or(&Value::Null)));
+    out.push_str("attempts log:\n");
+    for a in v.get("attempts_log").and_then(Value::as_array).into_iter().flatten() {
+        let detail = match s(a, "kind") {
+            "attempt" => {
+                let failure = a
+                    .get("error_class")
+                    .and_then(Value::as_str)
+                    .map(|c| format!(" ({c}: {})", s(a, "message")))
+                    .unwrap_or_default();
+                let evidence = a.get("evidence").and_then(Value::as_str).map(|e| format!(" {e}")).unwrap_or_default();
+                format!(
+                    "{} by relay {} to {} -> {}{failure}{evidence}",
+                    s(a, "trigger"),
+                    s(a, "relay"),
+                    s(a, "sink"),
+                    s(a, "result")
+                )
+            }
+            _ => format!("by {}: {}", s(a, "operator"), s(a, "reason")),
+        };
+        out.push_str(&format!("  {}  {:<8} {detail}\n", s(a, "at"), s(a, "kind")));
+    }
     out.trim_end().to_owned()
 }
 
@@ -285,5 +347,53 @@ mod tests {
         assert_eq!(p["list"][0], "\\u{7}");
         assert_eq!(p["n"], 1);
         assert!(!operation_table(&json!({"items": [p]})).contains('\u{1b}'));
+    }
+
+    #[test]
+    fn an_outbox_event_reads_as_text_with_its_attempts_log() {
+        let v = json!({
+            "id": "order-42:created", "seq": 3, "aggregate_type": "order", "aggregate_id": "42",
+            "topic": "orders.created", "state": "DELIVERED", "attempts": 2,
+            "created_at": "2026-12-01T09:00:00.000Z", "next_attempt_at": null, "sink": "webhook",
+            "evidence": "HTTP 204", "error_class": null, "error_message": null,
+            "delivered_at": "2026-12-01T09:00:02.000Z", "payload": {"total": 12.5},
+            "attempts_log": [
+                {"at": "2026-12-01T09:00:00.100Z", "kind": "attempt", "trigger": "scheduled", "relay": "r1",
+                 "result": "retry", "sink": "webhook", "error_class": "transient", "message": "HTTP 503",
+                 "evidence": null, "operator": null, "reason": null},
+                {"at": "2026-12-01T09:00:01.000Z", "kind": "redrive", "trigger": null, "relay": null,
+                 "result": null, "sink": null, "error_class": null, "message": null, "evidence": null,
+                 "operator": "alice", "reason": "receiver fixed"},
+                {"at": "2026-12-01T09:00:02.000Z", "kind": "attempt", "trigger": "manual", "relay": "r2",
+                 "result": "delivered", "sink": "webhook", "error_class": null, "message": null,
+                 "evidence": "HTTP 204", "operator": null, "reason": null}
+            ]
+        });
+        let text = outbox_event(&v);
+        assert!(text.starts_with("id              order-42:created\n"), "{text}");
+        for line in [
+            "aggregate       order/42",
+            "evidence        HTTP 204",
+            "payload         {\"total\":12.5}",
+            "  2026-12-01T09:00:00.100Z  attempt  scheduled by relay r1 to webhook -> retry (transient: HTTP 503)",
+            "  2026-12-01T09:00:01.000Z  redrive  by alice: receiver fixed",
+            "  2026-12-01T09:00:02.000Z  attempt  manual by relay r2 to webhook -> delivered HTTP 204",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+        }
+        assert!(!text.contains("error "), "no error line for an event without one:\n{text}");
+        assert_eq!(outbox_line(&v), "order-42:created  DELIVERED  order/42  orders.created  attempts 2",);
+        let hostile = printable(&json!({"id": "x\u{1b}[2J", "aggregate_type": "a\nforged", "attempts_log": []}));
+        assert!(!outbox_event(&hostile).contains('\u{1b}') && !outbox_line(&hostile).contains('\n'));
+    }
+
+    #[test]
+    fn a_workflow_step_line_names_the_operation_it_ran_under() {
+        let v = json!({"instance_id": "i1", "steps": [
+            {"position": 1, "step": "charge", "state": "SUCCEEDED", "policy": "lookup_before_redo",
+             "attempts": 1, "provider_ref": "ch_1", "operation_key": "wf:i1:charge:rerun-1"}
+        ], "events": []});
+        let text = instance_with_steps(&v);
+        assert!(text.lines().any(|l| l.contains("charge") && l.ends_with("key wf:i1:charge:rerun-1")), "{text}");
     }
 }
