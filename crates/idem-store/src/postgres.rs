@@ -230,14 +230,27 @@ async fn committed_batch<T, E>(
 /// benchmark. Every idem statement is an indexed lookup by key, or a background query
 /// whose partial index the generic plan uses (checked by
 /// `background_queries_use_the_partial_indexes`).
+///
+/// Also no hash joins and no merge joins: every join idem runs starts from a few rows
+/// (one instance's steps, a batch of due keys, a `LIMIT`ed sweep) and looks each one up
+/// by key, so a nested loop over index probes is the right plan at any size, and the only
+/// one that does not depend on statistics being fresh. A kept plan of the workflow
+/// checkpoints query, made from statistics of a smaller ledger, merge-joined one
+/// instance's steps with every operation of the tenant in key order (found by a
+/// break-it pass: workflow steps 117/s at first, 29/s after ~90 000 operations); checked
+/// by `pool_joins_probe_by_key`.
 fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
     use std::str::FromStr;
     let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
-    Ok(options.options([("plan_cache_mode", "force_generic_plan")]))
+    Ok(options.options([
+        ("plan_cache_mode", "force_generic_plan"),
+        ("enable_hashjoin", "off"),
+        ("enable_mergejoin", "off"),
+    ]))
 }
 
-/// The options of the batch writers' own connections: [`connect_options`] plus no
-/// sequential scans, hash joins or merge joins, so every lookup of a key in the hot path's
+/// The options of the batch writers' own connections: [`connect_options`] (no hash or
+/// merge joins) plus no sequential scans, so every lookup of a key in the hot path's
 /// statements is a nested loop over an index probe whatever the table's size looked like
 /// when the statement was planned.
 ///
@@ -252,7 +265,7 @@ fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, StoreE
 /// nested loops too: at most 64 × 64 comparisons of a key, far cheaper than a scan.
 /// Checked by `hot_path_statements_probe_the_key_index_on_a_fresh_database`.
 fn writer_options(options: sqlx::postgres::PgConnectOptions) -> sqlx::postgres::PgConnectOptions {
-    options.options([("enable_seqscan", "off"), ("enable_hashjoin", "off"), ("enable_mergejoin", "off")])
+    options.options([("enable_seqscan", "off")])
 }
 
 /// Bounded retries of a transaction whose conditional write lost a race.

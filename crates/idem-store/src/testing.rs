@@ -83,6 +83,24 @@ pub async fn fresh_pg_database(prefix: &str) -> TestDatabase {
     TestDatabase { url: format!("{base}/{name}"), name, admin }
 }
 
+/// The plan (EXPLAIN, lines joined by `; `) of the workflow checkpoints query for
+/// `tenant`'s `instance` on `conn`, for the test that checks pooled connections join by
+/// key lookups.
+#[doc(hidden)]
+pub async fn checkpoints_plan_postgres(
+    conn: &mut sqlx::PgConnection,
+    tenant: &str,
+    instance: &str,
+) -> Result<String, sqlx::Error> {
+    let rows: Vec<(String,)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN {}", crate::flow_row::CHECKPOINTS_SQL.as_str())))
+            .bind(tenant)
+            .bind(instance)
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(rows.into_iter().map(|r| r.0).collect::<Vec<_>>().join("; "))
+}
+
 /// The query plan of each background query, as `(name, plan text)`, for the test that
 /// checks they use their indexes.
 #[doc(hidden)]

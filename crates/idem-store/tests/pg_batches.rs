@@ -262,3 +262,36 @@ async fn hot_path_statements_probe_the_key_index_on_a_fresh_database() {
     );
     assert!(seq <= MORE as i64, "{seq} rows of operations read by sequential scans for {MORE} pairs");
 }
+
+/// Every pooled connection joins by key lookups (nested loops over index probes), never by
+/// hash or merge joins, whose choice depends on statistics that may be stale: a kept plan
+/// of the workflow checkpoints query merge-joined one instance's steps with every
+/// operation of the tenant (a break-it pass: workflow steps 117/s, then 29/s after ~90 000
+/// operations). Here the statistics are those of a ledger whose only instance had all the
+/// steps (ANALYZE then): without the connection options PostgreSQL hashes both tables
+/// whole for one instance's checkpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_joins_probe_by_key() {
+    let url = idem_store::testing::fresh_pg_database("idem_pool_joins").await;
+    let pg = PgStore::connect(&url, Arc::new(SystemClock), Default::default()).await.unwrap();
+    let mut conn = pg.pool().acquire().await.unwrap();
+    for setting in ["enable_hashjoin", "enable_mergejoin"] {
+        let (v,): (String,) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!("SHOW {setting}"))).fetch_one(&mut *conn).await.unwrap();
+        assert_eq!(v, "off", "{setting} on a pooled connection");
+    }
+    sqlx::raw_sql(
+        "INSERT INTO workflow_steps SELECT 't', 'i1', p, 's' || p, 'wf:i1:s' || p, 'wf:i1:s' || p || ':compensate', \
+         'lookup_before_redo' FROM generate_series(1, 400) p; \
+         INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, fencing_token, \
+         created_at, updated_at, version, provider_ref) SELECT 't', k, 'a', 'f', '{}', 'SUCCEEDED', 1, 1, 1, 1, 1, 'r' \
+         FROM workflow_steps, LATERAL (VALUES (op_key), (comp_key)) AS keys (k); \
+         ANALYZE operations; ANALYZE workflow_steps;",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let plan = idem_store::testing::checkpoints_plan_postgres(&mut conn, "t", "i1").await.unwrap();
+    assert!(!plan.contains("Hash Join") && !plan.contains("Merge Join"), "{plan}");
+    assert!(plan.contains("Index Scan using operations_pkey"), "each step's operations probed by key: {plan}");
+}
