@@ -213,6 +213,9 @@ fn app(state: AppState, budget: request_body::BodyBudget, with_ui: bool) -> Rout
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        // Inside the router, so that a body refused before its handler (413, 503
+        // overloaded, 408) is still counted and logged under its route.
+        .layer(axum::middleware::from_fn_with_state(budget, request_body::guard))
         .layer(axum::middleware::from_fn(metrics::expose_route));
     // The middleware wraps the router once, outermost first. Applied with `Router::layer`
     // it wrapped every route's service instead, and each layer clones the service below
@@ -226,7 +229,6 @@ fn app(state: AppState, budget: request_body::BodyBudget, with_ui: bool) -> Rout
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::middleware::from_fn(metrics::track_http))
         .layer(axum::middleware::from_fn(problem::fill_request_id))
-        .layer(axum::middleware::from_fn_with_state(budget, request_body::guard))
         .service(routes);
     Router::new().fallback_service(service)
 }

@@ -155,7 +155,7 @@ pub async fn guard(State(budget): State<BodyBudget>, req: Request, next: Next) -
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded",
                 format!(
-                    "this node holds its limit of request bodies in flight ({} bytes, --max-inflight-body-bytes) and none finished within {} ms; retry",
+                    "this node holds its limit of request bodies in flight ({} bytes: --max-inflight-body-bytes, at least one --max-body-bytes body) and none finished within {} ms; retry",
                     limits.max_inflight_body_bytes,
                     limits.inflight_wait.as_millis()
                 ),

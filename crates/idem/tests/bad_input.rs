@@ -34,6 +34,13 @@ async fn bad_requests_are_clear_errors_and_change_nothing() {
     let r = raw(big).await.unwrap();
     assert_eq!(r.status(), 413);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
+    // Refused before its handler, yet counted under its route (the body guard runs inside
+    // the router; outside it, a break-it pass saw route="unmatched").
+    let metrics = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(
+        metrics.contains(r#"idem_http_requests_total{method="POST",route="/v1/operations",status="413"} 1"#),
+        "{metrics}"
+    );
     // Invalid JSON: 400.
     let r = raw(format!(r#"{{"key":"{key}","action":"#)).await.unwrap();
     assert_eq!(r.status(), 400);

@@ -115,6 +115,11 @@ async fn beyond_the_budget_a_request_gets_503_overloaded_with_retry_after() {
     }
     let listed = s.get(ADMIN_KEY, "/v1/operations?limit=50").await.body;
     assert_eq!(listed["items"].as_array().unwrap().len(), ok.len(), "only the accepted ones are recorded");
+    // Each 503 is counted under its route, not as "unmatched".
+    let metrics = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let counted =
+        format!(r#"idem_http_requests_total{{method="POST",route="/v1/operations",status="503"}} {}"#, refused.len());
+    assert!(metrics.contains(&counted), "{counted} in {metrics}");
     // Small requests still go through afterwards.
     assert_eq!(s.acquire("small", json!({"to": "c-1"})).await.status, 201);
 }
