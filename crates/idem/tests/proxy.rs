@@ -476,6 +476,15 @@ async fn the_proxys_own_answers_carry_the_request_id_and_its_start_names_the_ups
             post("/charges").header("idem-api-key", ADMIN_KEY).header("idempotency-key", "k-3").body("{"),
             400,
         ),
+        (
+            "a compressed body (as the API: 415, not 'not valid JSON')",
+            post("/charges")
+                .header("idem-api-key", ADMIN_KEY)
+                .header("idempotency-key", "k-5")
+                .header("content-encoding", "gzip")
+                .body(vec![0x1f, 0x8b, 0x08, 0x00]),
+            415,
+        ),
     ];
     for (what, req, status) in cases {
         for own_id in [None, Some("client-req-7")] {
