@@ -271,16 +271,48 @@ impl RetryConfig {
 }
 
 /// A secret: from an environment variable or a file, never from the config text itself.
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A secret written inline (`secret = "whsec_…"`) is refused without repeating it: the
+/// error names the field and the two accepted forms, so the value does not reach a
+/// terminal or a log.
+#[derive(Clone)]
 pub struct SecretRef {
     /// Environment variable holding the secret.
     pub env: Option<String>,
     /// File holding the secret (trailing newline trimmed).
     pub file: Option<String>,
-    /// Text put before the secret (e.g. `"Bearer "`).
-    #[serde(default)]
+    /// Text put before the secret (e.g. `"Bearer "`); empty by default.
     pub prefix: String,
+}
+
+impl<'de> Deserialize<'de> for SecretRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            env: Option<String>,
+            file: Option<String>,
+            #[serde(default)]
+            prefix: String,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Given {
+            Ref(Fields),
+            Inline(#[allow(dead_code)] String),
+            Other(serde::de::IgnoredAny),
+        }
+        use serde::de::Error as _;
+        match Given::deserialize(d)? {
+            Given::Ref(Fields { env, file, prefix }) => Ok(SecretRef { env, file, prefix }),
+            Given::Inline(_) => Err(D::Error::custom(
+                "a secret is never written in the config (its value is not repeated here): \
+                 give { env = \"VARIABLE\" } or { file = \"/path/to/file\" }",
+            )),
+            Given::Other(_) => Err(D::Error::custom(
+                "expected { env = \"VARIABLE\" } or { file = \"/path/to/file\" }, with an optional prefix = \"…\"",
+            )),
+        }
+    }
 }
 
 impl fmt::Debug for SecretRef {
@@ -642,12 +674,28 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the field.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| err("config", e.to_string().replace('\n', " ")))?;
+        let config: Config = toml::from_str(text).map_err(|e| err("config", toml_error(text, &e)))?;
         config.check()?;
         Ok(config)
     }
 
     fn check(&self) -> Result<(), ConfigError> {
+        self.check_references()
+    }
+}
+
+/// `e` as `line N: what is wrong`, without the source line the TOML error would quote
+/// (it may hold a secret written where a reference was expected).
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().replace('\n', " ");
+    match e.span() {
+        Some(span) => format!("line {}: {message}", text[..span.start.min(text.len())].matches('\n').count() + 1),
+        None => message,
+    }
+}
+
+impl Config {
+    fn check_references(&self) -> Result<(), ConfigError> {
         for (name, action) in &self.actions {
             if let Some(c) = &action.connector
                 && !self.connectors.contains_key(c)
@@ -708,6 +756,33 @@ mod tests {
         assert!(e.message.contains("provider_deduplicates must be true or false"), "{e}");
         let e = Config::parse(&http("provider_dedupe = true\n")).unwrap_err();
         assert!(e.message.contains("provider_deduplicates"), "the known fields are listed: {e}");
+    }
+
+    #[test]
+    fn a_secret_written_inline_is_refused_without_repeating_it() {
+        #[derive(Deserialize)]
+        struct W {
+            #[allow(dead_code)]
+            s: SecretRef,
+        }
+        let e = toml::from_str::<W>("s = \"whsec_topsecret123\"").err().unwrap();
+        assert!(e.message().contains("env =") && e.message().contains("file ="), "{e}");
+        assert!(!e.message().contains("topsecret123"), "{e}");
+        let e = toml::from_str::<W>("s = { envv = \"X\" }").err().unwrap();
+        assert!(e.message().contains("expected { env ="), "{e}");
+        // Through the config's own errors, which do not quote the source line either.
+        let text = "[connectors.mail]\nkind = \"smtp\"\nhost = \"smtp.example.com\"\nport = 587\n\
+                    tls = \"starttls\"\nusername = \"idem\"\npassword = \"hunter2-topsecret\"\nfrom = \"a@example.com\"\n";
+        let e = Config::parse(text).unwrap_err().to_string();
+        assert!(!e.contains("hunter2") && e.contains("line ") && e.contains("env ="), "{e}");
+        let ok = toml::from_str::<W>("s = { env = \"X\", prefix = \"Bearer \" }").unwrap();
+        assert_eq!((ok.s.env.as_deref(), ok.s.prefix.as_str()), (Some("X"), "Bearer "));
+        // A header value may still be plain text.
+        let h: HeaderValueConfig = toml::from_str::<std::collections::BTreeMap<String, HeaderValueConfig>>("h = \"x\"")
+            .unwrap()
+            .remove("h")
+            .unwrap();
+        assert!(matches!(h, HeaderValueConfig::Plain(ref t) if t == "x"));
     }
 
     #[test]
