@@ -84,6 +84,7 @@ fn row_json(r: &EventRow) -> serde_json::Value {
         "next_attempt_at": r.next_attempt_at.map(rfc3339), "sink": r.sink, "evidence": r.evidence,
         "error_class": r.error_class, "error_message": r.error_message,
         "delivered_at": r.delivered_at.map(rfc3339),
+        "headers": serde_json::from_str::<serde_json::Value>(&r.headers).unwrap_or(serde_json::Value::Null),
         "payload": serde_json::from_str::<serde_json::Value>(&r.payload).unwrap_or(serde_json::Value::Null),
     })
 }
@@ -102,7 +103,7 @@ pub async fn outbox(cmd: OutboxCommand) -> anyhow::Result<()> {
                 crate::out!("{}", serde_json::Value::Array(rows.iter().map(row_json).collect()));
             } else {
                 for r in &rows {
-                    crate::out!("{}", crate::output::outbox_line(&crate::output::printable(&row_json(r))));
+                    crate::out!("{}", crate::output::outbox_line(&row_json(r)));
                 }
             }
             Ok(())
@@ -125,7 +126,7 @@ pub async fn outbox(cmd: OutboxCommand) -> anyhow::Result<()> {
             if json {
                 crate::out!("{v}");
             } else {
-                crate::out!("{}", crate::output::outbox_event(&crate::output::printable(&v)));
+                crate::out!("{}", crate::output::outbox_event(&v));
             }
             Ok(())
         }
@@ -138,9 +139,19 @@ async fn act(a: OperatorArgs, action: OperatorAction) -> anyhow::Result<()> {
     let OperatorArgs { db, id, reason, operator } = a;
     match open(&db.database_url).await?.operator_action(&id, action, &reason, &operator).await? {
         Ok(to) => {
-            crate::out!("idem: {id} is {} ({} by {operator}: {})", to.as_str(), action.as_str(), reason.trim());
+            use crate::output::printable_str as shown;
+            crate::out!(
+                "idem: {} is {} ({} by {}: {})",
+                shown(&id),
+                to.as_str(),
+                action.as_str(),
+                shown(&operator),
+                shown(reason.trim())
+            );
             Ok(())
         }
-        Err(refusal) => anyhow::bail!("{} of {id} refused: {refusal}", action.as_str()),
+        Err(refusal) => {
+            anyhow::bail!("{} of {} refused: {}", action.as_str(), crate::output::printable_str(&id), refusal)
+        }
     }
 }

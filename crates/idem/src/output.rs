@@ -2,14 +2,30 @@
 
 use serde_json::Value;
 
-/// `v` with every control character in its strings (ESC, CR, LF, NUL, C1, DEL …) written
-/// as `\u{..}`, so data from the ledger cannot move the cursor, clear the screen or forge
-/// lines in a terminal. Human output only; `--json` prints the JSON as is (escaped by JSON).
+/// Whether `c` must not reach a terminal as is: control characters (ESC, CR, LF, NUL, C1,
+/// DEL …, which move the cursor, clear the screen or forge lines), the line and paragraph
+/// separators U+2028/U+2029, and the bidirectional controls of Unicode TR #9 (U+061C,
+/// U+200E/F, U+202A–U+202E, U+2066–U+2069), which reorder what is shown after them
+/// (CVE-2021-42574, "Trojan Source").
+fn unsafe_for_terminal(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{061C}' | '\u{200E}' | '\u{200F}')
+        || ('\u{202A}'..='\u{202E}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// `text` with each character [`unsafe_for_terminal`] written as `\u{..}`.
+pub fn printable_str(text: &str) -> String {
+    text.chars().map(|c| if unsafe_for_terminal(c) { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+}
+
+/// `v` with every character of its strings that could mislead a terminal
+/// ([`unsafe_for_terminal`]) written as `\u{..}`, so data from the ledger cannot move the
+/// cursor, clear the screen, forge lines or reorder what is shown. Human output only;
+/// `--json` prints the JSON as is (escaped by JSON).
 pub fn printable(v: &Value) -> Value {
     match v {
-        Value::String(text) if text.chars().any(char::is_control) => Value::String(
-            text.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect(),
-        ),
+        Value::String(text) if text.chars().any(unsafe_for_terminal) => Value::String(printable_str(text)),
         Value::Array(items) => Value::Array(items.iter().map(printable).collect()),
         Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), printable(v))).collect()),
         other => other.clone(),
@@ -211,9 +227,11 @@ pub fn instance_with_steps(v: &Value) -> String {
     out.trim_end().to_owned()
 }
 
-/// One line per outbox event (`idem outbox list`):
-/// `ID  STATE  AGGREGATE_TYPE/AGGREGATE_ID  TOPIC  attempts N[  CLASS: MESSAGE]`.
-pub fn outbox_line(v: &Value) -> String {
+/// One line per outbox event (`idem outbox list`), from the event's JSON (escaped here,
+/// see [`printable`]): `ID  STATE  AGGREGATE_TYPE/AGGREGATE_ID  TOPIC  attempts N[  CLASS:
+/// MESSAGE]`.
+pub fn outbox_line(raw: &Value) -> String {
+    let v = &printable(raw);
     let error = v
         .get("error_class")
         .and_then(Value::as_str)
@@ -230,14 +248,25 @@ pub fn outbox_line(v: &Value) -> String {
     )
 }
 
-/// An outbox event (`idem outbox get`): its fields, its payload, then its attempts log
+/// An outbox event (`idem outbox get`), from its JSON (escaped here, see [`printable`]):
+/// its fields, its headers and payload as compact JSON, then its attempts log
 /// (deliveries, redrives, skips), oldest first.
-pub fn outbox_event(v: &Value) -> String {
+pub fn outbox_event(raw: &Value) -> String {
+    let v = &printable(raw);
     let mut out = String::new();
-    for k in ["id", "state", "topic", "created_at", "next_attempt_at", "delivered_at", "sink"] {
+    for k in [
+        "id",
+        "state",
+        "aggregate_type",
+        "aggregate_id",
+        "topic",
+        "created_at",
+        "next_attempt_at",
+        "delivered_at",
+        "sink",
+    ] {
         out.push_str(&format!("{k:<15} {}\n", s(v, k)));
     }
-    out.push_str(&format!("{:<15} {}/{}\n", "aggregate", s(v, "aggregate_type"), s(v, "aggregate_id")));
     out.push_str(&format!("{:<15} {}\n", "seq", n(v, "seq")));
     out.push_str(&format!("{:<15} {}\n", "attempts", n(v, "attempts")));
     if let Some(e) = v.get("evidence").and_then(Value::as_str) {
@@ -246,7 +275,11 @@ pub fn outbox_event(v: &Value) -> String {
     if let Some(c) = v.get("error_class").and_then(Value::as_str) {
         out.push_str(&format!("{:<15} {c}: {}\n", "error", s(v, "error_message")));
     }
-    out.push_str(&format!("{:<15} {}\n", "payload", v.get("payload").unwrap_or(&Value::Null)));
+    // JSON as stored: serde_json escapes the control characters, printable_str the rest.
+    for k in ["headers", "payload"] {
+        let json = raw.get(k).unwrap_or(&Value::Null).to_string();
+        out.push_str(&format!("{k:<15} {}\n", printable_str(&json)));
+    }
     out.push_str("attempts log:\n");
     for a in v.get("attempts_log").and_then(Value::as_array).into_iter().flatten() {
         let detail = match s(a, "kind") {
@@ -347,6 +380,9 @@ mod tests {
         assert_eq!(p["list"][0], "\\u{7}");
         assert_eq!(p["n"], 1);
         assert!(!operation_table(&json!({"items": [p]})).contains('\u{1b}'));
+        // Bidirectional controls and Unicode line separators are shown, not obeyed.
+        let p = printable(&json!({"reason": "ok\u{202E}gnp.exe\u{2028}x\u{2067}"}));
+        assert_eq!(p["reason"], "ok\\u{202e}gnp.exe\\u{2028}x\\u{2067}");
     }
 
     #[test]
@@ -372,7 +408,8 @@ mod tests {
         let text = outbox_event(&v);
         assert!(text.starts_with("id              order-42:created\n"), "{text}");
         for line in [
-            "aggregate       order/42",
+            "aggregate_type  order",
+            "aggregate_id    42",
             "evidence        HTTP 204",
             "payload         {\"total\":12.5}",
             "  2026-12-01T09:00:00.100Z  attempt  scheduled by relay r1 to webhook -> retry (transient: HTTP 503)",
@@ -383,8 +420,14 @@ mod tests {
         }
         assert!(!text.contains("error "), "no error line for an event without one:\n{text}");
         assert_eq!(outbox_line(&v), "order-42:created  DELIVERED  order/42  orders.created  attempts 2",);
-        let hostile = printable(&json!({"id": "x\u{1b}[2J", "aggregate_type": "a\nforged", "attempts_log": []}));
-        assert!(!outbox_event(&hostile).contains('\u{1b}') && !outbox_line(&hostile).contains('\n'));
+        let hostile = json!({"id": "x\u{1b}[2J", "aggregate_type": "a\nforged", "topic": "t\u{202E}txt.exe",
+            "aggregate_id": "line\u{2028}break", "attempts_log": [], "payload": {"s": "\u{1b}[31mX\n\u{2066}"}});
+        let (text, line) = (outbox_event(&hostile), outbox_line(&hostile));
+        assert!(!line.chars().any(unsafe_for_terminal), "{line:?}");
+        assert!(!text.chars().any(|c| c != '\n' && unsafe_for_terminal(c)), "{text:?}");
+        assert_eq!(text.lines().count(), 14, "one line per field, none forged: {text}");
+        // The payload reads as the JSON it is (one escape, not two).
+        assert!(text.contains(r#"payload         {"s":"\u001b[31mX\n\u{2066}"}"#), "{text}");
     }
 
     #[test]
