@@ -80,27 +80,54 @@ where
     F: Fn(String) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
 {
-    let done = Arc::new(AtomicU64::new(0));
+    Ok(drive_timed(c, secs, pair).await?.rate)
+}
+
+/// Throughput and latency of one measurement.
+struct Timed {
+    /// Pairs per second.
+    rate: f64,
+    /// Median, 99th percentile and longest pair (ms).
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+/// [`drive`], also timing each pair.
+async fn drive_timed<F, Fut>(c: usize, secs: f64, pair: F) -> anyhow::Result<Timed>
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let run = uuid_like();
     let mut tasks = Vec::new();
     for w in 0..c {
-        let (pair, done, run) = (pair.clone(), done.clone(), run.clone());
+        let (pair, run) = (pair.clone(), run.clone());
         tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
             let mut i = 0u64;
             while Instant::now() < deadline {
+                let t0 = Instant::now();
                 pair(format!("{run}-{w}-{i}")).await?;
-                done.fetch_add(1, Ordering::Relaxed);
+                lat.push(t0.elapsed().as_micros() as u64);
                 i += 1;
             }
-            anyhow::Ok(())
+            anyhow::Ok(lat)
         }));
     }
     let start = Instant::now();
+    let mut all = Vec::new();
     for t in tasks {
-        t.await??;
+        all.extend(t.await??);
     }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64().max(secs))
+    all.sort_unstable();
+    Ok(Timed {
+        rate: all.len() as f64 / start.elapsed().as_secs_f64().max(secs),
+        p50: percentile(&all, 0.5),
+        p99: percentile(&all, 0.99),
+        max: all.last().copied().unwrap_or(0) as f64 / 1000.0,
+    })
 }
 
 /// Pairs per second through `store` with `c` concurrent workers for `secs`.
@@ -141,7 +168,7 @@ async fn naive_sqlite_pairs(path: &std::path::Path, c: usize, secs: f64) -> anyh
     sqlx::query("CREATE TABLE IF NOT EXISTS naive (k TEXT PRIMARY KEY, state TEXT NOT NULL, ref TEXT)")
         .execute(&pool)
         .await?;
-    raw_pairs(RawDb::Sqlite(pool), c, secs).await
+    Ok(raw_pairs(RawDb::Sqlite(pool), c, secs).await?.rate)
 }
 
 enum RawDb {
@@ -150,11 +177,11 @@ enum RawDb {
 }
 
 /// The same two statements idem needs at minimum (insert, then mark done), autocommit.
-async fn raw_pairs(db: RawDb, c: usize, secs: f64) -> anyhow::Result<f64> {
+async fn raw_pairs(db: RawDb, c: usize, secs: f64) -> anyhow::Result<Timed> {
     const INSERT: &str = "INSERT INTO naive (k, state) VALUES ($1, 'EXECUTING')";
     const UPDATE: &str = "UPDATE naive SET state = 'SUCCEEDED', ref = 'r' WHERE k = $1";
     let db = Arc::new(db);
-    drive(c, secs, move |k: String| {
+    drive_timed(c, secs, move |k: String| {
         let db = db.clone();
         async move {
             match db.as_ref() {
@@ -269,49 +296,32 @@ pub(crate) fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[i] as f64 / 1000.0
 }
 
-/// HTTP pairs: (pairs/s, p50 ms, p99 ms, max ms).
-async fn http_pairs(base: &str, key: &str, c: usize, secs: f64) -> anyhow::Result<(f64, f64, f64, f64)> {
+/// HTTP pairs (acquire + complete of a new key) by `c` clients for `secs`, timed.
+async fn http_pairs(base: &str, key: &str, c: usize, secs: f64) -> anyhow::Result<Timed> {
     let http = reqwest::Client::builder().pool_max_idle_per_host(c).build()?;
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let run = uuid_like();
-    let mut tasks = Vec::new();
-    for w in 0..c {
-        let (http, base, key, run) = (http.clone(), base.to_owned(), key.to_owned(), run.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut i = 0u64;
-            while Instant::now() < deadline {
-                let k = format!("{run}-{w}-{i}");
-                let t0 = Instant::now();
-                let r = http
-                    .post(format!("{base}/v1/operations"))
-                    .bearer_auth(&key)
-                    .json(&json!({"key": k, "action": "bench", "payload": {"n": i}}))
-                    .send()
-                    .await?;
-                anyhow::ensure!(r.status() == 201, "acquire answered {}", r.status());
-                let token = r.json::<serde_json::Value>().await?["fencing_token"].as_i64().unwrap_or(0);
-                let r = http
-                    .post(format!("{base}/v1/operations/{k}/complete"))
-                    .bearer_auth(&key)
-                    .json(&json!({"fencing_token": token, "outcome": "succeeded", "provider_ref": "r"}))
-                    .send()
-                    .await?;
-                anyhow::ensure!(r.status() == 200, "complete answered {}", r.status());
-                lat.push(t0.elapsed().as_micros() as u64);
-                i += 1;
-            }
-            anyhow::Ok(lat)
-        }));
-    }
-    let start = Instant::now();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await??);
-    }
-    let rate = all.len() as f64 / start.elapsed().as_secs_f64().max(secs);
-    all.sort_unstable();
-    Ok((rate, percentile(&all, 0.5), percentile(&all, 0.99), all.last().copied().unwrap_or(0) as f64 / 1000.0))
+    let (base, key) = (Arc::<str>::from(base), Arc::<str>::from(key));
+    drive_timed(c, secs, move |k: String| {
+        let (http, base, key) = (http.clone(), base.clone(), key.clone());
+        async move {
+            let r = http
+                .post(format!("{base}/v1/operations"))
+                .bearer_auth(&key)
+                .json(&json!({"key": k, "action": "bench", "payload": {"n": k}}))
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 201, "acquire answered {}", r.status());
+            let token = r.json::<serde_json::Value>().await?["fencing_token"].as_i64().unwrap_or(0);
+            let r = http
+                .post(format!("{base}/v1/operations/{k}/complete"))
+                .bearer_auth(&key)
+                .json(&json!({"fencing_token": token, "outcome": "succeeded", "provider_ref": "r"}))
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 200, "complete answered {}", r.status());
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// Replays per second of one SUCCEEDED key.
@@ -420,19 +430,21 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     for (name, url, raw) in targets {
         let server = serve(&url, key)?;
         let (server_cpu, pg_cpu, start) = (process_cpu(server.child.id()), postgres_cpu(), Instant::now());
-        let (rate, p50, p99, max) = http_pairs(&server.base, key, c, args.seconds).await?;
+        let Timed { rate, p50, p99, max } = http_pairs(&server.base, key, c, args.seconds).await?;
         let pairs = rate * start.elapsed().as_secs_f64();
         let server_us = (process_cpu(server.child.id()) - server_cpu) * 1e6 / pairs.max(1.0);
         let mut cpu = format!("CPU per pair: server {server_us:.0} µs");
         let pg_us = (postgres_cpu() - pg_cpu) * 1e6 / pairs.max(1.0);
+        let mut latency = format!("pair latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
         let baseline = match raw {
             Some(pool) => {
                 let (pg_cpu, start) = (postgres_cpu(), Instant::now());
                 let raw = raw_pairs(RawDb::Postgres(pool.clone()), c, args.seconds).await?;
-                let raw_us = (postgres_cpu() - pg_cpu) * 1e6 / (raw * start.elapsed().as_secs_f64()).max(1.0);
+                let raw_us = (postgres_cpu() - pg_cpu) * 1e6 / (raw.rate * start.elapsed().as_secs_f64()).max(1.0);
                 cpu += &format!(", PostgreSQL {pg_us:.0} µs (raw baseline: {raw_us:.0} µs)");
+                latency += &format!(" (raw baseline: p50 {:.1}, p99 {:.1}, max {:.1} ms)", raw.p50, raw.p99, raw.max);
                 pool.close().await;
-                Some(raw)
+                Some(raw.rate)
             }
             None => Some(naive_sqlite_pairs(&dir.path().join("http-naive.db"), c, args.seconds).await?),
         };
@@ -440,7 +452,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             what: format!("HTTP {name} pairs/s, concurrency {c}"),
             idem: rate,
             baseline,
-            extra: format!("pair latency p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms; {cpu}"),
+            extra: format!("{latency}; {cpu}"),
         });
         let replays = http_replays(&server.base, key, c, args.seconds).await?;
         let rss = peak_rss_mib(server.child.id()).map_or("-".into(), |m| format!("{m:.1} MiB"));
