@@ -167,7 +167,7 @@ pub struct ServeArgs {
     /// payload takes a multiple of its size while it is parsed, fingerprinted and
     /// stored, so this bounds the node's memory). Beyond it a request waits up to
     /// --inflight-wait-ms, then gets 503 overloaded with Retry-After. At least
-    /// --max-body-bytes.
+    /// --max-body-bytes (a lower value is raised to it, and the 503 says so).
     #[arg(long, env = "IDEM_MAX_INFLIGHT_BODY_BYTES", default_value_t = idem_server::request_body::DEFAULT_MAX_INFLIGHT_BODY_BYTES)]
     pub max_inflight_body_bytes: usize,
     /// How long a request waits for room under --max-inflight-body-bytes, in

@@ -95,7 +95,7 @@ pub(super) fn spawn<T: Send + Sync + 'static>(alive: Weak<T>, pool: PgPool) {
                                 tracing::warn!(
                                     table,
                                     "ANALYZE left the table without statistics (is idem's role its owner?); \
-                                     its plans rely on autovacuum"
+                                     its plans rely on autovacuum or on its owner running ANALYZE"
                                 );
                                 refused.push(table);
                             } else {
