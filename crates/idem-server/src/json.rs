@@ -23,16 +23,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     /// its rule (`application/json` or a `+json` suffix) and rejection stay axum's.
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let rid = crate::auth::request_id(req.headers()).map(str::to_owned);
-        if let Some(coding) = req.headers().get(axum::http::header::CONTENT_ENCODING)
-            && !coding.as_bytes().eq_ignore_ascii_case(b"identity")
-        {
-            // RFC 9110 §15.5.16: a content coding the server does not support is 415.
-            let detail = format!(
-                "Content-Encoding {:?} is not supported: send the JSON body uncompressed",
-                String::from_utf8_lossy(coding.as_bytes())
-            );
-            return Err(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", detail)
-                .with_request_id(rid.as_deref()));
+        if let Some(p) = content_coding_refused(req.headers()) {
+            return Err(p.with_request_id(rid.as_deref()));
         }
         let problem = |r: JsonRejection| json_problem(&r).with_request_id(rid.as_deref());
         if !json_content_type(req.headers()) {
@@ -54,6 +46,22 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 
 /// axum's rule for a JSON body (axum 0.8 `json_content_type`): `Content-Type` parses as a
 /// media type `application/json` or `application/*+json`, parameters allowed.
+/// 415 `unsupported-media-type` for a body with a `Content-Encoding` other than
+/// `identity` (RFC 9110 §15.5.16: a content coding the server does not support): idem
+/// reads, fingerprints and stores bodies as sent, so a compressed one cannot be read as
+/// the JSON it carries. Used by the API's extractor and by `idem proxy` on keyed routes.
+pub(crate) fn content_coding_refused(headers: &axum::http::HeaderMap) -> Option<Problem> {
+    let coding = headers.get(axum::http::header::CONTENT_ENCODING)?;
+    if coding.as_bytes().eq_ignore_ascii_case(b"identity") {
+        return None;
+    }
+    let detail = format!(
+        "Content-Encoding {:?} is not supported: send the body uncompressed",
+        String::from_utf8_lossy(coding.as_bytes())
+    );
+    Some(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", detail))
+}
+
 fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)

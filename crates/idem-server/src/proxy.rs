@@ -518,20 +518,9 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         Ok(k) => k,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key", e.to_string()),
     };
-    // The fingerprint is taken of the body as sent; a compressed one cannot be read as
-    // the JSON it carries. RFC 9110 §15.5.16: an unsupported content coding is 415 (the
-    // API answers the same, `json.rs`).
-    if let Some(coding) = parts.headers.get(axum::http::header::CONTENT_ENCODING)
-        && !coding.as_bytes().eq_ignore_ascii_case(b"identity")
-    {
-        return problem(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            format!(
-                "Content-Encoding {:?} is not supported on a route that takes an Idempotency-Key: send the body uncompressed",
-                String::from_utf8_lossy(coding.as_bytes())
-            ),
-        );
+    // The fingerprint is taken of the body as sent: 415 for a compressed one, as the API.
+    if let Some(p) = crate::json::content_coding_refused(&parts.headers) {
+        return p.into_response();
     }
     let fp = match request_fingerprint(&state.config, &parts.method, &path_and_query, &parts.headers, &body) {
         Ok(f) => f,
