@@ -680,22 +680,6 @@ impl Config {
     }
 
     fn check(&self) -> Result<(), ConfigError> {
-        self.check_references()
-    }
-}
-
-/// `e` as `line N: what is wrong`, without the source line the TOML error would quote
-/// (it may hold a secret written where a reference was expected).
-fn toml_error(text: &str, e: &toml::de::Error) -> String {
-    let message = e.message().replace('\n', " ");
-    match e.span() {
-        Some(span) => format!("line {}: {message}", text[..span.start.min(text.len())].matches('\n').count() + 1),
-        None => message,
-    }
-}
-
-impl Config {
-    fn check_references(&self) -> Result<(), ConfigError> {
         for (name, action) in &self.actions {
             if let Some(c) = &action.connector
                 && !self.connectors.contains_key(c)
@@ -718,6 +702,16 @@ impl Config {
             return Err(err("executor", "concurrency and intervals must be positive"));
         }
         Ok(())
+    }
+}
+
+/// `e` as `line N: what is wrong`, without the source line the TOML error would quote
+/// (it may hold a secret written where a reference was expected).
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().replace('\n', " ");
+    match e.span() {
+        Some(span) => format!("line {}: {message}", text[..span.start.min(text.len())].matches('\n').count() + 1),
+        None => message,
     }
 }
 
