@@ -40,6 +40,18 @@ fn n(v: &Value, k: &str) -> String {
     v.get(k).and_then(Value::as_i64).map_or_else(|| "-".into(), |x| x.to_string())
 }
 
+/// Appends one `name value` line of a detail view whose names take `width` columns.
+fn field(out: &mut String, width: usize, name: &str, value: impl std::fmt::Display) {
+    out.push_str(&format!("{name:<width$} {value}\n"));
+}
+
+/// [`field`] for each of `keys`, with the string at that key of `v` (`-` when absent).
+fn fields(out: &mut String, width: usize, v: &Value, keys: &[&str]) {
+    for k in keys {
+        field(out, width, k, s(v, k));
+    }
+}
+
 /// `409 operation-in-progress: another worker holds the lease (retry after 2 s)`.
 pub fn problem_line(status: u16, body: &Value) -> String {
     let body = &printable(body);
@@ -125,29 +137,32 @@ pub fn renewal_summary(v: &Value) -> String {
 /// The record's fields, then its event timeline.
 pub fn operation_with_events(v: &Value) -> String {
     let mut out = String::new();
-    for k in [
-        "key",
-        "action",
-        "state",
-        "fingerprint",
-        "lease_owner",
-        "lease_holder",
-        "lease_expires_at",
-        "next_attempt_at",
-        "provider_ref",
-        "verified_at",
-        "evidence_source",
-        "created_at",
-        "updated_at",
-        "completed_at",
-    ] {
-        out.push_str(&format!("{k:<17} {}\n", s(v, k)));
-    }
-    out.push_str(&format!("{:<17} {}\n", "attempt", n(v, "attempt")));
-    out.push_str(&format!("{:<17} {}\n", "fencing_token", n(v, "fencing_token")));
-    out.push_str(&format!("{:<17} {}\n", "needs_review", v.get("needs_review").unwrap_or(&Value::Null)));
+    fields(
+        &mut out,
+        17,
+        v,
+        &[
+            "key",
+            "action",
+            "state",
+            "fingerprint",
+            "lease_owner",
+            "lease_holder",
+            "lease_expires_at",
+            "next_attempt_at",
+            "provider_ref",
+            "verified_at",
+            "evidence_source",
+            "created_at",
+            "updated_at",
+            "completed_at",
+        ],
+    );
+    field(&mut out, 17, "attempt", n(v, "attempt"));
+    field(&mut out, 17, "fencing_token", n(v, "fencing_token"));
+    field(&mut out, 17, "needs_review", v.get("needs_review").unwrap_or(&Value::Null));
     if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-        out.push_str(&format!("{:<17} {}: {}\n", "error", s(e, "class"), s(e, "message")));
+        field(&mut out, 17, "error", format!("{}: {}", s(e, "class"), s(e, "message")));
     }
     events(&mut out, v);
     out.trim_end().to_owned()
@@ -181,24 +196,27 @@ pub fn instance_summary(status: u16, v: &Value) -> String {
 /// An instance, its steps (checkpoints) and its events.
 pub fn instance_with_steps(v: &Value) -> String {
     let mut out = String::new();
-    for k in [
-        "instance_id",
-        "workflow",
-        "state",
-        "last_good_step",
-        "current_step",
-        "stopped_step",
-        "source_event",
-        "definition_version",
-        "input_fingerprint",
-        "created_at",
-        "updated_at",
-        "completed_at",
-    ] {
-        out.push_str(&format!("{k:<18} {}\n", s(v, k)));
-    }
+    fields(
+        &mut out,
+        18,
+        v,
+        &[
+            "instance_id",
+            "workflow",
+            "state",
+            "last_good_step",
+            "current_step",
+            "stopped_step",
+            "source_event",
+            "definition_version",
+            "input_fingerprint",
+            "created_at",
+            "updated_at",
+            "completed_at",
+        ],
+    );
     if let Some(e) = v.get("error").filter(|e| !e.is_null()) {
-        out.push_str(&format!("{:<18} {}: {}\n", "error", s(e, "class"), s(e, "message")));
+        field(&mut out, 18, "error", format!("{}: {}", s(e, "class"), s(e, "message")));
     }
     out.push_str("steps:\n");
     for st in v.get("steps").and_then(Value::as_array).into_iter().flatten() {
@@ -254,31 +272,33 @@ pub fn outbox_line(raw: &Value) -> String {
 pub fn outbox_event(raw: &Value) -> String {
     let v = &printable(raw);
     let mut out = String::new();
-    for k in [
-        "id",
-        "state",
-        "aggregate_type",
-        "aggregate_id",
-        "topic",
-        "created_at",
-        "next_attempt_at",
-        "delivered_at",
-        "sink",
-    ] {
-        out.push_str(&format!("{k:<15} {}\n", s(v, k)));
-    }
-    out.push_str(&format!("{:<15} {}\n", "seq", n(v, "seq")));
-    out.push_str(&format!("{:<15} {}\n", "attempts", n(v, "attempts")));
+    fields(
+        &mut out,
+        15,
+        v,
+        &[
+            "id",
+            "state",
+            "aggregate_type",
+            "aggregate_id",
+            "topic",
+            "created_at",
+            "next_attempt_at",
+            "delivered_at",
+            "sink",
+        ],
+    );
+    field(&mut out, 15, "seq", n(v, "seq"));
+    field(&mut out, 15, "attempts", n(v, "attempts"));
     if let Some(e) = v.get("evidence").and_then(Value::as_str) {
-        out.push_str(&format!("{:<15} {e}\n", "evidence"));
+        field(&mut out, 15, "evidence", e);
     }
     if let Some(c) = v.get("error_class").and_then(Value::as_str) {
-        out.push_str(&format!("{:<15} {c}: {}\n", "error", s(v, "error_message")));
+        field(&mut out, 15, "error", format!("{c}: {}", s(v, "error_message")));
     }
     // JSON as stored: serde_json escapes the control characters, printable_str the rest.
     for k in ["headers", "payload"] {
-        let json = raw.get(k).unwrap_or(&Value::Null).to_string();
-        out.push_str(&format!("{k:<15} {}\n", printable_str(&json)));
+        field(&mut out, 15, k, printable_str(&raw.get(k).unwrap_or(&Value::Null).to_string()));
     }
     out.push_str("attempts log:\n");
     for a in v.get("attempts_log").and_then(Value::as_array).into_iter().flatten() {
