@@ -85,7 +85,7 @@ async fn two_relays_one_killed_mid_batch_deliver_everything_in_order_and_the_inb
     // Two relays; whichever holds claims when it is time is killed.
     let mut relays: HashMap<String, RelayProcess> =
         [start_relay(&cfg), start_relay(&cfg)].into_iter().map(|(p, id)| (id, p)).collect();
-    let mut victim_id = String::new();
+    let mut orphaned: i64 = 0;
 
     // The application appends while the relays run: 10 transactions of 1 000 events, each
     // event n of aggregate a in order.
@@ -114,23 +114,35 @@ async fn two_relays_one_killed_mid_batch_deliver_everything_in_order_and_the_inb
                 .await
                 .unwrap();
                 if let Some(id) = holder {
-                    let mut victim = relays.remove(&id).expect("one of ours");
-                    victim.0.kill().unwrap();
-                    victim.0.wait().unwrap();
-                    victim_id = id;
-                    break;
+                    // Frozen first (SIGSTOP), so that what it holds cannot change between
+                    // the count and the kill: a relay that recorded its batch in between
+                    // held nothing when killed (one run in three before).
+                    let pid = relays[&id].0.id().to_string();
+                    let signal = |sig: &str| {
+                        assert!(std::process::Command::new("kill").args([sig, &pid]).status().unwrap().success());
+                    };
+                    signal("-STOP");
+                    let held: i64 = sqlx::query_scalar(
+                        "SELECT count(*) FROM idem.outbox WHERE state = 'PENDING' AND lease_owner = $1",
+                    )
+                    .bind(&id)
+                    .fetch_one(&app)
+                    .await
+                    .unwrap();
+                    if held > 0 {
+                        let mut victim = relays.remove(&id).expect("one of ours");
+                        victim.0.kill().unwrap();
+                        victim.0.wait().unwrap();
+                        orphaned = held;
+                        break;
+                    }
+                    signal("-CONT");
                 }
                 assert!(start.elapsed() < Duration::from_secs(20), "the victim never held a claim");
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
     }
-    let orphaned: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM idem.outbox WHERE state = 'PENDING' AND lease_owner = $1")
-            .bind(&victim_id)
-            .fetch_one(&app)
-            .await
-            .unwrap();
 
     let total = AGGREGATES * PER_AGGREGATE;
     let start = Instant::now();
