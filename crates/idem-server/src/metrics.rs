@@ -253,10 +253,19 @@ pub async fn track_http(req: Request, next: Next) -> Response {
     };
     let start = Instant::now();
     let resp = next.run(req).await;
-    let route = resp.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str);
+    let route = match resp.extensions().get::<MatchedPath>() {
+        Some(matched) => matched.as_str(),
+        None => resp.extensions().get::<RouteLabel>().map_or("unmatched", |label| label.0),
+    };
     crate::metric_handles::record_http(method, route, resp.status().as_u16(), start.elapsed().as_secs_f64());
     resp
 }
+
+/// Response extension: the `route` label of an answer no route template matched by design,
+/// e.g. [`crate::proxy::PROXIED_ROUTE`] for everything `idem proxy` forwards or refuses
+/// itself (the raw path is never a label: it is unbounded and may hold a key).
+#[derive(Debug, Clone, Copy)]
+pub struct RouteLabel(pub &'static str);
 
 /// Middleware inside the router (the only place that knows which route matched): records
 /// the route template (`/v1/operations/{key}`) in the request's span and hands it to

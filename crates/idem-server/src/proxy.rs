@@ -321,17 +321,38 @@ impl ProxyState {
     }
 }
 
+/// The `route` label (in `/metrics` and the access log's span) of every request the proxy
+/// forwards or answers itself (400 without a key, 409, 422, replays, 413, ...): one series
+/// for them all, since the upstream's paths are unbounded and may hold keys.
+pub const PROXIED_ROUTE: &str = "proxied";
+
+/// Middleware: names the request's route [`PROXIED_ROUTE`] in its span and its answer.
+async fn label_proxied(req: Request, next: axum::middleware::Next) -> Response {
+    tracing::Span::current().record("route", PROXIED_ROUTE);
+    let mut resp = next.run(req).await;
+    resp.extensions_mut().insert(crate::metrics::RouteLabel(PROXIED_ROUTE));
+    resp
+}
+
 /// The proxy's router: idem's own API under `/_idem/`, everything else proxied.
+///
+/// The proxied requests get the API's access log (`idem::access`) and
+/// `idem_http_request*{route="proxied"}` series; the API under `/_idem/` has its own (its
+/// router carries them), so they are not counted twice.
 pub fn router(state: ProxyState, api: axum::Router, budget: crate::request_body::BodyBudget) -> axum::Router {
     let body_limit = state.config.max_request_bytes;
     let x_request_id = axum::http::HeaderName::from_static("x-request-id");
+    let proxied = tower::ServiceBuilder::new()
+        .layer(crate::logging::trace_layer())
+        .layer(axum::middleware::from_fn(crate::metrics::track_http))
+        .layer(axum::middleware::from_fn(label_proxied))
+        .layer(axum::middleware::from_fn_with_state(budget, crate::request_body::guard))
+        .service(axum::handler::Handler::with_state(handle, state));
     // The proxy's own answers carry a request id like the API's (`x-request-id`, and
     // `request_id` in its problems); the upstream's answers pass through unchanged.
     axum::Router::new()
         .nest_service("/_idem", api)
-        .fallback(handle)
-        .with_state(state)
-        .layer(axum::middleware::from_fn_with_state(budget, crate::request_body::guard))
+        .fallback_service(proxied)
         .layer(axum::middleware::from_fn(crate::problem::fill_request_id))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(tower_http::request_id::PropagateRequestIdLayer::new(x_request_id.clone()))
@@ -491,6 +512,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         Ok(c) => c,
         Err(r) => return r,
     };
+    tracing::Span::current().record("tenant", tenant.as_str());
     let mut keys = parts.headers.get_all("idempotency-key").iter();
     let raw_key = match (keys.next(), keys.next()) {
         (None, _) => {

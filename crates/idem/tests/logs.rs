@@ -20,10 +20,16 @@ struct Logged {
 
 impl Logged {
     fn start(extra: &[&str]) -> Logged {
+        Logged::start_sub(&["serve"], extra)
+    }
+
+    /// `idem SUB... --listen ... --log-format json --database-url FILE EXTRA...`.
+    fn start_sub(sub: &[&str], extra: &[&str]) -> Logged {
         let dir = tempfile::tempdir().unwrap();
         let log_path = dir.path().join("idem.log");
         let mut child = Command::new(idem_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--database-url"])
+            .args(sub)
+            .args(["--listen", "127.0.0.1:0", "--log-format", "json", "--database-url"])
             .arg(dir.path().join("idem.db"))
             .args(extra)
             .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
@@ -109,6 +115,53 @@ async fn json_logs_carry_request_id_tenant_and_key_hash() {
     assert_eq!(span["route"], "/v1/operations");
     assert_eq!(span["key_hash"], idem_core::key::log_hash(key));
     assert_eq!(span["key"], key, "without --redact-keys the key is logged too");
+}
+
+/// `idem proxy` logs what it forwards and what it refuses itself like the API's requests:
+/// one access line each, under the route `proxied` (never the upstream's raw path, which
+/// may hold a key), with the tenant and key hash once known; its `/_idem/` API keeps its
+/// own route templates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_logs_proxied_and_refused_requests() {
+    // Nothing listens on the upstream's port: a forwarded request is a 502.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let upstream = format!("http://{closed}/");
+    let server = Logged::start_sub(&["proxy", "--upstream", &upstream], &[]);
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let send = |method: reqwest::Method, path: &str, key: Option<&str>| {
+        let mut r = http.request(method, format!("{}{path}", server.base)).header("idem-api-key", ADMIN_KEY);
+        if let Some(k) = key {
+            r = r.header("idempotency-key", k).header("content-type", "application/json").body("{}");
+        }
+        r.send()
+    };
+    let no_key = send(reqwest::Method::POST, "/charges/secret-path-1", None).await.unwrap();
+    assert_eq!(no_key.status(), 400);
+    let forwarded = send(reqwest::Method::GET, "/charges/secret-path-2", None).await.unwrap();
+    assert_eq!(forwarded.status(), 502);
+    let keyed = send(reqwest::Method::POST, "/charges", Some("proxy-log-key-1")).await.unwrap();
+    let api = http.get(format!("{}/_idem/healthz", server.base)).send().await.unwrap();
+    assert_eq!(api.status(), 200);
+    let ids: Vec<String> = [&no_key, &forwarded, &keyed, &api]
+        .iter()
+        .map(|r| r.headers()["x-request-id"].to_str().unwrap().to_owned())
+        .collect();
+    let keyed_status = keyed.status().as_u16();
+    let text = server.stop().await;
+    let lines: Vec<Value> = text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
+    for (rid, status) in [(&ids[0], 400), (&ids[1], 502), (&ids[2], keyed_status)] {
+        let line = access_line(&lines, rid);
+        assert_eq!(line["fields"]["status"], status, "{line}");
+        assert_eq!(line["span"]["route"], "proxied", "{line}");
+    }
+    // The proxy keeps a client's key as `principal/key` in tenant `T.proxy`.
+    let keyed_line = access_line(&lines, &ids[2]);
+    assert_eq!(keyed_line["span"]["tenant"], "default.proxy", "{keyed_line}");
+    assert_eq!(keyed_line["span"]["key_hash"], idem_core::key::log_hash("bootstrap/proxy-log-key-1"), "{keyed_line}");
+    assert_eq!(access_line(&lines, &ids[3])["span"]["route"], "/_idem/healthz");
+    let api_lines = lines.iter().filter(|l| l["target"] == "idem::access" && l["span"]["request_id"] == ids[3]).count();
+    assert_eq!(api_lines, 1, "the /_idem/ API is logged once, by its own router");
+    assert!(!text.contains("secret-path"), "the raw path is not logged: {text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -517,6 +517,24 @@ async fn the_proxys_own_answers_carry_the_request_id_and_its_start_names_the_ups
     assert_eq!(r.status(), 422);
     assert_eq!(r.json::<Value>().await.unwrap(), json!({"error": "amount must be positive"}));
 
+    // `/metrics` counts what the proxy forwarded and refused itself, under one route label,
+    // and the `/_idem/` API once (its own router counts it, the proxy's does not).
+    let health = p.http.get(p.url("/_idem/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let text = p.http.get(p.url("/_idem/metrics")).send().await.unwrap().text().await.unwrap();
+    let proxied = |status: &str| {
+        common::metric(
+            &text,
+            "idem_http_requests_total",
+            &[("method", "POST"), ("route", "proxied"), ("status", status)],
+        )
+    };
+    for (status, n) in [("400", 4.0), ("401", 4.0), ("413", 2.0), ("415", 2.0), ("422", 1.0)] {
+        assert_eq!(proxied(status), n, "{status}: {text}");
+    }
+    assert_eq!(common::metric(&text, "idem_http_requests_total", &[("route", "/_idem/healthz")]), 1.0, "{text}");
+    assert!(!text.contains("/charges") && !text.contains("/invalid"), "no raw path is a label: {text}");
+
     // The start-up lines name the upstream (another database: one process per SQLite file).
     let db = Db::new(Backend::Sqlite).await;
     let mut child = std::process::Command::new(common::idem_bin())
