@@ -429,7 +429,9 @@ pub fn plan_superseded(
             continue;
         }
         let head = format!(
-            "superseded: step {:?} re-run as {} (the outcome of this attempt was never known)",
+            // No "superseded:" prefix: the error class says it, and the CLI shows
+            // "CLASS: MESSAGE" ("superseded: superseded: ..." was read twice).
+            "step {:?} re-run as {} (the outcome of this attempt was never known)",
             p.step, p.op_key
         );
         let full = format!("{head}: {}", reason.trim());
