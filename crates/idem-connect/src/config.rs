@@ -315,6 +315,43 @@ impl<'de> Deserialize<'de> for SecretRef {
     }
 }
 
+/// `deserialize_with` helpers that name the secret's field in its error. Inside a
+/// connector's or sink's table (an internally tagged enum, which serde buffers) the TOML
+/// error keeps only the table's position, not the field's, so `line 1: a secret is never
+/// written…` alone did not say which field held it.
+pub mod secret_field {
+    use super::SecretRef;
+    use serde::de::{Deserialize, Deserializer, Error as _};
+
+    fn named<'de, D: Deserializer<'de>, T: Deserialize<'de>>(name: &str, d: D) -> Result<T, D::Error> {
+        T::deserialize(d).map_err(|e| D::Error::custom(format!("`{name}`: {e}")))
+    }
+
+    /// `password = { env = … }`.
+    ///
+    /// # Errors
+    /// [`SecretRef`]'s, prefixed with `` `password`: ``.
+    pub fn password<'de, D: Deserializer<'de>>(d: D) -> Result<SecretRef, D::Error> {
+        named("password", d)
+    }
+
+    /// An optional `password`.
+    ///
+    /// # Errors
+    /// [`SecretRef`]'s, prefixed with `` `password`: ``.
+    pub fn optional_password<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretRef>, D::Error> {
+        named("password", d)
+    }
+
+    /// `secrets = [{ env = … }, …]`.
+    ///
+    /// # Errors
+    /// [`SecretRef`]'s, prefixed with `` `secrets`: ``.
+    pub fn secrets<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SecretRef>, D::Error> {
+        named("secrets", d)
+    }
+}
+
 impl fmt::Debug for SecretRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SecretRef(env={:?}, file={:?})", self.env, self.file)
@@ -523,6 +560,7 @@ pub struct SmtpConfig {
     /// SMTP AUTH user.
     pub username: Option<String>,
     /// SMTP AUTH password.
+    #[serde(default, deserialize_with = "secret_field::optional_password")]
     pub password: Option<SecretRef>,
     /// Default `From:` address (a payload's `from` overrides it).
     pub from: String,
@@ -558,6 +596,7 @@ pub struct ImapConfig {
     /// Login.
     pub username: String,
     /// Password.
+    #[serde(deserialize_with = "secret_field::password")]
     pub password: SecretRef,
     /// Mailbox to search (default INBOX).
     #[serde(default = "default_mailbox")]
@@ -769,6 +808,12 @@ mod tests {
                     tls = \"starttls\"\nusername = \"idem\"\npassword = \"hunter2-topsecret\"\nfrom = \"a@example.com\"\n";
         let e = Config::parse(text).unwrap_err().to_string();
         assert!(!e.contains("hunter2") && e.contains("line ") && e.contains("env ="), "{e}");
+        assert!(e.contains("`password`"), "the field is named: {e}");
+        // The IMAP mailbox's password too, in a table further down the file.
+        let text = "[actions.a]\n\n[connectors.mail]\nkind = \"smtp\"\nhost = \"h\"\nport = 25\n\
+                    from = \"a@example.com\"\nimap = { host = \"h\", port = 143, username = \"u\", password = \"imap-topsecret\" }\n";
+        let e = Config::parse(text).unwrap_err().to_string();
+        assert!(!e.contains("imap-topsecret") && e.contains("`password`") && e.contains("env ="), "{e}");
         let ok = toml::from_str::<W>("s = { env = \"X\", prefix = \"Bearer \" }").unwrap();
         assert_eq!((ok.s.env.as_deref(), ok.s.prefix.as_str()), (Some("X"), "Bearer "));
         // A header value may still be plain text.

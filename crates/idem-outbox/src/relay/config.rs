@@ -141,6 +141,7 @@ pub struct WebhookSinkConfig {
     /// Topic patterns.
     pub topics: Vec<String>,
     /// Signing secrets (`whsec_…`), from env or file: one, or two during a rotation.
+    #[serde(deserialize_with = "idem_connect::config::secret_field::secrets")]
     pub secrets: Vec<SecretRef>,
     /// Whole request (ms); after it the delivery is unknown and retried.
     #[serde(default = "default_webhook_timeout")]
@@ -298,6 +299,8 @@ mod tests {
         assert_eq!(e.field, "outbox.sinks.hooks.topics");
         let e = parse(&OK.replace("[{ env = \"S\" }]", "[]")).unwrap_err();
         assert_eq!(e.field, "outbox.sinks.hooks.secrets");
+        let e = parse(&OK.replace("[{ env = \"S\" }]", "[\"whsec_topsecret\"]")).unwrap_err().to_string();
+        assert!(e.contains("`secrets`") && e.contains("env =") && !e.contains("topsecret"), "{e}");
         let e = parse(&OK.replace("[outbox]\n", "[outbox]\nlease_ms = 5000\n")).unwrap_err();
         assert_eq!(e.field, "outbox.lease_ms");
         let e = parse("[outbox]\ndatabase_url = \"x\"\n").unwrap_err();
