@@ -29,7 +29,7 @@ pub enum StoreError {
     #[error("{0}")]
     Invalid(String),
     /// The database failed.
-    #[error("database error: {0}")]
+    #[error("database error: {}", database_message(.0))]
     Database(#[from] sqlx::Error),
     /// Migrations could not be applied at start-up.
     #[error("database migration failed: {0}")]
@@ -37,4 +37,16 @@ pub enum StoreError {
     /// The store's writer stopped (the process is shutting down).
     #[error("the store is shutting down")]
     Closed,
+}
+
+/// A database error as one line for people: for an error the server returned, its message
+/// alone. sqlx's own text prefixes "error returned from database: " and, on PostgreSQL,
+/// appends " at line N" — a line of the server's C source (the protocol's `L` field), not
+/// of anything the user wrote, read as if the config or a query were at fault.
+#[must_use]
+pub fn database_message(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => db.message().to_owned(),
+        other => other.to_string(),
+    }
 }

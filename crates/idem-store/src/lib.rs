@@ -37,7 +37,7 @@ pub mod testing;
 pub const EVENT_CLOCK_SKEW_MS: i64 = 60_000;
 
 use async_trait::async_trait;
-pub use error::StoreError;
+pub use error::{StoreError, database_message};
 use idem_core::{
     AcquireInput, Actor, Clock, Decision, Lookup, OperationEvent, OperationRecord, Outcome, RetryPolicy, State,
 };

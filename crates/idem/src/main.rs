@@ -139,9 +139,23 @@ fn command_path() -> String {
     path.join(" ") + " …"
 }
 
+/// The error and its causes on one line. A cause whose text the line already holds is
+/// left out (thiserror's `{0}` puts a source's text into its own), and a database error
+/// ends the chain with the server's message ([`idem_store::database_message`]).
 fn one_line(e: &anyhow::Error) -> String {
-    let mut parts: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-    parts.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let (text, last) = match cause.downcast_ref::<sqlx::Error>() {
+            Some(db) => (idem_store::database_message(db), true),
+            None => (cause.to_string(), false),
+        };
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        if last {
+            break;
+        }
+    }
     parts.join(": ").replace('\n', " ")
 }
 

@@ -145,6 +145,27 @@ async fn one_server_per_sqlite_file_and_keys_never_create_a_database() {
     assert!(text(&scheme.stderr).contains("unsupported database URL"));
 }
 
+/// A PostgreSQL database that does not exist is one plain line, said once: not sqlx's
+/// "error returned from database: … at line 948" (a line of the server's C source) three
+/// times over, as the cause chain printed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_postgres_database_is_one_plain_line() {
+    let pg = Db::new(Backend::Postgres).await;
+    let (base, _) = pg.url.rsplit_once('/').unwrap();
+    let missing = format!("{base}/idem_surely_missing_{}", std::process::id());
+    for args in [
+        vec!["keys", "list", "--database-url", &missing],
+        vec!["serve", "--listen", "127.0.0.1:0", "--database-url", &missing],
+    ] {
+        let out = Command::new(idem_bin()).args(&args).env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY).output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert_eq!(err.matches("does not exist").count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("at line") && !err.contains("error returned from database"), "{args:?}: {err}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stdout_is_not_a_crash() {
     let db = Db::new(Backend::Sqlite).await;
