@@ -163,10 +163,11 @@ impl SqliteStore {
     pub async fn open(path: impl AsRef<Path>, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
         let opts = options(path.as_ref());
         // Migrations on a connection of their own, closed before the writer's opens: a
-        // connection that rebuilt tables (0010) kept SQLite's lookaside memory (its small
-        // per-connection allocator) full, and every bound value of the writer's statements
-        // then went to malloc: ~66 allocations and ~20 000 instructions per acquire
-        // (scripts/callgrind.sh). A fresh connection parses the schema with lookaside off.
+        // connection that had run a migration's DDL (a table rebuild, measured) kept
+        // SQLite's lookaside memory (its small per-connection allocator) full, and every
+        // bound value of the writer's statements then went to malloc: ~66 allocations and
+        // ~20 000 instructions per acquire (scripts/callgrind.sh). A fresh connection
+        // parses the schema with lookaside off.
         let mut migrating = opts.clone().connect().await?;
         MIGRATOR.run(&mut migrating).await?;
         sqlx::Connection::close(migrating).await?;

@@ -53,8 +53,8 @@ const CHUNK: usize = 500;
 
 type Key = (String, String);
 
-const UPSERT_HEAD: &str = concat!("INSERT INTO operations (", crate::row::record_bind_columns!(), ") ");
-const UPSERT_TAIL: &str = " ON CONFLICT (tenant, op_key) DO UPDATE SET state = excluded.state, \
+pub(crate) const UPSERT_HEAD: &str = concat!("INSERT INTO operations (", crate::row::record_bind_columns!(), ") ");
+pub(crate) const UPSERT_TAIL: &str = " ON CONFLICT (tenant, op_key) DO UPDATE SET state = excluded.state, \
      attempt_count = excluded.attempt_count, lease_owner = excluded.lease_owner, \
      lease_expires_at = excluded.lease_expires_at, fencing_token = excluded.fencing_token, \
      next_attempt_at = excluded.next_attempt_at, provider_ref = excluded.provider_ref, result = excluded.result, \
@@ -62,7 +62,7 @@ const UPSERT_TAIL: &str = " ON CONFLICT (tenant, op_key) DO UPDATE SET state = e
      evidence_source = excluded.evidence_source, needs_review = excluded.needs_review, \
      updated_at = excluded.updated_at, completed_at = excluded.completed_at, expires_at = excluded.expires_at, \
      version = excluded.version, lookup_attempts = excluded.lookup_attempts, lease_holder = excluded.lease_holder";
-const EVENTS_HEAD: &str = concat!("INSERT INTO operation_events (", crate::row::event_bind_columns!(), ") ");
+pub(crate) const EVENTS_HEAD: &str = concat!("INSERT INTO operation_events (", crate::row::event_bind_columns!(), ") ");
 /// The records of a JSON array of `[tenant, op_key]` pairs (`?`). The array is the outer
 /// loop (`CROSS JOIN` keeps it there) and each pair is one probe of the UNIQUE (tenant,
 /// op_key) index. A row-value `IN (VALUES …)` made SQLite build and zero an ephemeral

@@ -121,6 +121,41 @@ pub async fn background_query_plans_sqlite(
     Ok(out)
 }
 
+/// The opcodes of the SQLite writer's writes to its hot tables — its upsert of one record,
+/// its insert of one event, an instance's and a step's insert, an instance's state change —
+/// as `(statement, opcodes)`: the test that checks no write builds an ephemeral table (a
+/// CHECK's `IN` list of more than two constants did, per written row; migration 0010).
+#[doc(hidden)]
+pub async fn hot_write_opcodes_sqlite(
+    conn: &mut sqlx::SqliteConnection,
+) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
+    use crate::sqlite_batch::{EVENTS_HEAD, UPSERT_HEAD, UPSERT_TAIL};
+    let values = |cols: &str| format!("VALUES ({})", vec!["?"; cols.split(',').count()].join(", "));
+    let statements = [
+        format!("{UPSERT_HEAD} {} {UPSERT_TAIL}", values(crate::row::record_bind_columns!())),
+        format!("{EVENTS_HEAD} {}", values(crate::row::event_bind_columns!())),
+        format!(
+            "INSERT INTO workflow_instances ({}) {}",
+            crate::flow_row::instance_columns!(),
+            values(crate::flow_row::instance_columns!())
+        ),
+        "UPDATE workflow_instances SET state = ?, version = version + 1 WHERE tenant = ? AND instance_id = ?"
+            .to_owned(),
+        format!(
+            "INSERT INTO workflow_steps (tenant, instance_id, position, step, op_key, comp_key, policy) {}",
+            values("tenant, instance_id, position, step, op_key, comp_key, policy")
+        ),
+    ];
+    let mut out = Vec::new();
+    for sql in statements {
+        let rows: Vec<sqlx::sqlite::SqliteRow> =
+            sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"))).fetch_all(&mut *conn).await?;
+        let ops = rows.iter().map(|r| sqlx::Row::try_get::<String, _>(r, 1)).collect::<Result<Vec<_>, _>>()?;
+        out.push((sql, ops));
+    }
+    Ok(out)
+}
+
 /// The hot path's reads on SQLite (the batch's records and tombstones), each as
 /// `(name, plan text, opcodes)`: the test that checks they probe the unique indexes and
 /// build no ephemeral table (an `OpenEphemeral` per statement cost 12 % of a pair's

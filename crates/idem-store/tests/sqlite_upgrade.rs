@@ -1,8 +1,8 @@
-//! Upgrading an existing SQLite ledger: migration 0010 rebuilds `operations`,
-//! `workflow_instances` and `workflow_steps` (CHECK constraints without ephemeral tables,
-//! `operations` without its unused AUTOINCREMENT id). A ledger written under 0009 must
-//! come out of it with every row and every index, its constraints still enforced, and
-//! readable by the store.
+//! Upgrading an existing SQLite ledger: migration 0010 edits the definitions of
+//! `operations`, `workflow_instances` and `workflow_steps` in place (CHECK constraints
+//! without ephemeral tables, `operations.id` without AUTOINCREMENT). A ledger written
+//! under 0009 must come out of it with every row, id, index and trigger, its constraints
+//! still enforced, and readable by the store.
 
 use idem_core::{ManualClock, State};
 use idem_store::{Store, StoreConfig, sqlite::SqliteStore};
@@ -13,7 +13,7 @@ use std::sync::Arc;
 const TABLES: [(&str, &str); 3] = [
     (
         "operations",
-        "tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, lease_expires_at, \
+        "id, tenant, op_key, action, fingerprint, payload, state, attempt_count, lease_owner, lease_expires_at, \
          fencing_token, next_attempt_at, provider_ref, result, error_class, error_message, verified_at, \
          evidence_source, needs_review, redo_safe, created_at, updated_at, completed_at, expires_at, version, \
          connector, lookup_attempts, lease_holder",
@@ -89,6 +89,14 @@ async fn a_ledger_written_under_0009_keeps_every_row_index_and_rule() {
     for s in statements {
         sqlx::query(s).execute(&mut conn).await.unwrap();
     }
+    // A trigger of the user's on a hot table (a rebuild would have dropped it).
+    sqlx::query(
+        "CREATE TRIGGER users_audit AFTER UPDATE OF state ON operations \
+         BEGIN UPDATE operations SET error_message = 'seen by users_audit' WHERE id = NEW.id; END",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
     let rows_before = rows(&mut conn).await;
     let indexes_before = indexes(&mut conn).await;
     assert_eq!(rows_before.len(), 5);
@@ -101,7 +109,7 @@ async fn a_ledger_written_under_0009_keeps_every_row_index_and_rule() {
     assert!(applied.iter().any(|(v,)| *v == 10), "0010 ran: {applied:?}");
     assert_eq!(rows(&mut conn).await, rows_before, "every row kept, every column unchanged");
     let indexes_after = indexes(&mut conn).await;
-    assert_eq!(indexes_after, indexes_before, "the same indexes, under the same names");
+    assert_eq!(indexes_after, indexes_before, "the same indexes");
     let schema: Vec<(String,)> = sqlx::query_as(
         "SELECT sql FROM sqlite_schema WHERE name IN ('operations', 'workflow_instances', 'workflow_steps')",
     )
@@ -112,6 +120,14 @@ async fn a_ledger_written_under_0009_keeps_every_row_index_and_rule() {
         assert!(!sql.contains(" IN ("), "no IN list left in a CHECK: {sql}");
     }
     assert!(!schema.iter().any(|(s,)| s.contains("AUTOINCREMENT")), "{schema:?}");
+    let (check,): (String,) = sqlx::query_as("PRAGMA integrity_check").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(check, "ok");
+    let (triggers,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name = 'users_audit'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(triggers, 1, "the user's trigger is kept");
 
     // The rules still hold: each CHECK refuses what it refused before.
     for bad in [
@@ -134,5 +150,35 @@ async fn a_ledger_written_under_0009_keeps_every_row_index_and_rule() {
     let rec = store.get("u", "order-3").await.unwrap().expect("the record is there");
     assert_eq!((rec.state, rec.needs_review), (State::Unknown, true));
     let page = store.list("t", &idem_store::ListFilter { limit: 10, ..Default::default() }).await.unwrap();
-    assert_eq!(page.items.len(), 2, "listed by the recreated index");
+    assert_eq!(page.items.len(), 2, "listed by its index");
+    // A new record gets a new id, above the old ones, and the trigger still fires.
+    let input = idem_core::AcquireInput {
+        tenant: "t".into(),
+        key: "order-4".into(),
+        action: "send".into(),
+        payload: serde_json::json!({}),
+        fingerprint: "fp4".into(),
+        lease_ms: 1_000,
+        redo_safe: false,
+        connector: None,
+        holder: None,
+        actor: idem_core::Actor { principal: "w".into(), request_id: None },
+    };
+    let token = store.acquire(input).await.unwrap().record.fencing_token;
+    let done = idem_store::CompleteRequest {
+        tenant: "t".into(),
+        key: "order-4".into(),
+        fencing_token: token,
+        outcome: idem_core::Outcome::Succeeded { provider_ref: "ref-4".into(), result: None },
+        actor: idem_core::Actor { principal: "w".into(), request_id: None },
+        policy: None,
+    };
+    store.complete(done).await.unwrap();
+    let (id, message): (i64, Option<String>) =
+        sqlx::query_as("SELECT id, error_message FROM operations WHERE op_key = 'order-4'")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert!(id > 3, "a fresh id: {id}");
+    assert_eq!(message.as_deref(), Some("seen by users_audit"));
 }
