@@ -284,6 +284,29 @@ pub struct SecretRef {
     pub prefix: String,
 }
 
+/// The error for a secret written inline, which it does not repeat.
+pub const INLINE_SECRET: &str = "a secret is never written in the config (its value is not repeated here): \
+     give { env = \"VARIABLE\" } or { file = \"/path/to/file\" }";
+
+/// The path of the first secret written inline as a string among `connectors`
+/// (`connectors.NAME.password`, `connectors.NAME.imap.password`), for an error that names
+/// the field: serde buffers a connector's table (an internally tagged enum), so its own
+/// error has only the table's position.
+fn inline_secret_path(config: &toml::Table) -> Option<String> {
+    let connectors = config.get("connectors")?.as_table()?;
+    for (name, connector) in connectors {
+        let Some(connector) = connector.as_table() else { continue };
+        if connector.get("password").is_some_and(toml::Value::is_str) {
+            return Some(format!("connectors.{name}.password"));
+        }
+        let imap = connector.get("imap").and_then(toml::Value::as_table);
+        if imap.and_then(|i| i.get("password")).is_some_and(toml::Value::is_str) {
+            return Some(format!("connectors.{name}.imap.password"));
+        }
+    }
+    None
+}
+
 impl<'de> Deserialize<'de> for SecretRef {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
@@ -304,51 +327,11 @@ impl<'de> Deserialize<'de> for SecretRef {
         use serde::de::Error as _;
         match Given::deserialize(d)? {
             Given::Ref(Fields { env, file, prefix }) => Ok(SecretRef { env, file, prefix }),
-            Given::Inline(_) => Err(D::Error::custom(
-                "a secret is never written in the config (its value is not repeated here): \
-                 give { env = \"VARIABLE\" } or { file = \"/path/to/file\" }",
-            )),
+            Given::Inline(_) => Err(D::Error::custom(INLINE_SECRET)),
             Given::Other(_) => Err(D::Error::custom(
                 "expected { env = \"VARIABLE\" } or { file = \"/path/to/file\" }, with an optional prefix = \"…\"",
             )),
         }
-    }
-}
-
-/// `deserialize_with` helpers that name the secret's field in its error. Inside a
-/// connector's or sink's table (an internally tagged enum, which serde buffers) the TOML
-/// error keeps only the table's position, not the field's, so `line 1: a secret is never
-/// written…` alone did not say which field held it.
-pub mod secret_field {
-    use super::SecretRef;
-    use serde::de::{Deserialize, Deserializer, Error as _};
-
-    fn named<'de, D: Deserializer<'de>, T: Deserialize<'de>>(name: &str, d: D) -> Result<T, D::Error> {
-        T::deserialize(d).map_err(|e| D::Error::custom(format!("`{name}`: {e}")))
-    }
-
-    /// `password = { env = … }`.
-    ///
-    /// # Errors
-    /// [`SecretRef`]'s, prefixed with `` `password`: ``.
-    pub fn password<'de, D: Deserializer<'de>>(d: D) -> Result<SecretRef, D::Error> {
-        named("password", d)
-    }
-
-    /// An optional `password`.
-    ///
-    /// # Errors
-    /// [`SecretRef`]'s, prefixed with `` `password`: ``.
-    pub fn optional_password<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SecretRef>, D::Error> {
-        named("password", d)
-    }
-
-    /// `secrets = [{ env = … }, …]`.
-    ///
-    /// # Errors
-    /// [`SecretRef`]'s, prefixed with `` `secrets`: ``.
-    pub fn secrets<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SecretRef>, D::Error> {
-        named("secrets", d)
     }
 }
 
@@ -560,7 +543,6 @@ pub struct SmtpConfig {
     /// SMTP AUTH user.
     pub username: Option<String>,
     /// SMTP AUTH password.
-    #[serde(default, deserialize_with = "secret_field::optional_password")]
     pub password: Option<SecretRef>,
     /// Default `From:` address (a payload's `from` overrides it).
     pub from: String,
@@ -596,7 +578,6 @@ pub struct ImapConfig {
     /// Login.
     pub username: String,
     /// Password.
-    #[serde(deserialize_with = "secret_field::password")]
     pub password: SecretRef,
     /// Mailbox to search (default INBOX).
     #[serde(default = "default_mailbox")]
@@ -713,7 +694,12 @@ impl Config {
     /// # Errors
     /// A [`ConfigError`] naming the field.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| err("config", toml_error(text, &e)))?;
+        let config: Config = toml::from_str(text).map_err(|e| {
+            match toml::from_str::<toml::Table>(text).ok().as_ref().and_then(inline_secret_path) {
+                Some(path) => err(path, INLINE_SECRET),
+                None => err("config", toml_error(text, &e)),
+            }
+        })?;
         config.check()?;
         Ok(config)
     }
@@ -747,7 +733,7 @@ impl Config {
 /// `e` as `line N: what is wrong`, without the source line the TOML error would quote
 /// (it may hold a secret written where a reference was expected).
 fn toml_error(text: &str, e: &toml::de::Error) -> String {
-    let message = e.message().replace('\n', " ");
+    let message = e.message().trim_end().replace('\n', " ");
     match e.span() {
         Some(span) => format!("line {}: {message}", text[..span.start.min(text.len())].matches('\n').count() + 1),
         None => message,
@@ -807,13 +793,18 @@ mod tests {
         let text = "[connectors.mail]\nkind = \"smtp\"\nhost = \"smtp.example.com\"\nport = 587\n\
                     tls = \"starttls\"\nusername = \"idem\"\npassword = \"hunter2-topsecret\"\nfrom = \"a@example.com\"\n";
         let e = Config::parse(text).unwrap_err().to_string();
-        assert!(!e.contains("hunter2") && e.contains("line ") && e.contains("env ="), "{e}");
-        assert!(e.contains("`password`"), "the field is named: {e}");
-        // The IMAP mailbox's password too, in a table further down the file.
-        let text = "[actions.a]\n\n[connectors.mail]\nkind = \"smtp\"\nhost = \"h\"\nport = 25\n\
-                    from = \"a@example.com\"\nimap = { host = \"h\", port = 143, username = \"u\", password = \"imap-topsecret\" }\n";
-        let e = Config::parse(text).unwrap_err().to_string();
-        assert!(!e.contains("imap-topsecret") && e.contains("`password`") && e.contains("env ="), "{e}");
+        assert!(!e.contains("hunter2") && e.contains("env ="), "{e}");
+        assert!(e.starts_with("connectors.mail.password: ") && !e.ends_with(' '), "the field is named: {e:?}");
+        // The IMAP mailbox's password too, inline or as a table further down the file.
+        let base =
+            "[actions.a]\n\n[connectors.mail]\nkind = \"smtp\"\nhost = \"h\"\nport = 25\nfrom = \"a@example.com\"\n";
+        for imap in [
+            "imap = { host = \"h\", port = 143, username = \"u\", password = \"imap-topsecret\" }\n",
+            "\n[connectors.mail.imap]\nhost = \"h\"\nport = 143\nusername = \"u\"\npassword = \"imap-topsecret\"\n",
+        ] {
+            let e = Config::parse(&format!("{base}{imap}")).unwrap_err().to_string();
+            assert!(!e.contains("imap-topsecret") && e.starts_with("connectors.mail.imap.password: "), "{e}");
+        }
         let ok = toml::from_str::<W>("s = { env = \"X\", prefix = \"Bearer \" }").unwrap();
         assert_eq!((ok.s.env.as_deref(), ok.s.prefix.as_str()), (Some("X"), "Bearer "));
         // A header value may still be plain text.

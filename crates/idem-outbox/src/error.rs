@@ -40,7 +40,7 @@ pub enum OutboxError {
     },
     /// The database said no.
     #[error("database error: {0}")]
-    Database(sqlx::Error),
+    Database(#[source] sqlx::Error),
 }
 
 impl From<sqlx::Error> for OutboxError {

@@ -231,11 +231,23 @@ impl OutboxStore {
     /// [`OutboxError::Database`] when unreachable; [`OutboxError::NotInstalled`].
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, OutboxError> {
         let store = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(max_connections)
-                .connect(url)
-                .await
+            let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url)
                 .map_err(OutboxError::Database)?;
+            let pool = match sqlx::postgres::PgPoolOptions::new()
+                .max_connections(max_connections)
+                .connect_with(options.clone())
+                .await
+            {
+                // sqlx retried a failing connect until its acquire timeout and says only
+                // "pool timed out": one direct attempt names the cause (refused, no such
+                // database, …).
+                Err(sqlx::Error::PoolTimedOut) => {
+                    let direct = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options).await;
+                    Err(direct.err().unwrap_or(sqlx::Error::PoolTimedOut))
+                }
+                other => other,
+            }
+            .map_err(OutboxError::Database)?;
             OutboxStore::Postgres(pool)
         } else {
             let path = url.strip_prefix("sqlite://").unwrap_or(url);

@@ -90,6 +90,24 @@ pub fn trace_layer() -> IdemTraceLayer {
         .on_response(on_response as fn(&Response<Body>, Duration, &Span))
 }
 
+/// [`IdemTraceLayer`] without its ERROR line for a 5xx answer.
+pub type ProxiedTraceLayer = TraceLayer<
+    SharedClassifier<ServerErrorsAsFailures>,
+    fn(&Request<Body>) -> Span,
+    DefaultOnRequest,
+    fn(&Response<Body>, Duration, &Span),
+    tower_http::trace::DefaultOnBodyChunk,
+    tower_http::trace::DefaultOnEos,
+    (),
+>;
+
+/// The trace layer of what `idem proxy` forwards: the same span and access line, but a
+/// 5xx is the upstream's answer passed on, not a failure of idem's, so it gets no ERROR
+/// line of its own (the access line has its status).
+pub fn proxied_trace_layer() -> ProxiedTraceLayer {
+    trace_layer().on_failure(())
+}
+
 /// Longest client-supplied request id kept, in bytes.
 pub const MAX_REQUEST_ID_LEN: usize = idem_core::lease::MAX_HOLDER_LEN;
 

@@ -343,7 +343,7 @@ pub fn router(state: ProxyState, api: axum::Router, budget: crate::request_body:
     let body_limit = state.config.max_request_bytes;
     let x_request_id = axum::http::HeaderName::from_static("x-request-id");
     let proxied = tower::ServiceBuilder::new()
-        .layer(crate::logging::trace_layer())
+        .layer(crate::logging::proxied_trace_layer())
         .layer(axum::middleware::from_fn(crate::metrics::track_http))
         .layer(axum::middleware::from_fn(label_proxied))
         .layer(axum::middleware::from_fn_with_state(budget, crate::request_body::guard))
@@ -391,6 +391,15 @@ async fn client_of(state: &ProxyState, headers: &HeaderMap) -> Result<(String, S
     }
 }
 
+/// Whether the request's content type is JSON (`application/json`, `…+json`, any `…json`),
+/// whose body the fingerprint takes in canonical form.
+fn json_body(headers: &HeaderMap) -> bool {
+    headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.split(';').next().is_some_and(|m| m.trim().ends_with("json")))
+}
+
 /// The fingerprint of a request (see the module docs).
 ///
 /// A JSON body is read as the API reads a payload ([`idem_core::Payload`], then
@@ -408,13 +417,9 @@ pub fn request_fingerprint(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<String, String> {
-    let is_json = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.split(';').next().is_some_and(|m| m.trim().ends_with("json")));
     let body_part = if body.is_empty() {
         Value::Null
-    } else if is_json {
+    } else if json_body(headers) {
         let p: idem_core::Payload =
             serde_json::from_slice(body).map_err(|e| format!("the JSON body is not valid for idem: {e}"))?;
         json!({"json": p.0})
@@ -540,16 +545,21 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         Ok(k) => k,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "invalid-idempotency-key", e.to_string()),
     };
-    // The fingerprint is taken of the body as sent: 415 for a compressed one, as the API.
-    if let Some(p) = crate::json::content_coding_refused(&parts.headers) {
+    // Stored as `principal/key`, which must itself be a key the operator API can address.
+    // In the log from here on, so a refusal below (415, bad JSON) names its key too.
+    let store_key = format!("{principal}/{key}");
+    crate::logging::record_key(&store_key);
+    // A JSON body is fingerprinted by its canonical form, which compression hides: 415, as
+    // the API. Any other body is fingerprinted as the bytes sent, compressed or not.
+    if json_body(&parts.headers)
+        && let Some(p) = crate::json::content_coding_refused(&parts.headers)
+    {
         return p.into_response();
     }
     let fp = match request_fingerprint(&state.config, &parts.method, &path_and_query, &parts.headers, &body) {
         Ok(f) => f,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "invalid-request", e),
     };
-    // Stored as `principal/key`, which must itself be a key the operator API can address.
-    let store_key = format!("{principal}/{key}");
     if store_key.len() > idem_core::key::MAX_KEY_LEN {
         return problem(
             StatusCode::BAD_REQUEST,
@@ -577,7 +587,6 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         holder: None,
         actor: actor.clone(),
     };
-    crate::logging::record_key(&input.key);
     let out = match state.app.store.acquire(input).await {
         Ok(o) => o,
         Err(e) => return store_problem(e).into_response(),

@@ -239,6 +239,32 @@ async fn committed_batch<T, E>(
 /// instance's steps with every operation of the tenant in key order (found by a
 /// break-it pass: workflow steps 117/s at first, 29/s after ~90 000 operations); checked
 /// by `pool_joins_probe_by_key`.
+/// Opens a pool. sqlx keeps retrying a connection that fails (refused, no such database,
+/// bad password) until the pool's acquire timeout and then says only "pool timed out while
+/// waiting for an open connection"; on that answer one connection is tried directly, so
+/// the error names the cause (a helper's break-it pass: a wrong port read as a timeout
+/// after 10 s). The retry window is kept, for a server that is still starting.
+///
+/// # Errors
+/// The direct attempt's error, else sqlx's.
+pub async fn connect_pool(
+    pool: PgPoolOptions,
+    options: sqlx::postgres::PgConnectOptions,
+) -> Result<PgPool, sqlx::Error> {
+    match pool.connect_with(options.clone()).await {
+        Err(sqlx::Error::PoolTimedOut) => {
+            match <sqlx::PgConnection as sqlx::Connection>::connect_with(&options).await {
+                Err(cause) => Err(cause),
+                Ok(conn) => {
+                    let _ = sqlx::Connection::close(conn).await;
+                    Err(sqlx::Error::PoolTimedOut)
+                }
+            }
+        }
+        other => other,
+    }
+}
+
 fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
     use std::str::FromStr;
     let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
@@ -320,9 +346,8 @@ impl PgStore {
                     }
                     Ok(true)
                 })
-            })
-            .connect_with(options.clone())
-            .await?;
+            });
+        let pool = connect_pool(pool, options.clone()).await?;
         MIGRATOR.run(&pool).await?;
         let writers = Arc::new(Writers::spawn(&Arc::new(connections::Connections::new(
             writer_options(options),

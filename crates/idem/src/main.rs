@@ -145,15 +145,21 @@ fn command_path() -> String {
 fn one_line(e: &anyhow::Error) -> String {
     let mut parts: Vec<String> = Vec::new();
     for cause in e.chain() {
-        let (text, last) = match cause.downcast_ref::<sqlx::Error>() {
-            Some(db) => (idem_store::database_message(db), true),
-            None => (cause.to_string(), false),
-        };
+        if let Some(db) = cause.downcast_ref::<sqlx::Error>() {
+            // A wrapper may have put sqlx's own text in its message already: say it the
+            // plain way there too.
+            let (raw, plain) = (db.to_string(), idem_store::database_message(db));
+            for p in &mut parts {
+                *p = p.replace(&raw, &plain);
+            }
+            if !parts.iter().any(|p| p.contains(&plain)) {
+                parts.push(plain);
+            }
+            break;
+        }
+        let text = cause.to_string();
         if !parts.iter().any(|p| p.contains(&text)) {
             parts.push(text);
-        }
-        if last {
-            break;
         }
     }
     parts.join(": ").replace('\n', " ")

@@ -96,7 +96,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         idem_store::DatabaseUrl::Postgres(url) => Some(
             idem_store::postgres::DatabaseClock::connect(url, args.max_clock_uncertainty_ms)
                 .await
-                .with_context(|| format!("cannot read the clock of the database {}", redact(url)))?,
+                .with_context(|| format!("cannot connect to the database {} (to read its clock)", redact(url)))?,
         ),
         idem_store::DatabaseUrl::Sqlite(_) => None,
     };

@@ -156,6 +156,8 @@ async fn a_missing_postgres_database_is_one_plain_line() {
     for args in [
         vec!["keys", "list", "--database-url", &missing],
         vec!["serve", "--listen", "127.0.0.1:0", "--database-url", &missing],
+        vec!["schema", "install", "--database-url", &missing],
+        vec!["outbox", "list", "--database-url", &missing],
     ] {
         let out = Command::new(idem_bin()).args(&args).env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY).output().unwrap();
         let err = text(&out.stderr);
@@ -163,6 +165,16 @@ async fn a_missing_postgres_database_is_one_plain_line() {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
         assert_eq!(err.matches("does not exist").count(), 1, "{args:?}: {err}");
         assert!(!err.contains("at line") && !err.contains("error returned from database"), "{args:?}: {err}");
+        assert!(!err.contains("the clock"), "a connection failure is not the clock's: {err}");
+    }
+    // A port nothing listens on is "refused", not sqlx's "pool timed out" after the wait.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let refused = format!("postgres://postgres@127.0.0.1:{closed}/postgres");
+    for args in [vec!["keys", "list", "--database-url", &refused], vec!["outbox", "list", "--database-url", &refused]] {
+        let out = Command::new(idem_bin()).args(&args).output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.to_lowercase().contains("refused") && !err.contains("timed out"), "{args:?}: {err}");
     }
 }
 

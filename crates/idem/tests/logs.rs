@@ -140,9 +140,20 @@ async fn the_proxy_logs_proxied_and_refused_requests() {
     let forwarded = send(reqwest::Method::GET, "/charges/secret-path-2", None).await.unwrap();
     assert_eq!(forwarded.status(), 502);
     let keyed = send(reqwest::Method::POST, "/charges", Some("proxy-log-key-1")).await.unwrap();
+    // Refused after the key was read (a body that is not JSON): the line names the key.
+    let bad_json = http
+        .post(format!("{}/charges", server.base))
+        .header("idem-api-key", ADMIN_KEY)
+        .header("idempotency-key", "proxy-log-key-2")
+        .header("content-type", "application/json")
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_json.status(), 400);
     let api = http.get(format!("{}/_idem/healthz", server.base)).send().await.unwrap();
     assert_eq!(api.status(), 200);
-    let ids: Vec<String> = [&no_key, &forwarded, &keyed, &api]
+    let ids: Vec<String> = [&no_key, &forwarded, &keyed, &api, &bad_json]
         .iter()
         .map(|r| r.headers()["x-request-id"].to_str().unwrap().to_owned())
         .collect();
@@ -159,9 +170,12 @@ async fn the_proxy_logs_proxied_and_refused_requests() {
     assert_eq!(keyed_line["span"]["tenant"], "default.proxy", "{keyed_line}");
     assert_eq!(keyed_line["span"]["key_hash"], idem_core::key::log_hash("bootstrap/proxy-log-key-1"), "{keyed_line}");
     assert_eq!(access_line(&lines, &ids[3])["span"]["route"], "/_idem/healthz");
+    let refused = access_line(&lines, &ids[4]);
+    assert_eq!(refused["span"]["key_hash"], idem_core::key::log_hash("bootstrap/proxy-log-key-2"), "{refused}");
     let api_lines = lines.iter().filter(|l| l["target"] == "idem::access" && l["span"]["request_id"] == ids[3]).count();
     assert_eq!(api_lines, 1, "the /_idem/ API is logged once, by its own router");
     assert!(!text.contains("secret-path"), "the raw path is not logged: {text}");
+    assert!(!lines.iter().any(|l| l["level"] == "ERROR"), "an upstream's 5xx is no error of idem's: {text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

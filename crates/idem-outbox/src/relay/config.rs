@@ -141,7 +141,6 @@ pub struct WebhookSinkConfig {
     /// Topic patterns.
     pub topics: Vec<String>,
     /// Signing secrets (`whsec_…`), from env or file: one, or two during a rotation.
-    #[serde(deserialize_with = "idem_connect::config::secret_field::secrets")]
     pub secrets: Vec<SecretRef>,
     /// Whole request (ms); after it the delivery is unknown and retried.
     #[serde(default = "default_webhook_timeout")]
@@ -217,7 +216,8 @@ impl RelayConfig {
     /// A [`ConfigError`] naming the field: an unknown sink kind, a bad pattern, no topics,
     /// no secret, a lease not longer than a sink's timeout, …
     pub fn parse(value: &toml::Value) -> Result<RelayConfig, ConfigError> {
-        let raw = RawRelay::deserialize(value.clone()).map_err(|e| err("outbox", e.to_string().replace('\n', " ")))?;
+        let raw = RawRelay::deserialize(value.clone())
+            .map_err(|e| err("outbox", e.to_string().trim_end().replace('\n', " ")))?;
         let database_url = interpolate("outbox.database_url", &raw.database_url)?;
         if raw.poll_interval_ms == 0 || raw.batch < 1 || raw.batch > 1000 {
             return Err(err("outbox", "poll_interval_ms must be positive and batch between 1 and 1000"));
@@ -228,7 +228,15 @@ impl RelayConfig {
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b)) {
                 return Err(err(&field, "sink names are [A-Za-z0-9_-]+"));
             }
-            let sink = SinkConfig::deserialize(v).map_err(|e| err(&field, e.to_string().replace('\n', " ")))?;
+            // A secret written inline is named by its place (serde's error, from inside the
+            // sink's buffered table, could not say which one).
+            let inline =
+                v.get("secrets").and_then(toml::Value::as_array).and_then(|s| s.iter().position(toml::Value::is_str));
+            if let Some(i) = inline {
+                return Err(err(format!("{field}.secrets[{i}]"), idem_connect::config::INLINE_SECRET));
+            }
+            let sink =
+                SinkConfig::deserialize(v).map_err(|e| err(&field, e.to_string().trim_end().replace('\n', " ")))?;
             if sink.topics().is_empty() {
                 return Err(err(
                     format!("{field}.topics"),
@@ -299,8 +307,9 @@ mod tests {
         assert_eq!(e.field, "outbox.sinks.hooks.topics");
         let e = parse(&OK.replace("[{ env = \"S\" }]", "[]")).unwrap_err();
         assert_eq!(e.field, "outbox.sinks.hooks.secrets");
-        let e = parse(&OK.replace("[{ env = \"S\" }]", "[\"whsec_topsecret\"]")).unwrap_err().to_string();
-        assert!(e.contains("`secrets`") && e.contains("env =") && !e.contains("topsecret"), "{e}");
+        let e = parse(&OK.replace("[{ env = \"S\" }]", "[{ env = \"S\" }, \"whsec_topsecret\"]")).unwrap_err();
+        assert_eq!(e.field, "outbox.sinks.hooks.secrets[1]");
+        assert!(e.message.contains("env =") && !e.to_string().contains("topsecret"), "{e}");
         let e = parse(&OK.replace("[outbox]\n", "[outbox]\nlease_ms = 5000\n")).unwrap_err();
         assert_eq!(e.field, "outbox.lease_ms");
         let e = parse("[outbox]\ndatabase_url = \"x\"\n").unwrap_err();

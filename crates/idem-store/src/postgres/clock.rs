@@ -117,11 +117,11 @@ impl DatabaseClock {
     /// # Errors
     /// [`StoreError::Database`] if the database cannot be reached or read.
     pub async fn connect(url: &str, max_uncertainty_ms: i64) -> Result<Arc<Self>, StoreError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(super::connect_options(url)?)
-            .await?;
+        let pool = super::connect_pool(
+            PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10)),
+            super::connect_options(url)?,
+        )
+        .await?;
         let anchor = read(&pool).await?;
         let clock = Arc::new(DatabaseClock {
             pool,
