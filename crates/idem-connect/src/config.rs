@@ -288,20 +288,52 @@ pub struct SecretRef {
 pub const INLINE_SECRET: &str = "a secret is never written in the config (its value is not repeated here): \
      give { env = \"VARIABLE\" } or { file = \"/path/to/file\" }";
 
-/// The path of the first secret written inline as a string among `connectors`
-/// (`connectors.NAME.password`, `connectors.NAME.imap.password`), for an error that names
-/// the field: serde buffers a connector's table (an internally tagged enum), so its own
-/// error has only the table's position.
-fn inline_secret_path(config: &toml::Table) -> Option<String> {
+/// What is wrong with `value` as a [`SecretRef`], if anything: written inline (a string),
+/// or not `{ env | file [, prefix] }`. Never quotes the value.
+fn secret_shape_error(value: &toml::Value) -> Option<&'static str> {
+    match value {
+        toml::Value::String(_) => Some(INLINE_SECRET),
+        toml::Value::Table(t)
+            if t.keys().all(|k| ["env", "file", "prefix"].contains(&k.as_str()))
+                && t.values().all(toml::Value::is_str) =>
+        {
+            None
+        }
+        _ => Some(SECRET_SHAPE),
+    }
+}
+
+/// The error for a secret of another shape, which it does not repeat.
+pub const SECRET_SHAPE: &str =
+    "expected { env = \"VARIABLE\" } or { file = \"/path/to/file\" }, with an optional prefix = \"…\"";
+
+/// What is wrong with `value` as a list of secrets (`secrets = [{ env = … }, …]`), as
+/// (`""` or `"[i]"`, message) for an error that names the place; never quotes a value.
+#[must_use]
+pub fn secret_list_error(value: &toml::Value) -> Option<(String, &'static str)> {
+    match value {
+        toml::Value::Array(items) => {
+            items.iter().enumerate().find_map(|(i, v)| secret_shape_error(v).map(|m| (format!("[{i}]"), m)))
+        }
+        toml::Value::String(_) => Some((String::new(), INLINE_SECRET)),
+        _ => Some((String::new(), "expected a list: [{ env = \"VARIABLE\" }] (two during a rotation)")),
+    }
+}
+
+/// The first secret among `connectors` written inline or in the wrong shape
+/// (`connectors.NAME.password`, `connectors.NAME.imap.password`), as (path, message), for
+/// an error that names the field: serde buffers a connector's table (an internally tagged
+/// enum), so its own error has only the table's position.
+fn secret_field_error(config: &toml::Table) -> Option<(String, &'static str)> {
     let connectors = config.get("connectors")?.as_table()?;
     for (name, connector) in connectors {
         let Some(connector) = connector.as_table() else { continue };
-        if connector.get("password").is_some_and(toml::Value::is_str) {
-            return Some(format!("connectors.{name}.password"));
+        if let Some(m) = connector.get("password").and_then(secret_shape_error) {
+            return Some((format!("connectors.{name}.password"), m));
         }
         let imap = connector.get("imap").and_then(toml::Value::as_table);
-        if imap.and_then(|i| i.get("password")).is_some_and(toml::Value::is_str) {
-            return Some(format!("connectors.{name}.imap.password"));
+        if let Some(m) = imap.and_then(|i| i.get("password")).and_then(secret_shape_error) {
+            return Some((format!("connectors.{name}.imap.password"), m));
         }
     }
     None
@@ -328,9 +360,7 @@ impl<'de> Deserialize<'de> for SecretRef {
         match Given::deserialize(d)? {
             Given::Ref(Fields { env, file, prefix }) => Ok(SecretRef { env, file, prefix }),
             Given::Inline(_) => Err(D::Error::custom(INLINE_SECRET)),
-            Given::Other(_) => Err(D::Error::custom(
-                "expected { env = \"VARIABLE\" } or { file = \"/path/to/file\" }, with an optional prefix = \"…\"",
-            )),
+            Given::Other(_) => Err(D::Error::custom(SECRET_SHAPE)),
         }
     }
 }
@@ -695,8 +725,8 @@ impl Config {
     /// A [`ConfigError`] naming the field.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| {
-            match toml::from_str::<toml::Table>(text).ok().as_ref().and_then(inline_secret_path) {
-                Some(path) => err(path, INLINE_SECRET),
+            match toml::from_str::<toml::Table>(text).ok().as_ref().and_then(secret_field_error) {
+                Some((path, message)) => err(path, message),
                 None => err("config", toml_error(text, &e)),
             }
         })?;
@@ -798,6 +828,18 @@ mod tests {
         // The IMAP mailbox's password too, inline or as a table further down the file.
         let base =
             "[actions.a]\n\n[connectors.mail]\nkind = \"smtp\"\nhost = \"h\"\nport = 25\nfrom = \"a@example.com\"\n";
+        // Other shapes: named, never repeated.
+        for password in [
+            "987654321",
+            "[\"topsecret\"]",
+            "true",
+            "{ value = \"topsecret\" }",
+            "{ env = \"X\", secret = \"topsecret\" }",
+        ] {
+            let e = Config::parse(&format!("{base}password = {password}\n")).unwrap_err().to_string();
+            assert!(e.starts_with("connectors.mail.password: expected { env"), "{password}: {e}");
+            assert!(!e.contains("topsecret") && !e.contains("987654321"), "{e}");
+        }
         for imap in [
             "imap = { host = \"h\", port = 143, username = \"u\", password = \"imap-topsecret\" }\n",
             "\n[connectors.mail.imap]\nhost = \"h\"\nport = 143\nusername = \"u\"\npassword = \"imap-topsecret\"\n",

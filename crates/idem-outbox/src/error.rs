@@ -39,8 +39,19 @@ pub enum OutboxError {
         known: i64,
     },
     /// The database said no.
-    #[error("database error: {0}")]
+    #[error("database error: {}", plain(.0))]
     Database(#[source] sqlx::Error),
+}
+
+/// For an error the database server returned, its own message: sqlx's text adds "error
+/// returned from database: " and, on PostgreSQL, " at line N" of the server's C source,
+/// which read as if the user's config or query were at fault. (idem-store's
+/// `database_message` says the same; this crate does not depend on idem-store.)
+fn plain(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => db.message().to_owned(),
+        other => other.to_string(),
+    }
 }
 
 impl From<sqlx::Error> for OutboxError {

@@ -397,7 +397,8 @@ fn json_body(headers: &HeaderMap) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.split(';').next().is_some_and(|m| m.trim().ends_with("json")))
+        // Media types are case-insensitive (RFC 9110 §8.3.1).
+        .is_some_and(|ct| ct.split(';').next().is_some_and(|m| m.trim().to_ascii_lowercase().ends_with("json")))
 }
 
 /// The fingerprint of a request (see the module docs).

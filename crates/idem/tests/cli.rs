@@ -153,13 +153,30 @@ async fn a_missing_postgres_database_is_one_plain_line() {
     let pg = Db::new(Backend::Postgres).await;
     let (base, _) = pg.url.rsplit_once('/').unwrap();
     let missing = format!("{base}/idem_surely_missing_{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let relay_config = dir.path().join("relay.toml");
+    std::fs::write(
+        &relay_config,
+        format!(
+            "[outbox]\ndatabase_url = \"{missing}\"\n[outbox.sinks.hooks]\nkind = \"webhook\"\n\
+             url = \"http://127.0.0.1:9/h\"\ntopics = [\"orders.*\"]\nsecrets = [{{ env = \"IDEM_TEST_HOOK_SECRET\" }}]\n"
+        ),
+    )
+    .unwrap();
+    let relay_config = relay_config.to_str().unwrap();
     for args in [
         vec!["keys", "list", "--database-url", &missing],
         vec!["serve", "--listen", "127.0.0.1:0", "--database-url", &missing],
         vec!["schema", "install", "--database-url", &missing],
         vec!["outbox", "list", "--database-url", &missing],
+        vec!["relay", "--config", relay_config],
     ] {
-        let out = Command::new(idem_bin()).args(&args).env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY).output().unwrap();
+        let out = Command::new(idem_bin())
+            .args(&args)
+            .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
+            .env("IDEM_TEST_HOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .output()
+            .unwrap();
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");

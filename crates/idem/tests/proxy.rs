@@ -517,6 +517,20 @@ async fn the_proxys_own_answers_carry_the_request_id_and_its_start_names_the_ups
         .unwrap();
     assert_eq!(r.status(), 422, "the upstream's answer");
     assert_eq!(up.count("/invalid"), 1);
+    // Media types are case-insensitive: an upper-case JSON type is JSON (RFC 9110 §8.3.1).
+    let r = p
+        .http
+        .post(p.url("/invalid"))
+        .header("idem-api-key", ADMIN_KEY)
+        .header("idempotency-key", "k-7")
+        .header("content-type", "Application/JSON")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 0x08, 0x00])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    assert_eq!(up.count("/invalid"), 1, "not forwarded");
     // An upstream's answer is passed on as it was (no request id put into its body).
     let r = p
         .http
@@ -543,7 +557,7 @@ async fn the_proxys_own_answers_carry_the_request_id_and_its_start_names_the_ups
             &[("method", "POST"), ("route", "proxied"), ("status", status)],
         )
     };
-    for (status, n) in [("400", 4.0), ("401", 4.0), ("413", 2.0), ("415", 2.0), ("422", 2.0)] {
+    for (status, n) in [("400", 4.0), ("401", 4.0), ("413", 2.0), ("415", 3.0), ("422", 2.0)] {
         assert_eq!(proxied(status), n, "{status}: {text}");
     }
     assert_eq!(common::metric(&text, "idem_http_requests_total", &[("route", "/_idem/healthz")]), 1.0, "{text}");

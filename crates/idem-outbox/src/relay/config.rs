@@ -230,10 +230,8 @@ impl RelayConfig {
             }
             // A secret written inline is named by its place (serde's error, from inside the
             // sink's buffered table, could not say which one).
-            let inline =
-                v.get("secrets").and_then(toml::Value::as_array).and_then(|s| s.iter().position(toml::Value::is_str));
-            if let Some(i) = inline {
-                return Err(err(format!("{field}.secrets[{i}]"), idem_connect::config::INLINE_SECRET));
+            if let Some((path, message)) = v.get("secrets").and_then(idem_connect::config::secret_list_error) {
+                return Err(err(format!("{field}.secrets{path}"), message));
             }
             let sink =
                 SinkConfig::deserialize(v).map_err(|e| err(&field, e.to_string().trim_end().replace('\n', " ")))?;
@@ -310,6 +308,16 @@ mod tests {
         let e = parse(&OK.replace("[{ env = \"S\" }]", "[{ env = \"S\" }, \"whsec_topsecret\"]")).unwrap_err();
         assert_eq!(e.field, "outbox.sinks.hooks.secrets[1]");
         assert!(e.message.contains("env =") && !e.to_string().contains("topsecret"), "{e}");
+        // Not in a list, or of another shape: named, never repeated.
+        for (secrets, path) in [
+            ("\"whsec_topsecret\"", "outbox.sinks.hooks.secrets"),
+            ("[{ env = \"S\" }, 12345678]", "outbox.sinks.hooks.secrets[1]"),
+            ("[{ value = \"whsec_topsecret\" }]", "outbox.sinks.hooks.secrets[0]"),
+        ] {
+            let e = parse(&OK.replace("[{ env = \"S\" }]", secrets)).unwrap_err();
+            assert_eq!(e.field, path, "{secrets}: {e}");
+            assert!(!e.to_string().contains("topsecret") && !e.to_string().contains("12345678"), "{e}");
+        }
         let e = parse(&OK.replace("[outbox]\n", "[outbox]\nlease_ms = 5000\n")).unwrap_err();
         assert_eq!(e.field, "outbox.lease_ms");
         let e = parse("[outbox]\ndatabase_url = \"x\"\n").unwrap_err();
