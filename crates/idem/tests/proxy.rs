@@ -503,33 +503,22 @@ async fn the_proxys_own_answers_carry_the_request_id_and_its_start_names_the_ups
         }
     }
     assert_eq!(up.count("/charges"), 0, "nothing was forwarded");
+    // A gzip body under `content_type`, to the upstream's /invalid (which answers 422).
+    let gzip_post = |key: &'static str, content_type: &'static str| {
+        p.http
+            .post(p.url("/invalid"))
+            .header("idem-api-key", ADMIN_KEY)
+            .header("idempotency-key", key)
+            .header("content-type", content_type)
+            .header("content-encoding", "gzip")
+            .body(vec![0x1f, 0x8b, 0x08, 0x00])
+            .send()
+    };
     // A compressed body that is not JSON is fingerprinted as sent and forwarded.
-    let r = p
-        .http
-        .post(p.url("/invalid"))
-        .header("idem-api-key", ADMIN_KEY)
-        .header("idempotency-key", "k-6")
-        .header("content-type", "application/octet-stream")
-        .header("content-encoding", "gzip")
-        .body(vec![0x1f, 0x8b, 0x08, 0x00])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 422, "the upstream's answer");
+    assert_eq!(gzip_post("k-6", "application/octet-stream").await.unwrap().status(), 422, "the upstream's answer");
     assert_eq!(up.count("/invalid"), 1);
     // Media types are case-insensitive: an upper-case JSON type is JSON (RFC 9110 §8.3.1).
-    let r = p
-        .http
-        .post(p.url("/invalid"))
-        .header("idem-api-key", ADMIN_KEY)
-        .header("idempotency-key", "k-7")
-        .header("content-type", "Application/JSON")
-        .header("content-encoding", "gzip")
-        .body(vec![0x1f, 0x8b, 0x08, 0x00])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 415);
+    assert_eq!(gzip_post("k-7", "Application/JSON").await.unwrap().status(), 415);
     assert_eq!(up.count("/invalid"), 1, "not forwarded");
     // An upstream's answer is passed on as it was (no request id put into its body).
     let r = p
