@@ -44,12 +44,10 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
-/// axum's rule for a JSON body (axum 0.8 `json_content_type`): `Content-Type` parses as a
-/// media type `application/json` or `application/*+json`, parameters allowed.
 /// 415 `unsupported-media-type` for a body with a `Content-Encoding` other than
 /// `identity` (RFC 9110 §15.5.16: a content coding the server does not support): idem
 /// reads, fingerprints and stores bodies as sent, so a compressed one cannot be read as
-/// the JSON it carries. Used by the API's extractor and by `idem proxy` on keyed routes.
+/// the JSON it carries. Used by the API's extractor and by `idem proxy` for a JSON body on a keyed route.
 pub(crate) fn content_coding_refused(headers: &axum::http::HeaderMap) -> Option<Problem> {
     let coding = headers.get(axum::http::header::CONTENT_ENCODING)?;
     if coding.as_bytes().eq_ignore_ascii_case(b"identity") {
@@ -62,6 +60,8 @@ pub(crate) fn content_coding_refused(headers: &axum::http::HeaderMap) -> Option<
     Some(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", detail))
 }
 
+/// axum's rule for a JSON body (axum 0.8 `json_content_type`): `Content-Type` parses as a
+/// media type `application/json` or `application/*+json`, parameters allowed.
 fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)

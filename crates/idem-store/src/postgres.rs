@@ -222,23 +222,6 @@ async fn committed_batch<T, E>(
     out
 }
 
-/// The options of every pooled connection: `url`, plus `plan_cache_mode =
-/// force_generic_plan`. The hot path's statements are prepared once per connection (and
-/// per batch size) and executed thousands of times a second; by default PostgreSQL plans
-/// the first five executions of each anew and keeps re-planning whenever its estimate
-/// favours a custom plan, which cost about a tenth of the server's CPU under the
-/// benchmark. Every idem statement is an indexed lookup by key, or a background query
-/// whose partial index the generic plan uses (checked by
-/// `background_queries_use_the_partial_indexes`).
-///
-/// Also no hash joins and no merge joins: every join idem runs starts from a few rows
-/// (one instance's steps, a batch of due keys, a `LIMIT`ed sweep) and looks each one up
-/// by key, so a nested loop over index probes is the right plan at any size, and the only
-/// one that does not depend on statistics being fresh. A kept plan of the workflow
-/// checkpoints query, made from statistics of a smaller ledger, merge-joined one
-/// instance's steps with every operation of the tenant in key order (found by a
-/// break-it pass: workflow steps 117/s at first, 29/s after ~90 000 operations); checked
-/// by `pool_joins_probe_by_key`.
 /// Opens a pool. sqlx keeps retrying a connection that fails (refused, no such database,
 /// bad password) until the pool's acquire timeout and then says only "pool timed out while
 /// waiting for an open connection"; on that answer one connection is tried directly, so
@@ -265,6 +248,23 @@ pub async fn connect_pool(
     }
 }
 
+/// The options of every pooled connection: `url`, plus `plan_cache_mode =
+/// force_generic_plan`. The hot path's statements are prepared once per connection (and
+/// per batch size) and executed thousands of times a second; by default PostgreSQL plans
+/// the first five executions of each anew and keeps re-planning whenever its estimate
+/// favours a custom plan, which cost about a tenth of the server's CPU under the
+/// benchmark. Every idem statement is an indexed lookup by key, or a background query
+/// whose partial index the generic plan uses (checked by
+/// `background_queries_use_the_partial_indexes`).
+///
+/// Also no hash joins and no merge joins: every join idem runs starts from a few rows
+/// (one instance's steps, a batch of due keys, a `LIMIT`ed sweep) and looks each one up
+/// by key, so a nested loop over index probes is the right plan at any size, and the only
+/// one that does not depend on statistics being fresh. A kept plan of the workflow
+/// checkpoints query, made from statistics of a smaller ledger, merge-joined one
+/// instance's steps with every operation of the tenant in key order (found by a
+/// break-it pass: workflow steps 117/s at first, 29/s after ~90 000 operations); checked
+/// by `pool_joins_probe_by_key`.
 fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
     use std::str::FromStr;
     let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
