@@ -725,7 +725,11 @@ impl Config {
     /// A [`ConfigError`] naming the field.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| {
-            match toml::from_str::<toml::Table>(text).ok().as_ref().and_then(secret_field_error) {
+            let table = toml::from_str::<toml::Table>(text).ok();
+            match table
+                .as_ref()
+                .and_then(|t| secret_field_error(t).map(|(p, m)| (p, m.to_owned())).or_else(|| connector_error(t)))
+            {
                 Some((path, message)) => err(path, message),
                 None => err("config", toml_error(text, &e)),
             }
@@ -760,6 +764,18 @@ impl Config {
     }
 }
 
+/// The first `[connectors.NAME]` table that does not read as a connector, as
+/// `(connectors.NAME, what is wrong)`. serde reads an internally tagged enum (`kind`)
+/// from a buffered copy of the table, so the whole file's error has lost the table's path
+/// and position ("line 1: missing field `port`"); reading each table alone names it.
+fn connector_error(config: &toml::Table) -> Option<(String, String)> {
+    let connectors = config.get("connectors")?.as_table()?;
+    connectors.iter().find_map(|(name, value)| {
+        let e = ConnectorConfig::deserialize(value.clone()).err()?;
+        Some((format!("connectors.{name}"), e.message().trim_end().replace('\n', " ")))
+    })
+}
+
 /// `e` as `line N: what is wrong`, without the source line the TOML error would quote
 /// (it may hold a secret written where a reference was expected).
 fn toml_error(text: &str, e: &toml::de::Error) -> String {
@@ -777,7 +793,7 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let e = Config::parse("[connectors.x]\nkind = \"ftp\"\n").unwrap_err();
-        assert_eq!(e.field, "config");
+        assert_eq!(e.field, "connectors.x");
         assert!(e.message.contains("ftp"), "{e}");
         let e = Config::parse("[actions.send]\nconnector = \"mial\"\n").unwrap_err();
         assert_eq!(e.field, "actions.send.connector");
@@ -805,6 +821,37 @@ mod tests {
         assert!(e.message.contains("provider_deduplicates must be true or false"), "{e}");
         let e = Config::parse(&http("provider_dedupe = true\n")).unwrap_err();
         assert!(e.message.contains("provider_deduplicates"), "the known fields are listed: {e}");
+    }
+
+    #[test]
+    fn a_bad_connector_table_is_named_by_its_path() {
+        // A missing required field used to read "config: line 1: missing field `port`".
+        let smtp = "[connectors.ok]\nkind = \"http\"\nurl = \"http://x/\"\n\n\
+                    [connectors.mail]\nkind = \"smtp\"\nhost = \"127.0.0.1\"\nfrom = \"a@example.com\"\n";
+        let e = Config::parse(smtp).unwrap_err();
+        assert_eq!(e.field, "connectors.mail", "{e}");
+        assert!(e.message.contains("missing field `port`"), "{e}");
+        for (table, field, says) in [
+            ("kind = \"http\"\n", "connectors.c", "missing field `url`"),
+            ("url = \"http://x/\"\n", "connectors.c", "kind"),
+            ("kind = \"nats\"\n", "connectors.c", "missing field"),
+            ("kind = \"http\"\nurl = 5\n", "connectors.c", "invalid type"),
+            (
+                "kind = \"http\"\nurl = \"http://x/\"\nretry = { max_attempts = \"x\" }\n",
+                "connectors.c",
+                "invalid type",
+            ),
+        ] {
+            let e = Config::parse(&format!("[connectors.c]\n{table}")).unwrap_err();
+            assert_eq!(e.field, field, "{table}: {e}");
+            assert!(e.message.contains(says), "{table}: {e}");
+        }
+        // A mistake outside the connectors keeps its line.
+        let e =
+            Config::parse("[connectors.ok]\nkind = \"http\"\nurl = \"http://x/\"\n[executor]\nconcurrency = \"x\"\n")
+                .unwrap_err();
+        assert_eq!(e.field, "config", "{e}");
+        assert!(e.message.starts_with("line 5:"), "{e}");
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub enum OutboxError {
         /// [`crate::schema::VERSION`].
         known: i64,
     },
+    /// An SQLite database that cannot be opened: the file is missing where it must exist,
+    /// or its directory is (SQLite's own text is only "unable to open database file").
+    #[error("{0}")]
+    Open(String),
     /// The database said no.
     #[error("database error: {}", plain(.0))]
     Database(#[source] sqlx::Error),
@@ -52,6 +56,30 @@ fn plain(e: &sqlx::Error) -> String {
         sqlx::Error::Database(db) => db.message().to_owned(),
         other => other.to_string(),
     }
+}
+
+/// Checks an SQLite database path before SQLite opens it: its directory must exist, and
+/// the file too unless `create` (SQLite creates a file, never a directory).
+///
+/// # Errors
+/// [`OutboxError::Open`] naming the path and what is missing.
+pub(crate) fn check_sqlite_path(path: &str, create: bool) -> Result<(), OutboxError> {
+    let file = std::path::Path::new(path);
+    if path == ":memory:" || path.starts_with("file:") || file.exists() {
+        return Ok(());
+    }
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        let what = if dir.exists() { "is not a directory" } else { "does not exist" };
+        return Err(OutboxError::Open(format!("cannot open the database {path}: {} {what}", dir.display())));
+    }
+    if create {
+        return Ok(());
+    }
+    Err(OutboxError::Open(format!(
+        "no database at {path}: run `idem schema install --database-url sqlite://{path}` to create it"
+    )))
 }
 
 impl From<sqlx::Error> for OutboxError {

@@ -223,34 +223,39 @@ fn sqlite(s: &str) -> String {
 const OLDER_OPEN: &str = "SELECT 1 FROM idem.outbox p WHERE p.aggregate_type = o.aggregate_type \
     AND p.aggregate_id = o.aggregate_id AND p.state IN ('PENDING', 'DEAD') AND p.seq < o.seq";
 
+/// How long a call waits for a pooled connection before it fails: 10 s (sqlx's default
+/// is 30 s).
+const POOL_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl OutboxStore {
     /// Connects to the application's database at `url` (`postgres://…` or `sqlite://…`).
     /// The schema must be installed (`idem schema install`).
     ///
     /// # Errors
-    /// [`OutboxError::Database`] when unreachable; [`OutboxError::NotInstalled`].
+    /// [`OutboxError::Database`] when unreachable (at once: no retry window);
+    /// [`OutboxError::Open`] for an SQLite file (or directory) that does not exist;
+    /// [`OutboxError::NotInstalled`].
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, OutboxError> {
         let store = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url)
                 .map_err(OutboxError::Database)?;
-            let pool = match sqlx::postgres::PgPoolOptions::new()
-                .max_connections(max_connections)
-                .connect_with(options.clone())
+            // One direct connection first: a pool retries a failing connect until its
+            // acquire timeout (sqlx's default, 30 s) and then says only "pool timed out";
+            // the direct attempt fails at once and names the cause (refused, no such
+            // database, bad password). A relay started before its database exits, for its
+            // supervisor to restart it.
+            let first = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
                 .await
-            {
-                // sqlx retried a failing connect until its acquire timeout and says only
-                // "pool timed out": one direct attempt names the cause (refused, no such
-                // database, …).
-                Err(sqlx::Error::PoolTimedOut) => {
-                    let direct = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options).await;
-                    Err(direct.err().unwrap_or(sqlx::Error::PoolTimedOut))
-                }
-                other => other,
-            }
-            .map_err(OutboxError::Database)?;
+                .map_err(OutboxError::Database)?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(max_connections)
+                .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
+                .connect_lazy_with(options);
+            let _ = sqlx::Connection::close(first).await;
             OutboxStore::Postgres(pool)
         } else {
             let path = url.strip_prefix("sqlite://").unwrap_or(url);
+            crate::error::check_sqlite_path(path, false)?;
             let opts = sqlx::sqlite::SqliteConnectOptions::new()
                 .filename(path)
                 .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)

@@ -426,11 +426,25 @@ pub fn parse_database_url(url: &str) -> Result<DatabaseUrl<'_>, StoreError> {
     Ok(DatabaseUrl::Sqlite(url))
 }
 
+/// Why an SQLite database cannot be created at `path`, if its directory is missing or not
+/// a directory: SQLite creates the file, never its directory, and then says only "unable
+/// to open database file". `None` when the directory is there (or `path` has none).
+#[must_use]
+pub fn sqlite_directory_error(path: &str) -> Option<String> {
+    let dir = std::path::Path::new(path).parent().filter(|d| !d.as_os_str().is_empty())?;
+    if dir.is_dir() {
+        return None;
+    }
+    let what = if dir.exists() { "is not a directory" } else { "does not exist" };
+    Some(format!("cannot create the database {path}: {} {what}", dir.display()))
+}
+
 /// Opens the store a database URL names (see [`parse_database_url`]), applying migrations.
 /// An SQLite file is created if missing unless `config.must_exist` is set.
 ///
 /// # Errors
-/// [`StoreError::Invalid`] for an unsupported URL or a missing file that must exist,
+/// [`StoreError::Invalid`] for an unsupported URL, a missing file that must exist, or an
+/// SQLite file whose directory does not exist,
 /// [`StoreError::Database`] if the database cannot be opened, [`StoreError::Migrate`] if
 /// its schema cannot be brought up to date.
 pub async fn open(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
@@ -441,6 +455,9 @@ pub async fn open(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Resu
                 return Err(StoreError::Invalid(format!(
                     "no database at {path}: point --database-url at the file idem serve uses"
                 )));
+            }
+            if let Some(why) = sqlite_directory_error(path) {
+                return Err(StoreError::Invalid(why));
             }
             Ok(Arc::new(sqlite::SqliteStore::open(path, clock, config).await?))
         }

@@ -6,6 +6,7 @@ mod common;
 use common::{ADMIN_KEY, Backend, Db, Server, idem_bin};
 use reqwest::StatusCode;
 use std::process::{Command, Output};
+use std::time::Duration;
 
 fn idem(s: &Server, args: &[&str]) -> Output {
     Command::new(idem_bin()).args(args).env("IDEM_URL", &s.base).env("IDEM_API_KEY", ADMIN_KEY).output().unwrap()
@@ -187,12 +188,65 @@ async fn a_missing_postgres_database_is_one_plain_line() {
     // A port nothing listens on is "refused", not sqlx's "pool timed out" after the wait.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let refused = format!("postgres://postgres@127.0.0.1:{closed}/postgres");
-    for args in [vec!["keys", "list", "--database-url", &refused], vec!["outbox", "list", "--database-url", &refused]] {
-        let out = Command::new(idem_bin()).args(&args).output().unwrap();
+    let refused_relay = dir.path().join("refused-relay.toml");
+    std::fs::write(&refused_relay, std::fs::read_to_string(relay_config).unwrap().replace(&missing, &refused)).unwrap();
+    let refused_relay = refused_relay.to_str().unwrap();
+    for args in [
+        vec!["keys", "list", "--database-url", &refused],
+        vec!["outbox", "list", "--database-url", &refused],
+        vec!["outbox", "get", "some-event", "--database-url", &refused],
+        vec!["relay", "--config", refused_relay],
+    ] {
+        // The outbox commands waited sqlx's 30 s pool timeout before naming the cause.
+        let started = std::time::Instant::now();
+        let out = Command::new(idem_bin())
+            .args(&args)
+            .env("IDEM_TEST_HOOK_SECRET", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .output()
+            .unwrap();
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.to_lowercase().contains("refused") && !err.contains("timed out"), "{args:?}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(8), "{args:?} took {:?}", started.elapsed());
     }
+}
+
+/// SQLite creates a database file but never its directory, and then says only "unable to
+/// open database file": every command that opens one names the missing directory (or the
+/// missing file, where it must exist), in one line, and creates nothing.
+#[test]
+fn a_sqlite_path_in_a_missing_directory_names_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dir.path().join("no-such-dir");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let in_gone = format!("sqlite://{}/idem.db", gone.display());
+    let under_file = format!("{}/idem.db", file.display());
+    for (url, says) in [(&in_gone, "does not exist"), (&under_file, "is not a directory")] {
+        for args in [
+            vec!["serve", "--listen", "127.0.0.1:0", "--database-url", url],
+            vec!["keys", "list", "--database-url", url],
+            vec!["schema", "install", "--database-url", url],
+            vec!["outbox", "list", "--database-url", url],
+        ] {
+            let out = Command::new(idem_bin()).args(&args).env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY).output().unwrap();
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            // `keys` never creates a database: a file that is not there is named so.
+            let says = if args[0] == "keys" { "no database at" } else { says };
+            assert!(err.contains(says) && !err.contains("unable to open"), "{args:?}: {err}");
+        }
+    }
+    assert!(!gone.exists(), "nothing was created");
+    // The outbox commands do not create a database: a missing file is named as such.
+    let missing = dir.path().join("missing.db");
+    let url = format!("sqlite://{}", missing.display());
+    let out = Command::new(idem_bin()).args(["outbox", "list", "--database-url", &url]).output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no database at") && err.contains("schema install"), "{err}");
+    assert!(!missing.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
