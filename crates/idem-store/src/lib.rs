@@ -29,6 +29,7 @@ mod row;
 mod sql;
 pub mod sqlite;
 mod sqlite_batch;
+mod sqlite_ffi;
 pub mod testing;
 
 /// How far (ms) behind a record's `created_at` an event may be stamped and still show in

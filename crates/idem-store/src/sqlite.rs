@@ -185,7 +185,18 @@ impl SqliteStore {
             .connect_with(opts.read_only(true))
             .await?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
-        tokio::spawn(writer_loop(conn, rx, clock.clone(), config));
+        // The writer on a thread of its own: its hot path waits in SQLite's fsync on this
+        // thread (it used to be sqlx's connection thread), never on a worker of the
+        // server's runtime.
+        let writer_clock = clock.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Invalid(format!("cannot start the SQLite writer: {e}")))?;
+        std::thread::Builder::new()
+            .name("idem-sqlite-writer".into())
+            .spawn(move || runtime.block_on(writer_loop(conn, rx, writer_clock, config)))
+            .map_err(|e| StoreError::Invalid(format!("cannot start the SQLite writer: {e}")))?;
         let keys = Arc::new(crate::key_cache::KeyCache::default());
         spawn_key_epoch_poller(&keys, readers.clone());
         Ok(SqliteStore { writer: tx, readers, clock, keys })
@@ -384,10 +395,11 @@ async fn writer_loop(
 ) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut cache = crate::sqlite_batch::WriterCache::default();
+    let mut stmts = crate::sqlite_ffi::Statements::default();
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let n = batch.len();
         let (done, commit_error) = if batch.iter().all(is_hot) {
-            run_fast(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache).await
+            run_fast(&mut conn, &mut stmts, &mut batch, clock.as_ref(), &config, &mut cache).await
         } else {
             run_general(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache).await
         };
@@ -398,6 +410,12 @@ async fn writer_loop(
         for p in done {
             p(commit_error.as_deref());
         }
+    }
+    // The C API's statements go before sqlx closes the connection (its sqlite3_close
+    // panics while one is open), under the connection's lock.
+    {
+        let _locked = conn.lock_handle().await;
+        stmts.clear();
     }
     let _ = conn.close().await;
 }
@@ -412,21 +430,30 @@ fn record_commit(seconds: f64) {
     metrics::histogram!("idem_store_commit_seconds", "backend" => "sqlite").record(seconds);
 }
 
-/// A batch of acquires and completions only (the usual case): two round trips to
-/// SQLite's thread (see [`crate::sqlite_batch::run_batch`]). On a database error before
-/// the commit, the transaction is rolled back and the batch runs the general way.
+/// A batch of acquires and completions only (the usual case): one transaction through
+/// SQLite's C API on the writer's thread (see [`crate::sqlite_batch::run_batch`]), the
+/// connection taken from sqlx's thread for it. On a database error before the commit,
+/// the transaction is rolled back and the batch runs the general way.
 async fn run_fast(
     conn: &mut SqliteConnection,
+    stmts: &mut crate::sqlite_ffi::Statements,
     batch: &mut Vec<Command>,
     clock: &dyn Clock,
     config: &StoreConfig,
     cache: &mut crate::sqlite_batch::WriterCache,
 ) -> (Vec<Pending>, Option<String>) {
     use crate::sqlite_batch::{Fast, run_batch};
-    let outcome = { run_batch(conn, &hot_views(batch), config, clock.now_ms(), cache, record_commit).await };
+    let outcome = match conn.lock_handle().await {
+        Err(e) => Fast::BeginFailed(e.to_string()),
+        Ok(mut locked) => {
+            // SAFETY: the handle is ours alone while `locked` lives, which outlives
+            // every use of `db` (run_batch returns before it drops).
+            let db = unsafe { crate::sqlite_ffi::Db::new(locked.as_raw_handle()) };
+            run_batch(db, stmts, &hot_views(batch), config, clock.now_ms(), cache, record_commit)
+        }
+    };
     match outcome {
-        Fast::BeginFailed(e) => {
-            let msg = e.to_string();
+        Fast::BeginFailed(msg) => {
             let done = batch
                 .drain(..)
                 .map(|cmd| fail(cmd, StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))))
@@ -435,17 +462,11 @@ async fn run_fast(
         }
         Fast::Retry(e) => {
             tracing::warn!(error = %e, "group-commit batch failed; running it again request by request");
-            let _ = exec(conn, "ROLLBACK").await;
             run_general(conn, batch, clock, config, cache).await
         }
         Fast::Done(results, commit_error) => {
-            let commit_error = commit_error.map(|e| {
-                let msg = e.to_string();
+            if let Some(msg) = &commit_error {
                 tracing::warn!(error = %msg, "group commit failed");
-                msg
-            });
-            if commit_error.is_some() {
-                let _ = exec(conn, "ROLLBACK").await;
             }
             (answers(batch.drain(..), results), commit_error)
         }

@@ -18,6 +18,7 @@
 
 use crate::record_cache::RecordCache;
 use crate::row::{OperationRow, operation_columns};
+use crate::sqlite_ffi::{Arg, Db, Statements};
 use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, StoreConfig, StoreError};
 use idem_core::retention::key_hash;
 use idem_core::{
@@ -84,11 +85,14 @@ macro_rules! read_tombstones {
          FROM json_each(?) AS j CROSS JOIN tombstones WHERE tenant = j.value ->> 0 AND key_hash = j.value ->> 1"
     };
 }
-/// The hot path's reads by name, for `testing::hot_read_plans_sqlite`.
-pub(crate) const HOT_READS: [(&str, &str); 2] = [("records", read_records!()), ("tombstones", read_tombstones!())];
-/// The first round trip of [`run_batch`]: the write lock, `data_version` (has another
-/// connection committed since this one last looked?), the records, the tombstones.
-const BATCH_READ: &str = concat!("BEGIN IMMEDIATE; PRAGMA data_version; ", read_records!(), "; ", read_tombstones!());
+/// The hot path's reads by name, for `testing::hot_read_plans_sqlite`: the general path's
+/// reads of a key list (`json_each`) and the fast path's point reads.
+pub(crate) const HOT_READS: [(&str, &str); 4] = [
+    ("records", read_records!()),
+    ("tombstones", read_tombstones!()),
+    ("record", READ_RECORD),
+    ("tombstone", READ_TOMBSTONE),
+];
 /// Triggers on idem's two hot tables (idem puts none there).
 const HOT_TABLE_TRIGGERS: &str = "SELECT count(*) FROM sqlite_schema \
      WHERE type = 'trigger' AND tbl_name IN ('operations', 'operation_events')";
@@ -294,40 +298,95 @@ pub(crate) async fn run_segment(
     Ok(planned.results)
 }
 
-/// The next item of a sqlx stream.
-async fn next<T>(stream: &mut (impl futures_core::Stream<Item = T> + Unpin)) -> Option<T> {
-    std::future::poll_fn(|cx| std::pin::Pin::new(&mut *stream).poll_next(cx)).await
-}
-
 /// How a batch went on the fast path.
 pub(crate) enum Fast {
     /// `BEGIN IMMEDIATE` failed: nothing ran.
-    BeginFailed(sqlx::Error),
-    /// A statement failed inside the open transaction: the caller rolls back and runs
+    BeginFailed(String),
+    /// A statement failed inside the transaction, which is rolled back: the caller runs
     /// the batch on the general path (savepoints, one by one on error).
     Retry(StoreError),
-    /// The transaction ended: committed (`None`) or its `COMMIT` failed (`Some`).
-    Done(Vec<HotResult>, Option<sqlx::Error>),
+    /// The transaction ended: committed (`None`) or its `COMMIT` failed (`Some`, and what
+    /// was left of it rolled back).
+    Done(Vec<HotResult>, Option<String>),
 }
 
-/// A whole batch of acquires and completions in two round trips to SQLite's thread:
-/// `BEGIN IMMEDIATE` + the read of every record and tombstone, then the multi-row
-/// upsert + the events + `COMMIT`. Same reads, plans and writes as [`run_segment`]; a
-/// batch that only holds hot requests needs no savepoint, since on any error the whole
-/// transaction is rolled back and the caller runs the batch again the general way.
-///
-/// sqlx runs the statements of one query string in order, binding positional `?`
-/// parameters across them, and reports each statement's end (`Either::Left`), so an
-/// error is attributed to the statement that raised it.
-pub(crate) async fn run_batch(
-    conn: &mut SqliteConnection,
+const BEGIN: &str = "BEGIN IMMEDIATE";
+const DATA_VERSION: &str = "PRAGMA data_version";
+const COMMIT: &str = "COMMIT";
+const ROLLBACK: &str = "ROLLBACK";
+const ANY_TOMBSTONE: &str = "SELECT EXISTS (SELECT 1 FROM tombstones)";
+/// One record by key: a probe of the UNIQUE (tenant, op_key) index.
+pub(crate) const READ_RECORD: &str =
+    concat!("SELECT ", operation_columns!(), " FROM operations WHERE tenant = ? AND op_key = ?");
+/// One tombstone by key hash: a probe of its primary key.
+pub(crate) const READ_TOMBSTONE: &str = "SELECT tenant, key_hash, fingerprint, final_state, completed_at, expires_at \
+     FROM tombstones WHERE tenant = ? AND key_hash = ?";
+/// Columns of [`crate::row::record_bind_columns!`].
+const RECORD_COLUMNS: usize = 27;
+/// Columns of [`crate::row::event_bind_columns!`].
+const EVENT_COLUMNS: usize = 13;
+
+/// `head VALUES (?, …, ?)tail` with `n` placeholders.
+fn one_row(head: &str, n: usize, tail: &str) -> String {
+    format!("{head}VALUES ({}){tail}", vec!["?"; n].join(", "))
+}
+
+/// The upsert of one record (the multi-row writers' statement with one row).
+pub(crate) fn upsert_one() -> &'static str {
+    static SQL: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| one_row(UPSERT_HEAD, RECORD_COLUMNS, UPSERT_TAIL));
+    SQL.as_str()
+}
+
+/// The insert of one event.
+pub(crate) fn insert_event_one() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| one_row(EVENTS_HEAD, EVENT_COLUMNS, ""));
+    SQL.as_str()
+}
+
+/// A whole batch of acquires and completions in one transaction on the writer's own
+/// connection, through SQLite's C API ([`crate::sqlite_ffi`]): `BEGIN IMMEDIATE`,
+/// `data_version`, a point read per key the cache does not hold (and per tombstone an
+/// acquire may need), the plans in memory, an upsert per changed record, an insert per
+/// event, `COMMIT`. Same reads, plans and writes as [`run_segment`]; a batch that only
+/// holds hot requests needs no savepoint, since on any error the whole transaction is
+/// rolled back and the caller runs the batch again the general way.
+pub(crate) fn run_batch(
+    db: Db,
+    stmts: &mut Statements,
     reqs: &[Hot<'_>],
     config: &StoreConfig,
     now_ms: i64,
     cache: &mut WriterCache,
     commit_seconds: impl FnOnce(f64),
 ) -> Fast {
-    let fast = run_batch_cached(conn, reqs, config, now_ms, cache, commit_seconds).await;
+    let fast = match stmts.exec(db, BEGIN, &[]) {
+        Err(e) => Fast::BeginFailed(e.to_string()),
+        Ok(()) => match read_and_write(db, stmts, reqs, config, now_ms, cache) {
+            Err(e) => {
+                rollback(db, stmts);
+                Fast::Retry(e)
+            }
+            Ok(planned) => {
+                let start = std::time::Instant::now();
+                match stmts.exec(db, COMMIT, &[]) {
+                    Err(e) => {
+                        rollback(db, stmts);
+                        Fast::Done(planned.results, Some(e.to_string()))
+                    }
+                    Ok(()) => {
+                        commit_seconds(start.elapsed().as_secs_f64());
+                        if cache.data_version.is_some() {
+                            for r in &planned.changed {
+                                cache.records.put(r);
+                            }
+                        }
+                        Fast::Done(planned.results, None)
+                    }
+                }
+            }
+        },
+    };
     if !matches!(fast, Fast::Done(_, None)) {
         // Rolled back or not begun: what the cache took from this batch may be undone.
         cache.invalidate();
@@ -335,170 +394,206 @@ pub(crate) async fn run_batch(
     fast
 }
 
-async fn run_batch_cached(
-    conn: &mut SqliteConnection,
+/// Ends an open transaction after an error (a failed statement may already have).
+fn rollback(db: Db, stmts: &mut Statements) {
+    if !db.autocommit()
+        && let Err(e) = stmts.exec(db, ROLLBACK, &[])
+    {
+        tracing::warn!(error = %e, "rollback of a failed group commit failed");
+    }
+}
+
+/// Inside the transaction: the reads, the plans and the writes of [`run_batch`].
+fn read_and_write(
+    db: Db,
+    stmts: &mut Statements,
     reqs: &[Hot<'_>],
     config: &StoreConfig,
     now_ms: i64,
     cache: &mut WriterCache,
-    commit_seconds: impl FnOnce(f64),
-) -> Fast {
-    use sqlx::{Either, Executor, FromRow, Row};
-    let mut all_keys: Vec<Key> = reqs.iter().map(key_of).collect();
-    all_keys.sort();
-    all_keys.dedup();
-    if all_keys.len() > CHUNK {
-        // Never with MAX_BATCH requests; keeps every statement within SQLite's limits.
-        return Fast::Retry(StoreError::Invalid("batch too large for the fast path".into()));
-    }
-    // Records the cache holds are not read (if data_version says they are still true).
-    let mut cached = Vec::new();
-    let mut keys = Vec::with_capacity(all_keys.len());
-    for k in all_keys {
-        match cache.data_version.and_then(|_| cache.records.get(&k.0, &k.1)) {
-            Some(r) => cached.push(r),
-            None => keys.push(k),
-        }
-    }
-    // 1. BEGIN IMMEDIATE; the records; the tombstones of the keys some acquire names
-    //    (`plan` consults a tombstone only for an acquire: a completion of a key without
-    //    a record is 404 either way), so a completion costs no SHA-256 of its key.
-    let acquired: std::collections::HashSet<(&str, &str)> =
-        reqs.iter().filter(|r| matches!(r, Hot::Acquire(_))).map(Hot::key).collect();
-    let hashes: Vec<Option<String>> =
-        keys.iter().map(|(t, k)| acquired.contains(&(t.as_str(), k.as_str())).then(|| key_hash(k))).collect();
-    let key_list = pairs_json(keys.iter().map(|(t, k)| (t.as_str(), k.as_str())));
-    let hash_list =
-        pairs_json(keys.iter().zip(&hashes).filter_map(|((t, _), h)| h.as_deref().map(|h| (t.as_str(), h))));
-    let q = sqlx::query(BATCH_READ).bind(key_list).bind(hash_list);
-    let mut records = HashMap::with_capacity(keys.len() + cached.len());
-    let mut tombstones = HashMap::new();
+) -> Result<Planned, StoreError> {
     let mut data_version = None;
-    let mut ended = 0;
-    {
-        let mut stream = conn.fetch_many(q);
-        loop {
-            let item = match next(&mut stream).await {
-                Some(Ok(item)) => item,
-                None => break,
-                Some(Err(e)) if ended == 0 => return Fast::BeginFailed(e),
-                Some(Err(e)) => return Fast::Retry(e.into()),
-            };
-            let decoded = match item {
-                Either::Left(_) => {
-                    ended += 1;
-                    Ok(())
-                }
-                Either::Right(row) if row.len() == 1 => {
-                    row.try_get::<i64, _>(0).map(|v| data_version = Some(v)).map_err(StoreError::from)
-                }
-                Either::Right(row) if row.len() == 6 => <(String, String, String, String, i64, i64)>::from_row(&row)
-                    .map_err(StoreError::from)
-                    .and_then(|(tenant, hash, fingerprint, state, completed_at, expires_at)| {
-                        let final_state = state
-                            .parse()
-                            .map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?;
-                        if let Some(i) = hashes.iter().position(|h| h.as_deref() == Some(hash.as_str()))
-                            && keys[i].0 == tenant
-                        {
-                            let t = Tombstone {
-                                tenant,
-                                key_hash: hash,
-                                fingerprint,
-                                final_state,
-                                completed_at,
-                                expires_at,
-                            };
-                            tombstones.insert(keys[i].clone(), t);
-                        }
-                        Ok(())
-                    }),
-                Either::Right(row) => OperationRow::from_row(&row).map_err(StoreError::from).and_then(|r| {
-                    let rec = r.into_record()?;
-                    records.insert((rec.tenant.clone(), rec.key.clone()), rec);
-                    Ok(())
-                }),
-            };
-            if let Err(e) = decoded {
-                return Fast::Retry(e);
-            }
-        }
-    }
-    let Some(data_version) = data_version else {
-        return Fast::Retry(StoreError::Corrupt("PRAGMA data_version returned no row".into()));
-    };
+    stmts.get(db, DATA_VERSION)?.run(db, &[], |r| {
+        data_version = Some(r.int(0));
+        Ok(())
+    })?;
+    let data_version = data_version.ok_or_else(|| StoreError::Corrupt("PRAGMA data_version returned no row".into()))?;
     if cache.data_version != Some(data_version) {
-        // Another connection committed since: nothing cached can be trusted, and the keys
-        // taken from the cache are read now, under the same write lock. The cache is used
-        // again from this version on unless a trigger could rewrite idem's rows.
+        // Another connection committed since: nothing cached can be trusted. The cache is
+        // used again from this version on unless a trigger could rewrite idem's rows.
         cache.records.clear();
-        let triggers: Result<i64, _> = sqlx::query_scalar(HOT_TABLE_TRIGGERS).fetch_one(&mut *conn).await;
-        cache.data_version = match triggers {
-            Ok(0) => Some(data_version),
-            Ok(_) => None,
-            Err(e) => return Fast::Retry(e.into()),
+        let mut triggers = 0;
+        stmts.get(db, HOT_TABLE_TRIGGERS)?.run(db, &[], |r| {
+            triggers = r.int(0);
+            Ok(())
+        })?;
+        cache.data_version = (triggers == 0).then_some(data_version);
+    }
+    let caching = cache.data_version.is_some();
+    let mut keys: Vec<(&str, &str)> = reqs.iter().map(Hot::key).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    // The records: from the cache (valid: data_version checked under the write lock), or
+    // read now; what was read under the lock is the database's record, and is kept.
+    let mut records = HashMap::with_capacity(keys.len());
+    let mut missing = Vec::new();
+    for &(tenant, key) in &keys {
+        let cached = if caching { cache.records.get(tenant, key) } else { None };
+        let found = match cached {
+            Some(r) => Some(r),
+            None => read_record(db, stmts, tenant, key)?.inspect(|r| {
+                if caching {
+                    cache.records.put(r);
+                }
+            }),
         };
-        if !cached.is_empty() {
-            let stale: Vec<Key> = cached.drain(..).map(|r| (r.tenant, r.key)).collect();
-            match load_all(conn, &stale).await {
-                Ok(found) => records.extend(found),
-                Err(e) => return Fast::Retry(e),
+        match found {
+            Some(r) => {
+                records.insert((tenant.to_owned(), key.to_owned()), r);
             }
-            let missing: Vec<Key> = stale.into_iter().filter(|k| !records.contains_key(k)).collect();
-            match load_tombstones(conn, &missing).await {
-                Ok(found) => tombstones.extend(found),
-                Err(e) => return Fast::Retry(e),
+            None => missing.push((tenant, key)),
+        }
+    }
+    // Tombstones, only for keys without a record that an acquire names (`plan` consults
+    // one only for an acquire: a completion of a key without a record is 404 either way),
+    // so a completion costs no SHA-256 of its key.
+    let mut tombstones = HashMap::new();
+    missing.retain(|k| reqs.iter().any(|r| matches!(r, Hot::Acquire(_)) && r.key() == *k));
+    if !missing.is_empty() && any_tombstone(db, stmts)? {
+        for (tenant, key) in missing {
+            if let Some(t) = read_tombstone(db, stmts, tenant, &key_hash(key))? {
+                tombstones.insert((tenant.to_owned(), key.to_owned()), t);
             }
         }
     }
-    // What was read under the write lock is the database's record: kept while the cache
-    // is in use (never while a trigger may rewrite rows).
-    if cache.data_version.is_some() {
-        for r in records.values() {
-            cache.records.put(r);
-        }
-    }
-    for r in cached {
-        records.insert((r.tenant.clone(), r.key.clone()), r);
-    }
-    // A tombstone counts only for a key without a record.
-    tombstones.retain(|k, _| !records.contains_key(k));
-    // 2. The plans, in memory.
     let planned = plan(reqs, records, &tombstones, config, now_ms);
-    // 3. The upsert, the events, COMMIT.
-    let mut q: QueryBuilder<Sqlite> = QueryBuilder::new("");
-    let mut before_commit = 0;
-    if !planned.changed.is_empty() {
-        q.push(UPSERT_HEAD);
-        q.push_values(&planned.changed, crate::row::bind_record);
-        q.push(UPSERT_TAIL);
-        q.push("; ");
-        before_commit += 1;
+    for r in &planned.changed {
+        upsert_record(db, stmts, r)?;
     }
-    for chunk in planned.events.chunks(CHUNK) {
-        q.push(EVENTS_HEAD);
-        q.push_values(chunk, crate::row::bind_event);
-        q.push("; ");
-        before_commit += 1;
+    for e in &planned.events {
+        insert_event(db, stmts, e)?;
     }
-    q.push("COMMIT");
-    let start = std::time::Instant::now();
-    let mut ended = 0;
-    let mut stream = conn.fetch_many(q.build());
-    loop {
-        match next(&mut stream).await {
-            Some(Ok(Either::Left(_))) => ended += 1,
-            Some(Ok(Either::Right(_))) => {}
-            None => break,
-            Some(Err(e)) if ended == before_commit => return Fast::Done(planned.results, Some(e)),
-            Some(Err(e)) => return Fast::Retry(e.into()),
-        }
-    }
-    commit_seconds(start.elapsed().as_secs_f64());
-    if cache.data_version.is_some() {
-        for r in &planned.changed {
-            cache.records.put(r);
-        }
-    }
-    Fast::Done(planned.results, None)
+    Ok(planned)
+}
+
+fn read_record(db: Db, stmts: &mut Statements, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {
+    let mut found = None;
+    stmts.get(db, READ_RECORD)?.run(db, &[tenant.into(), key.into()], |r| {
+        let row = OperationRow {
+            tenant: r.text(0)?,
+            op_key: r.text(1)?,
+            action: r.text(2)?,
+            fingerprint: r.text(3)?,
+            payload: r.text(4)?,
+            state: r.text(5)?,
+            attempt_count: r.int(6),
+            lease_owner: r.opt_text(7)?,
+            lease_expires_at: r.opt_int(8),
+            fencing_token: r.int(9),
+            next_attempt_at: r.opt_int(10),
+            provider_ref: r.opt_text(11)?,
+            result: r.opt_text(12)?,
+            error_class: r.opt_text(13)?,
+            error_message: r.opt_text(14)?,
+            verified_at: r.opt_int(15),
+            evidence_source: r.opt_text(16)?,
+            needs_review: r.bool(17),
+            redo_safe: r.bool(18),
+            connector: r.opt_text(19)?,
+            lookup_attempts: r.int(20),
+            created_at: r.int(21),
+            updated_at: r.int(22),
+            completed_at: r.opt_int(23),
+            expires_at: r.opt_int(24),
+            version: r.int(25),
+            lease_holder: r.opt_text(26)?,
+        };
+        found = Some(row.into_record()?);
+        Ok(())
+    })?;
+    Ok(found)
+}
+
+fn any_tombstone(db: Db, stmts: &mut Statements) -> Result<bool, StoreError> {
+    let mut any = false;
+    stmts.get(db, ANY_TOMBSTONE)?.run(db, &[], |r| {
+        any = r.bool(0);
+        Ok(())
+    })?;
+    Ok(any)
+}
+
+fn read_tombstone(db: Db, stmts: &mut Statements, tenant: &str, hash: &str) -> Result<Option<Tombstone>, StoreError> {
+    let mut found = None;
+    stmts.get(db, READ_TOMBSTONE)?.run(db, &[tenant.into(), hash.into()], |r| {
+        let state = r.text(3)?;
+        found = Some(Tombstone {
+            tenant: r.text(0)?,
+            key_hash: r.text(1)?,
+            fingerprint: r.text(2)?,
+            final_state: state
+                .parse()
+                .map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?,
+            completed_at: r.int(4),
+            expires_at: r.int(5),
+        });
+        Ok(())
+    })?;
+    Ok(found)
+}
+
+/// Binds `r` in [`crate::row::record_bind_columns!`] order (as [`crate::row::bind_record`]).
+fn upsert_record(db: Db, stmts: &mut Statements, r: &OperationRecord) -> Result<(), StoreError> {
+    let payload = r.payload.to_string();
+    let result = r.result.as_ref().map(ToString::to_string);
+    let args: [Arg<'_>; RECORD_COLUMNS] = [
+        r.tenant.as_str().into(),
+        r.key.as_str().into(),
+        r.action.as_str().into(),
+        r.fingerprint.as_str().into(),
+        payload.as_str().into(),
+        r.state.as_str().into(),
+        r.attempt_count.into(),
+        r.lease_owner.as_deref().into(),
+        r.lease_expires_at.into(),
+        r.fencing_token.into(),
+        r.next_attempt_at.into(),
+        r.provider_ref.as_deref().into(),
+        result.as_deref().into(),
+        r.error_class.as_deref().into(),
+        r.error_message.as_deref().into(),
+        r.verified_at.into(),
+        r.evidence_source.as_deref().into(),
+        r.needs_review.into(),
+        r.redo_safe.into(),
+        r.created_at.into(),
+        r.updated_at.into(),
+        r.completed_at.into(),
+        r.expires_at.into(),
+        r.version.into(),
+        r.connector.as_deref().into(),
+        r.lookup_attempts.into(),
+        r.lease_holder.as_deref().into(),
+    ];
+    stmts.exec(db, upsert_one(), &args)
+}
+
+/// Binds `e` in [`crate::row::event_bind_columns!`] order (as [`crate::row::bind_event`]).
+fn insert_event(db: Db, stmts: &mut Statements, e: &OperationEvent) -> Result<(), StoreError> {
+    let args: [Arg<'_>; EVENT_COLUMNS] = [
+        e.tenant.as_str().into(),
+        e.key.as_str().into(),
+        e.at.into(),
+        e.kind.as_str().into(),
+        e.principal.as_str().into(),
+        e.request_id.as_deref().into(),
+        e.from_state.map(|s| s.as_str()).into(),
+        e.to_state.map(|s| s.as_str()).into(),
+        e.fencing_token.into(),
+        e.fingerprint.as_deref().into(),
+        e.reason.as_deref().into(),
+        e.error_class.as_deref().into(),
+        e.wait_ms.into(),
+    ];
+    stmts.exec(db, insert_event_one(), &args)
 }

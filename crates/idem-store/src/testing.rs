@@ -129,11 +129,10 @@ pub async fn background_query_plans_sqlite(
 pub async fn hot_write_opcodes_sqlite(
     conn: &mut sqlx::SqliteConnection,
 ) -> Result<Vec<(String, Vec<String>)>, sqlx::Error> {
-    use crate::sqlite_batch::{EVENTS_HEAD, UPSERT_HEAD, UPSERT_TAIL};
     let values = |cols: &str| format!("VALUES ({})", vec!["?"; cols.split(',').count()].join(", "));
     let statements = [
-        format!("{UPSERT_HEAD} {} {UPSERT_TAIL}", values(crate::row::record_bind_columns!())),
-        format!("{EVENTS_HEAD} {}", values(crate::row::event_bind_columns!())),
+        crate::sqlite_batch::upsert_one().to_owned(),
+        crate::sqlite_batch::insert_event_one().to_owned(),
         format!(
             "INSERT INTO workflow_instances ({}) {}",
             crate::flow_row::instance_columns!(),
@@ -166,14 +165,17 @@ pub async fn hot_read_plans_sqlite(
 ) -> Result<Vec<(&'static str, String, Vec<String>)>, sqlx::Error> {
     let mut out = Vec::new();
     for (name, sql) in crate::sqlite_batch::HOT_READS {
-        let list = r#"[["t","k1"],["t","k2"]]"#;
-        let plan: Vec<(i64, i64, i64, String)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
-                .bind(list)
-                .fetch_all(&mut *conn)
-                .await?;
-        let ops: Vec<sqlx::sqlite::SqliteRow> =
-            sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"))).bind(list).fetch_all(&mut *conn).await?;
+        // A key list (`json_each(?)`) or one key (`tenant = ? AND … = ?`).
+        let binds: &[&str] = if sql.contains("json_each") { &[r#"[["t","k1"],["t","k2"]]"#] } else { &["t", "k1"] };
+        let mut plan =
+            sqlx::query_as::<_, (i64, i64, i64, String)>(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")));
+        let mut explain = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")));
+        for b in binds {
+            plan = plan.bind(*b);
+            explain = explain.bind(*b);
+        }
+        let plan = plan.fetch_all(&mut *conn).await?;
+        let ops: Vec<sqlx::sqlite::SqliteRow> = explain.fetch_all(&mut *conn).await?;
         let ops = ops.iter().map(|r| sqlx::Row::try_get::<String, _>(r, 1)).collect::<Result<Vec<_>, _>>()?;
         out.push((name, plan.into_iter().map(|r| r.3).collect::<Vec<_>>().join("; "), ops));
     }
