@@ -436,6 +436,7 @@ fn read_and_write(
     // The records: from the cache (valid: data_version checked under the write lock), or
     // read now; what was read under the lock is the database's record, and is kept.
     let mut records = HashMap::with_capacity(keys.len());
+    let mut existing = Vec::with_capacity(keys.len());
     let mut missing = Vec::new();
     for &(tenant, key) in &keys {
         let cached = if caching { cache.records.get(tenant, key) } else { None };
@@ -450,6 +451,7 @@ fn read_and_write(
         match found {
             Some(r) => {
                 records.insert((tenant.to_owned(), key.to_owned()), r);
+                existing.push((tenant, key));
             }
             None => missing.push((tenant, key)),
         }
@@ -467,8 +469,15 @@ fn read_and_write(
         }
     }
     let planned = plan(reqs, records, &tombstones, config, now_ms);
+    // A record that was there (read under the write lock, or cached and still true) is
+    // updated in place, without its payload serialized and bound again; a new one is
+    // inserted (the upsert). `existing` is sorted: keys were visited in order.
     for r in &planned.changed {
-        upsert_record(db, stmts, r)?;
+        if existing.binary_search(&(r.tenant.as_str(), r.key.as_str())).is_ok() {
+            update_record(db, stmts, r)?;
+        } else {
+            upsert_record(db, stmts, r)?;
+        }
     }
     for e in &planned.events {
         insert_event(db, stmts, e)?;
@@ -576,6 +585,47 @@ fn upsert_record(db: Db, stmts: &mut Statements, r: &OperationRecord) -> Result<
         r.lease_holder.as_deref().into(),
     ];
     stmts.exec(db, upsert_one(), &args)
+}
+
+/// The update of a record that is there: the columns the upsert's `DO UPDATE` sets, no
+/// more (payload, fingerprint, action, connector, redo_safe and created_at never change).
+pub(crate) const UPDATE_RECORD: &str = "UPDATE operations SET state = ?, attempt_count = ?, lease_owner = ?, \
+     lease_expires_at = ?, fencing_token = ?, next_attempt_at = ?, provider_ref = ?, result = ?, error_class = ?, \
+     error_message = ?, verified_at = ?, evidence_source = ?, needs_review = ?, updated_at = ?, completed_at = ?, \
+     expires_at = ?, version = ?, lookup_attempts = ?, lease_holder = ? WHERE tenant = ? AND op_key = ?";
+
+/// Updates the record `r` names, which must be there: a row count other than one is an
+/// error (the batch then runs again the general way), never a write lost.
+fn update_record(db: Db, stmts: &mut Statements, r: &OperationRecord) -> Result<(), StoreError> {
+    let result = r.result.as_ref().map(ToString::to_string);
+    let args: [Arg<'_>; 21] = [
+        r.state.as_str().into(),
+        r.attempt_count.into(),
+        r.lease_owner.as_deref().into(),
+        r.lease_expires_at.into(),
+        r.fencing_token.into(),
+        r.next_attempt_at.into(),
+        r.provider_ref.as_deref().into(),
+        result.as_deref().into(),
+        r.error_class.as_deref().into(),
+        r.error_message.as_deref().into(),
+        r.verified_at.into(),
+        r.evidence_source.as_deref().into(),
+        r.needs_review.into(),
+        r.updated_at.into(),
+        r.completed_at.into(),
+        r.expires_at.into(),
+        r.version.into(),
+        r.lookup_attempts.into(),
+        r.lease_holder.as_deref().into(),
+        r.tenant.as_str().into(),
+        r.key.as_str().into(),
+    ];
+    stmts.exec(db, UPDATE_RECORD, &args)?;
+    match db.changes() {
+        1 => Ok(()),
+        n => Err(StoreError::Corrupt(format!("the update of a record that was read changed {n} rows"))),
+    }
 }
 
 /// Binds `e` in [`crate::row::event_bind_columns!`] order (as [`crate::row::bind_event`]).

@@ -86,6 +86,12 @@ impl Db {
         StoreError::Database(sqlx::Error::Protocol(format!("{message} (SQLite error {code})")))
     }
 
+    /// Rows the last finished INSERT, UPDATE or DELETE changed (`sqlite3_changes64`).
+    pub(crate) fn changes(self) -> i64 {
+        // SAFETY: an open handle.
+        unsafe { ffi::sqlite3_changes64(self.0.as_ptr()) }
+    }
+
     /// Whether the connection is outside a transaction (`sqlite3_get_autocommit`).
     pub(crate) fn autocommit(self) -> bool {
         // SAFETY: an open handle.

@@ -122,7 +122,7 @@ pub async fn background_query_plans_sqlite(
 }
 
 /// The opcodes of the SQLite writer's writes to its hot tables — its upsert of one record,
-/// its insert of one event, an instance's and a step's insert, an instance's state change —
+/// its update of one, its insert of one event, an instance's and a step's insert, an instance's state change —
 /// as `(statement, opcodes)`: the test that checks no write builds an ephemeral table (a
 /// CHECK's `IN` list of more than two constants did, per written row; migration 0010).
 #[doc(hidden)]
@@ -132,6 +132,7 @@ pub async fn hot_write_opcodes_sqlite(
     let values = |cols: &str| format!("VALUES ({})", vec!["?"; cols.split(',').count()].join(", "));
     let statements = [
         crate::sqlite_batch::upsert_one().to_owned(),
+        crate::sqlite_batch::UPDATE_RECORD.to_owned(),
         crate::sqlite_batch::insert_event_one().to_owned(),
         format!(
             "INSERT INTO workflow_instances ({}) {}",

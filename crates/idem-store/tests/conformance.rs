@@ -139,7 +139,7 @@ async fn hot_writes_build_no_ephemeral_tables() {
     let mut conn =
         <sqlx::SqliteConnection as sqlx::Connection>::connect(&format!("sqlite://{}", path.display())).await.unwrap();
     let writes = idem_store::testing::hot_write_opcodes_sqlite(&mut conn).await.unwrap();
-    assert_eq!(writes.len(), 5);
+    assert_eq!(writes.len(), 6);
     for (sql, ops) in writes {
         assert!(ops.len() > 10, "{sql}: {ops:?}");
         assert!(!ops.iter().any(|o| o == "OpenEphemeral"), "{sql}: builds an ephemeral table: {ops:?}");
