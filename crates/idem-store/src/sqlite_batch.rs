@@ -321,8 +321,6 @@ pub(crate) const READ_RECORD: &str =
 /// One tombstone by key hash: a probe of its primary key.
 pub(crate) const READ_TOMBSTONE: &str = "SELECT tenant, key_hash, fingerprint, final_state, completed_at, expires_at \
      FROM tombstones WHERE tenant = ? AND key_hash = ?";
-/// Columns of [`crate::row::record_bind_columns!`].
-const RECORD_COLUMNS: usize = 27;
 /// Columns of [`crate::row::event_bind_columns!`].
 const EVENT_COLUMNS: usize = 13;
 
@@ -331,10 +329,56 @@ fn one_row(head: &str, n: usize, tail: &str) -> String {
     format!("{head}VALUES ({}){tail}", vec!["?"; n].join(", "))
 }
 
-/// The upsert of one record (the multi-row writers' statement with one row).
+/// The columns a record's update changes (the upsert's `DO UPDATE SET` list), in the order
+/// [`changing_args`] binds them. Everything else (key, action, fingerprint, payload,
+/// connector, redo_safe, created_at) is fixed when the record is created.
+const CHANGING_COLUMNS: [&str; 19] = [
+    "state",
+    "attempt_count",
+    "lease_owner",
+    "lease_expires_at",
+    "fencing_token",
+    "next_attempt_at",
+    "provider_ref",
+    "result",
+    "error_class",
+    "error_message",
+    "verified_at",
+    "evidence_source",
+    "needs_review",
+    "updated_at",
+    "completed_at",
+    "expires_at",
+    "version",
+    "lookup_attempts",
+    "lease_holder",
+];
+/// The columns set once, at creation, in the order [`upsert_record`] binds them.
+const FIXED_COLUMNS: [&str; 8] =
+    ["tenant", "op_key", "action", "fingerprint", "payload", "redo_safe", "created_at", "connector"];
+
+/// The upsert of one record: its fixed columns then its changing ones, and on a conflict
+/// the changing ones only (what the multi-row [`UPSERT_TAIL`] sets).
 pub(crate) fn upsert_one() -> &'static str {
-    static SQL: std::sync::LazyLock<String> =
-        std::sync::LazyLock::new(|| one_row(UPSERT_HEAD, RECORD_COLUMNS, UPSERT_TAIL));
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let columns: Vec<&str> = FIXED_COLUMNS.iter().chain(&CHANGING_COLUMNS).copied().collect();
+        let set: Vec<String> = CHANGING_COLUMNS.iter().map(|c| format!("{c} = excluded.{c}")).collect();
+        format!(
+            "INSERT INTO operations ({}) VALUES ({}) ON CONFLICT (tenant, op_key) DO UPDATE SET {}",
+            columns.join(", "),
+            vec!["?"; columns.len()].join(", "),
+            set.join(", ")
+        )
+    });
+    SQL.as_str()
+}
+
+/// The update of a record that is there: its changing columns, by key.
+pub(crate) fn update_one() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let set: Vec<String> = CHANGING_COLUMNS.iter().map(|c| format!("{c} = ?")).collect();
+        format!("UPDATE operations SET {} WHERE tenant = ? AND op_key = ?", set.join(", "))
+    });
     SQL.as_str()
 }
 
@@ -551,77 +595,59 @@ fn read_tombstone(db: Db, stmts: &mut Statements, tenant: &str, hash: &str) -> R
     Ok(found)
 }
 
-/// Binds `r` in [`crate::row::record_bind_columns!`] order (as [`crate::row::bind_record`]).
+/// `r`'s values of [`CHANGING_COLUMNS`], in order (`result` is `r.result` as JSON text).
+fn changing_args<'a>(r: &'a OperationRecord, result: Option<&'a str>) -> [Arg<'a>; 19] {
+    [
+        r.state.as_str().into(),
+        r.attempt_count.into(),
+        r.lease_owner.as_deref().into(),
+        r.lease_expires_at.into(),
+        r.fencing_token.into(),
+        r.next_attempt_at.into(),
+        r.provider_ref.as_deref().into(),
+        result.into(),
+        r.error_class.as_deref().into(),
+        r.error_message.as_deref().into(),
+        r.verified_at.into(),
+        r.evidence_source.as_deref().into(),
+        r.needs_review.into(),
+        r.updated_at.into(),
+        r.completed_at.into(),
+        r.expires_at.into(),
+        r.version.into(),
+        r.lookup_attempts.into(),
+        r.lease_holder.as_deref().into(),
+    ]
+}
+
+/// Inserts `r`, or updates its changing columns if its key is there ([`upsert_one`]).
 fn upsert_record(db: Db, stmts: &mut Statements, r: &OperationRecord) -> Result<(), StoreError> {
     let payload = r.payload.to_string();
     let result = r.result.as_ref().map(ToString::to_string);
-    let args: [Arg<'_>; RECORD_COLUMNS] = [
+    let fixed: [Arg<'_>; 8] = [
         r.tenant.as_str().into(),
         r.key.as_str().into(),
         r.action.as_str().into(),
         r.fingerprint.as_str().into(),
         payload.as_str().into(),
-        r.state.as_str().into(),
-        r.attempt_count.into(),
-        r.lease_owner.as_deref().into(),
-        r.lease_expires_at.into(),
-        r.fencing_token.into(),
-        r.next_attempt_at.into(),
-        r.provider_ref.as_deref().into(),
-        result.as_deref().into(),
-        r.error_class.as_deref().into(),
-        r.error_message.as_deref().into(),
-        r.verified_at.into(),
-        r.evidence_source.as_deref().into(),
-        r.needs_review.into(),
         r.redo_safe.into(),
         r.created_at.into(),
-        r.updated_at.into(),
-        r.completed_at.into(),
-        r.expires_at.into(),
-        r.version.into(),
         r.connector.as_deref().into(),
-        r.lookup_attempts.into(),
-        r.lease_holder.as_deref().into(),
     ];
+    let mut args = [Arg::Null; FIXED_COLUMNS.len() + CHANGING_COLUMNS.len()];
+    args[..fixed.len()].copy_from_slice(&fixed);
+    args[fixed.len()..].copy_from_slice(&changing_args(r, result.as_deref()));
     stmts.exec(db, upsert_one(), &args)
 }
 
-/// The update of a record that is there: the columns the upsert's `DO UPDATE` sets, no
-/// more (payload, fingerprint, action, connector, redo_safe and created_at never change).
-pub(crate) const UPDATE_RECORD: &str = "UPDATE operations SET state = ?, attempt_count = ?, lease_owner = ?, \
-     lease_expires_at = ?, fencing_token = ?, next_attempt_at = ?, provider_ref = ?, result = ?, error_class = ?, \
-     error_message = ?, verified_at = ?, evidence_source = ?, needs_review = ?, updated_at = ?, completed_at = ?, \
-     expires_at = ?, version = ?, lookup_attempts = ?, lease_holder = ? WHERE tenant = ? AND op_key = ?";
-
-/// Updates the record `r` names, which must be there: a row count other than one is an
-/// error (the batch then runs again the general way), never a write lost.
+/// Updates the record `r` names, which must be there ([`update_one`]): a row count other
+/// than one is an error (the batch then runs again the general way), never a write lost.
 fn update_record(db: Db, stmts: &mut Statements, r: &OperationRecord) -> Result<(), StoreError> {
     let result = r.result.as_ref().map(ToString::to_string);
-    let args: [Arg<'_>; 21] = [
-        r.state.as_str().into(),
-        r.attempt_count.into(),
-        r.lease_owner.as_deref().into(),
-        r.lease_expires_at.into(),
-        r.fencing_token.into(),
-        r.next_attempt_at.into(),
-        r.provider_ref.as_deref().into(),
-        result.as_deref().into(),
-        r.error_class.as_deref().into(),
-        r.error_message.as_deref().into(),
-        r.verified_at.into(),
-        r.evidence_source.as_deref().into(),
-        r.needs_review.into(),
-        r.updated_at.into(),
-        r.completed_at.into(),
-        r.expires_at.into(),
-        r.version.into(),
-        r.lookup_attempts.into(),
-        r.lease_holder.as_deref().into(),
-        r.tenant.as_str().into(),
-        r.key.as_str().into(),
-    ];
-    stmts.exec(db, UPDATE_RECORD, &args)?;
+    let mut args = [Arg::Null; CHANGING_COLUMNS.len() + 2];
+    args[..CHANGING_COLUMNS.len()].copy_from_slice(&changing_args(r, result.as_deref()));
+    args[CHANGING_COLUMNS.len()..].copy_from_slice(&[r.tenant.as_str().into(), r.key.as_str().into()]);
+    stmts.exec(db, update_one(), &args)?;
     match db.changes() {
         1 => Ok(()),
         n => Err(StoreError::Corrupt(format!("the update of a record that was read changed {n} rows"))),
@@ -646,4 +672,31 @@ fn insert_event(db: Db, stmts: &mut Statements, e: &OperationEvent) -> Result<()
         e.wait_ms.into(),
     ];
     stmts.exec(db, insert_event_one(), &args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// The fast path's one-row statements write what the general path's multi-row upsert
+    /// writes: every bound column once, and on a conflict the same columns.
+    #[test]
+    fn one_row_writes_match_the_multi_row_upsert() {
+        let list = |s: &str| s.split(',').map(|c| c.trim().to_owned()).collect::<BTreeSet<_>>();
+        let bound = list(crate::row::record_bind_columns!());
+        let ours: BTreeSet<String> = FIXED_COLUMNS.iter().chain(&CHANGING_COLUMNS).map(|c| (*c).to_owned()).collect();
+        assert_eq!(ours.len(), FIXED_COLUMNS.len() + CHANGING_COLUMNS.len(), "a column listed twice");
+        assert_eq!(ours, bound);
+        let set: BTreeSet<String> = UPSERT_TAIL
+            .split("DO UPDATE SET")
+            .nth(1)
+            .unwrap()
+            .split(',')
+            .map(|a| a.split('=').next().unwrap().trim().to_owned())
+            .collect();
+        assert_eq!(set, CHANGING_COLUMNS.iter().map(|c| (*c).to_owned()).collect::<BTreeSet<_>>());
+        assert_eq!(update_one().matches('?').count(), CHANGING_COLUMNS.len() + 2);
+        assert_eq!(upsert_one().matches('?').count(), bound.len());
+    }
 }

@@ -132,7 +132,7 @@ pub async fn hot_write_opcodes_sqlite(
     let values = |cols: &str| format!("VALUES ({})", vec!["?"; cols.split(',').count()].join(", "));
     let statements = [
         crate::sqlite_batch::upsert_one().to_owned(),
-        crate::sqlite_batch::UPDATE_RECORD.to_owned(),
+        crate::sqlite_batch::update_one().to_owned(),
         crate::sqlite_batch::insert_event_one().to_owned(),
         format!(
             "INSERT INTO workflow_instances ({}) {}",
