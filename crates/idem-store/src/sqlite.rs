@@ -396,19 +396,54 @@ async fn writer_loop(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut cache = crate::sqlite_batch::WriterCache::default();
     let mut stmts = crate::sqlite_ffi::Statements::default();
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let n = batch.len();
-        let (done, commit_error) = if batch.iter().all(is_hot) {
-            run_fast(&mut conn, &mut stmts, &mut batch, clock.as_ref(), &config, &mut cache).await
-        } else {
-            run_general(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache).await
-        };
-        if commit_error.is_none() {
-            metrics::histogram!("idem_store_batch_size", "backend" => "sqlite").record(n as f64);
+    let mut open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
+    while open {
+        if batch.iter().all(is_hot) {
+            // A run of hot batches keeps the connection taken from sqlx's thread (each
+            // handoff wakes that thread twice) until a batch needs sqlx: one with another
+            // command, or one the fast path gave back (`Fast::Retry`).
+            match conn.lock_handle().await {
+                Err(e) => {
+                    let msg = e.to_string();
+                    let done = batch.drain(..).map(|cmd| fail(cmd, begin_failed(&msg))).collect();
+                    answer(done, None, 0);
+                }
+                Ok(mut locked) => {
+                    // SAFETY: the handle is the writer's alone while `locked` lives, and
+                    // `db` is not used after it drops (the end of this block).
+                    let db = unsafe { crate::sqlite_ffi::Db::new(locked.as_raw_handle()) };
+                    loop {
+                        let n = batch.len();
+                        let views = hot_views(&batch);
+                        let outcome = crate::sqlite_batch::run_batch(
+                            db,
+                            &mut stmts,
+                            &views,
+                            &config,
+                            clock.now_ms(),
+                            &mut cache,
+                            record_commit,
+                        );
+                        drop(views);
+                        match fast_answers(&mut batch, outcome) {
+                            Some((done, commit_error)) => answer(done, commit_error, n),
+                            None => break,
+                        }
+                        open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
+                        if !open || !batch.iter().all(is_hot) {
+                            break;
+                        }
+                    }
+                }
+            }
         }
-        tracing::trace!(batch = done.len(), "sqlite group commit");
-        for p in done {
-            p(commit_error.as_deref());
+        if !batch.is_empty() {
+            let n = batch.len();
+            let (done, commit_error) = run_general(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache).await;
+            answer(done, commit_error, n);
+        }
+        if open {
+            open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
         }
     }
     // The C API's statements go before sqlx closes the connection (its sqlite3_close
@@ -420,6 +455,44 @@ async fn writer_loop(
     let _ = conn.close().await;
 }
 
+/// Sends a batch's answers, once its commit ended (`commit_error` if it failed), and
+/// counts the batch (`n` requests) when it committed.
+fn answer(done: Vec<Pending>, commit_error: Option<String>, n: usize) {
+    if commit_error.is_none() && n > 0 {
+        metrics::histogram!("idem_store_batch_size", "backend" => "sqlite").record(n as f64);
+    }
+    tracing::trace!(batch = done.len(), "sqlite group commit");
+    for p in done {
+        p(commit_error.as_deref());
+    }
+}
+
+fn begin_failed(msg: &str) -> StoreError {
+    StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))
+}
+
+/// The answers to a batch the fast path ran, or `None` when it gave the batch back
+/// (rolled back after a database error) for the general path, request by request.
+fn fast_answers(
+    batch: &mut Vec<Command>,
+    outcome: crate::sqlite_batch::Fast,
+) -> Option<(Vec<Pending>, Option<String>)> {
+    use crate::sqlite_batch::Fast;
+    match outcome {
+        Fast::BeginFailed(msg) => Some((batch.drain(..).map(|cmd| fail(cmd, begin_failed(&msg))).collect(), None)),
+        Fast::Retry(e) => {
+            tracing::warn!(error = %e, "group-commit batch failed; running it again request by request");
+            None
+        }
+        Fast::Done(results, commit_error) => {
+            if let Some(msg) = &commit_error {
+                tracing::warn!(error = %msg, "group commit failed");
+            }
+            Some((answers(batch.drain(..), results), commit_error))
+        }
+    }
+}
+
 /// Rows this connection inserted, updated or deleted since it opened (SQLite's
 /// `total_changes()`, rolled-back ones included); `None` when it cannot be read.
 async fn total_changes(conn: &mut SqliteConnection) -> Option<i64> {
@@ -428,49 +501,6 @@ async fn total_changes(conn: &mut SqliteConnection) -> Option<i64> {
 
 fn record_commit(seconds: f64) {
     metrics::histogram!("idem_store_commit_seconds", "backend" => "sqlite").record(seconds);
-}
-
-/// A batch of acquires and completions only (the usual case): one transaction through
-/// SQLite's C API on the writer's thread (see [`crate::sqlite_batch::run_batch`]), the
-/// connection taken from sqlx's thread for it. On a database error before the commit,
-/// the transaction is rolled back and the batch runs the general way.
-async fn run_fast(
-    conn: &mut SqliteConnection,
-    stmts: &mut crate::sqlite_ffi::Statements,
-    batch: &mut Vec<Command>,
-    clock: &dyn Clock,
-    config: &StoreConfig,
-    cache: &mut crate::sqlite_batch::WriterCache,
-) -> (Vec<Pending>, Option<String>) {
-    use crate::sqlite_batch::{Fast, run_batch};
-    let outcome = match conn.lock_handle().await {
-        Err(e) => Fast::BeginFailed(e.to_string()),
-        Ok(mut locked) => {
-            // SAFETY: the handle is ours alone while `locked` lives, which outlives
-            // every use of `db` (run_batch returns before it drops).
-            let db = unsafe { crate::sqlite_ffi::Db::new(locked.as_raw_handle()) };
-            run_batch(db, stmts, &hot_views(batch), config, clock.now_ms(), cache, record_commit)
-        }
-    };
-    match outcome {
-        Fast::BeginFailed(msg) => {
-            let done = batch
-                .drain(..)
-                .map(|cmd| fail(cmd, StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))))
-                .collect();
-            (done, None)
-        }
-        Fast::Retry(e) => {
-            tracing::warn!(error = %e, "group-commit batch failed; running it again request by request");
-            run_general(conn, batch, clock, config, cache).await
-        }
-        Fast::Done(results, commit_error) => {
-            if let Some(msg) = &commit_error {
-                tracing::warn!(error = %msg, "group commit failed");
-            }
-            (answers(batch.drain(..), results), commit_error)
-        }
-    }
 }
 
 /// Any batch: `BEGIN IMMEDIATE`, runs of hot requests as segments and other commands one
@@ -492,7 +522,7 @@ async fn run_general(
         Err(e) => {
             let msg = e.to_string();
             for cmd in batch.drain(..) {
-                done.push(fail(cmd, StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))));
+                done.push(fail(cmd, begin_failed(&msg)));
             }
             None
         }

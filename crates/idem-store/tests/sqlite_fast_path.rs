@@ -1,0 +1,118 @@
+//! The SQLite writer's fast path (a batch of acquires and completions in one transaction
+//! through SQLite's C API, `sqlite_batch::run_batch`) gives a batch back to the general
+//! path when SQLite refuses one of its writes: the transaction is rolled back whole, the
+//! requests run again one by one, and only the refused one fails — no other request is
+//! failed, written twice or lost. A user's trigger that refuses one key stands in for any
+//! database error in the middle of a batch.
+
+use idem_core::{AcquireInput, Actor, Decision, Outcome, State, SystemClock};
+use idem_store::{CompleteRequest, Store, sqlite::SqliteStore};
+use serde_json::json;
+use sqlx::Connection;
+use std::sync::Arc;
+
+fn input(key: &str) -> AcquireInput {
+    AcquireInput {
+        tenant: "t".into(),
+        key: key.into(),
+        action: "send".into(),
+        payload: json!({"to": "a@example.com", "key": key}),
+        fingerprint: format!("fp-{key}"),
+        lease_ms: 60_000,
+        redo_safe: false,
+        connector: None,
+        holder: None,
+        actor: Actor { principal: "w".into(), request_id: None },
+    }
+}
+
+fn success(key: &str, token: i64) -> CompleteRequest {
+    CompleteRequest {
+        tenant: "t".into(),
+        key: key.into(),
+        fencing_token: token,
+        outcome: Outcome::Succeeded { provider_ref: format!("ref-{key}"), result: None },
+        actor: Actor { principal: "w".into(), request_id: None },
+        policy: None,
+    }
+}
+
+const KEYS: usize = 40;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sqlite_refuses_fails_that_request_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fast.db");
+    let store = Arc::new(SqliteStore::open(&path, Arc::new(SystemClock), Default::default()).await.unwrap());
+    let mut raw = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TRIGGER refuse_insert BEFORE INSERT ON operations WHEN NEW.op_key = 'poison' \
+         BEGIN SELECT RAISE(ABORT, 'poisoned key refused'); END; \
+         CREATE TRIGGER refuse_success BEFORE UPDATE ON operations \
+         WHEN NEW.op_key = 'k-7' AND NEW.state = 'SUCCEEDED' \
+         BEGIN SELECT RAISE(ABORT, 'k-7 may not succeed'); END;",
+    )
+    .execute(&mut raw)
+    .await
+    .unwrap();
+
+    // Acquires of many keys and the refused one at once, so that batches hold both.
+    let mut tasks = Vec::new();
+    for i in 0..=KEYS {
+        let store = store.clone();
+        let key = if i == KEYS { "poison".to_owned() } else { format!("k-{i}") };
+        tasks.push(tokio::spawn(async move { (key.clone(), store.acquire(input(&key)).await) }));
+    }
+    let mut tokens = Vec::new();
+    for t in tasks {
+        let (key, out) = t.await.unwrap();
+        if key == "poison" {
+            let e = out.expect_err("the trigger refuses this key");
+            assert!(e.to_string().contains("poisoned key refused"), "{e}");
+        } else {
+            let out = out.unwrap_or_else(|e| panic!("{key} failed with the refused key's batch: {e}"));
+            assert_eq!(out.decision, Decision::Acquire, "{key}");
+            tokens.push((key, out.record.fencing_token));
+        }
+    }
+    assert!(store.get("t", "poison").await.unwrap().is_none(), "nothing of the refused request is kept");
+
+    // Their completions at once; the trigger refuses k-7's.
+    let mut tasks = Vec::new();
+    for (key, token) in tokens.clone() {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move { (key.clone(), store.complete(success(&key, token)).await) }));
+    }
+    for t in tasks {
+        let (key, out) = t.await.unwrap();
+        if key == "k-7" {
+            let e = out.expect_err("the trigger refuses k-7's success");
+            assert!(e.to_string().contains("k-7 may not succeed"), "{e}");
+        } else {
+            assert_eq!(out.unwrap().record.state, State::Succeeded, "{key}");
+        }
+    }
+
+    // Every record and event once: the rolled-back attempt left nothing behind.
+    for (key, token) in &tokens {
+        let rec = store.get("t", key).await.unwrap().unwrap();
+        assert_eq!(rec.fencing_token, *token, "{key}");
+        let events = store.events("t", key).await.unwrap();
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        if key == "k-7" {
+            assert_eq!(rec.state, State::Executing, "{key}");
+            assert_eq!(kinds, ["acquired"], "{key}");
+        } else {
+            assert_eq!(rec.state, State::Succeeded, "{key}");
+            assert_eq!(rec.provider_ref.as_deref(), Some(format!("ref-{key}").as_str()));
+            assert_eq!(kinds, ["acquired", "completed"], "{key}");
+        }
+    }
+    // The writer goes on: k-7 completes once the trigger is gone, and the replays answer.
+    sqlx::query("DROP TRIGGER refuse_success").execute(&mut raw).await.unwrap();
+    let k7 = tokens.iter().find(|(k, _)| k == "k-7").unwrap().1;
+    assert_eq!(store.complete(success("k-7", k7)).await.unwrap().record.state, State::Succeeded);
+    for (key, _) in &tokens {
+        assert_eq!(store.acquire(input(key)).await.unwrap().decision, Decision::Replay, "{key}");
+    }
+}
