@@ -765,15 +765,49 @@ impl Config {
 }
 
 /// The first `[connectors.NAME]` table that does not read as a connector, as
-/// `(connectors.NAME, what is wrong)`. serde reads an internally tagged enum (`kind`)
+/// `(path of the field, what is wrong)`. serde reads an internally tagged enum (`kind`)
 /// from a buffered copy of the table, so the whole file's error has lost the table's path
-/// and position ("line 1: missing field `port`"); reading each table alone names it.
+/// and position ("line 1: missing field `port`"); reading each table alone, as the struct
+/// its `kind` names, gives the field's path (`connectors.orders.timeout_ms`,
+/// `connectors.orders.lookup` for a field missing inside `lookup`).
 fn connector_error(config: &toml::Table) -> Option<(String, String)> {
     let connectors = config.get("connectors")?.as_table()?;
     connectors.iter().find_map(|(name, value)| {
+        let at = format!("connectors.{}", toml_key(name));
+        let Some(table) = value.as_table() else {
+            return Some((at, "must be a table with kind = \"http\", \"smtp\" or \"nats\" and its settings".into()));
+        };
+        let mut fields = table.clone();
+        let kind = fields.remove("kind");
+        let inner = toml::Value::Table(fields);
+        let by_kind = match kind.as_ref().and_then(toml::Value::as_str) {
+            Some("http") => field_error::<HttpConfig>(inner),
+            Some("smtp") => field_error::<SmtpConfig>(inner),
+            Some("nats") => field_error::<NatsConfig>(inner),
+            _ => None,
+        };
+        if let Some((path, message)) = by_kind {
+            let field = if path == "." { at } else { format!("{at}.{path}") };
+            return Some((field, message));
+        }
         let e = ConnectorConfig::deserialize(value.clone()).err()?;
-        Some((format!("connectors.{name}"), e.message().trim_end().replace('\n', " ")))
+        Some((at, e.message().trim_end().replace('\n', " ")))
     })
+}
+
+/// Where and why `value` does not read as a `T`: `(path inside it, message)`.
+fn field_error<T: serde::de::DeserializeOwned>(value: toml::Value) -> Option<(String, String)> {
+    let e = serde_path_to_error::deserialize::<_, T>(value).err()?;
+    Some((e.path().to_string(), e.inner().message().trim_end().replace('\n', " ")))
+}
+
+/// `name` as a TOML key: bare when it can be, else quoted (`"we ird.name"`).
+fn toml_key(name: &str) -> String {
+    if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-".contains(&b)) {
+        name.to_owned()
+    } else {
+        toml::Value::String(name.to_owned()).to_string()
+    }
 }
 
 /// `e` as `line N: what is wrong`, without the source line the TOML error would quote
@@ -835,10 +869,18 @@ mod tests {
             ("kind = \"http\"\n", "connectors.c", "missing field `url`"),
             ("url = \"http://x/\"\n", "connectors.c", "kind"),
             ("kind = \"nats\"\n", "connectors.c", "missing field"),
-            ("kind = \"http\"\nurl = 5\n", "connectors.c", "invalid type"),
+            ("kind = \"http\"\nurl = 5\n", "connectors.c.url", "invalid type"),
+            ("kind = \"http\"\nurl = \"http://x/\"\ntimeout_ms = \"ten\"\n", "connectors.c.timeout_ms", "invalid type"),
+            ("kind = \"smtp\"\nhost = \"h\"\nport = \"25\"\nfrom = \"a@b.c\"\n", "connectors.c.port", "invalid type"),
+            (
+                "kind = \"http\"\nurl = \"http://x/\"\n[connectors.c.lookup]\nurl = \"http://x/{key}\"\n",
+                "connectors.c.lookup",
+                "missing field",
+            ),
+            ("kind = \"http\"\nurl = \"http://x/\"\nbogus = 1\n", "connectors.c.bogus", "unknown field"),
             (
                 "kind = \"http\"\nurl = \"http://x/\"\nretry = { max_attempts = \"x\" }\n",
-                "connectors.c",
+                "connectors.c.retry.max_attempts",
                 "invalid type",
             ),
         ] {
@@ -846,6 +888,12 @@ mod tests {
             assert_eq!(e.field, field, "{table}: {e}");
             assert!(e.message.contains(says), "{table}: {e}");
         }
+        // Not a table; a name that is not a bare key.
+        let e = Config::parse("[connectors]\norders = \"http://x\"\n").unwrap_err();
+        assert_eq!(e.field, "connectors.orders", "{e}");
+        assert!(e.message.contains("must be a table") && !e.message.contains("ConnectorConfig"), "{e}");
+        let e = Config::parse("[connectors.\"we ird.name\"]\nkind = \"http\"\n").unwrap_err();
+        assert_eq!(e.field, "connectors.\"we ird.name\"", "{e}");
         // A mistake outside the connectors keeps its line.
         let e =
             Config::parse("[connectors.ok]\nkind = \"http\"\nurl = \"http://x/\"\n[executor]\nconcurrency = \"x\"\n")

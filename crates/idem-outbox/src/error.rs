@@ -65,6 +65,14 @@ fn plain(e: &sqlx::Error) -> String {
 /// [`OutboxError::Open`] naming the path and what is missing.
 pub(crate) fn check_sqlite_path(path: &str, create: bool) -> Result<(), OutboxError> {
     let file = std::path::Path::new(path);
+    if path.is_empty() {
+        return Err(OutboxError::Open("the SQLite database path is empty: use sqlite://PATH".into()));
+    }
+    if file.is_dir() {
+        return Err(OutboxError::Open(format!(
+            "cannot open the database {path}: it is a directory; name a file in it"
+        )));
+    }
     if path == ":memory:" || path.starts_with("file:") || file.exists() {
         return Ok(());
     }

@@ -35,6 +35,20 @@ pub fn store_problem(e: StoreError) -> Problem {
         StoreError::Renew(r) => renew_problem(r),
         StoreError::Contention => Problem::new(StatusCode::CONFLICT, "contention", e.to_string()),
         StoreError::Invalid(msg) => Problem::invalid(msg),
+        StoreError::NotStored(_) => {
+            tracing::error!(error = %e, "write not stored");
+            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "write-not-stored", e.to_string())
+        }
+        StoreError::Database(_) if e.refusal().is_some() => {
+            // A constraint or a trigger said no: trying again gets the same answer.
+            tracing::error!(error = %e, "write refused by the database");
+            let why = e.refusal().unwrap_or_default();
+            Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "write-refused",
+                format!("the database refused the write: {why}"),
+            )
+        }
         StoreError::Database(_) | StoreError::Closed => {
             tracing::error!(error = %e, "store unavailable");
             let mut p = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database did not answer");
@@ -813,5 +827,22 @@ mod sf_string_tests {
             let e = sf_string(raw).unwrap_err();
             assert!(e.contains(says), "{raw}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod store_problem_tests {
+    use super::*;
+
+    /// A write the database skipped is a 500 naming it, not a "retry" 503.
+    #[test]
+    fn a_write_not_stored_is_a_500_without_retry_after() {
+        let p = store_problem(StoreError::NotStored("an operation record: 0 of 1 rows written".into()));
+        assert_eq!(p.status, 500);
+        assert!(p.kind.ends_with("/write-not-stored"), "{}", p.kind);
+        assert!(p.detail.contains("0 of 1 rows") && p.retry_after_ms.is_none(), "{p:?}");
+        let p = store_problem(StoreError::Closed);
+        assert_eq!(p.status, 503);
+        assert!(p.retry_after_ms.is_some());
     }
 }

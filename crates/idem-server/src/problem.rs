@@ -232,6 +232,16 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The store is unavailable",
         "The database did not answer; nothing is known to have been recorded for this request. Retry.",
     ),
+    (
+        "write-refused",
+        "The database refused the write",
+        "An integrity constraint or a trigger on idem's tables refused this request's write (the detail has the database's message). Nothing of the request was recorded; sending it again gets the same answer until the constraint or trigger changes.",
+    ),
+    (
+        "write-not-stored",
+        "The database did not store the write",
+        "The database reported no error but stored fewer rows than idem wrote: a trigger on idem's tables skipped the write (`RAISE(IGNORE)`, or a PostgreSQL `BEFORE` trigger returning NULL). Nothing of the request was recorded or acknowledged.",
+    ),
     ("internal", "Internal error", "An unexpected error; see the server log with the request id."),
 ];
 

@@ -25,6 +25,12 @@ pub enum StoreError {
     /// A stored row could not be read back (corrupt or foreign data).
     #[error("stored data is not readable: {0}")]
     Corrupt(String),
+    /// The database stored a different number of rows than idem wrote, with no error: a
+    /// trigger someone put on idem's tables skipped the write (`RAISE(IGNORE)`, or a
+    /// PostgreSQL `BEFORE` trigger returning NULL). Nothing of the request is kept and
+    /// nothing is acknowledged.
+    #[error("the database did not store the write ({0}); is there a trigger on idem's tables?")]
+    NotStored(String),
     /// Bad input that only the store can detect (e.g. a duplicate API key).
     #[error("{0}")]
     Invalid(String),
@@ -39,6 +45,21 @@ pub enum StoreError {
     Closed,
 }
 
+impl StoreError {
+    /// The database's message when this is a refusal that repeats on retry rather than an
+    /// outage: an integrity constraint or a trigger's `RAISE` (SQLite's primary result code
+    /// `SQLITE_CONSTRAINT`, 19, <https://www.sqlite.org/rescode.html#constraint>;
+    /// PostgreSQL's SQLSTATE class 23, integrity constraint violation, or P0001,
+    /// `raise_exception`). `None` for anything else.
+    #[must_use]
+    pub fn refusal(&self) -> Option<&str> {
+        let StoreError::Database(sqlx::Error::Database(db)) = self else { return None };
+        let code = db.code().unwrap_or_default();
+        let sqlite_constraint = !code.starts_with('0') && code.parse::<i32>().is_ok_and(|c| c & 0xff == 19);
+        (code.starts_with("23") || code == "P0001" || sqlite_constraint).then(|| db.message())
+    }
+}
+
 /// A database error as one line for people: for an error the server returned, its message
 /// alone. sqlx's own text prefixes "error returned from database: " and, on PostgreSQL,
 /// appends " at line N" — a line of the server's C source (the protocol's `L` field), not
@@ -48,5 +69,17 @@ pub fn database_message(e: &sqlx::Error) -> String {
     match e {
         sqlx::Error::Database(db) => db.message().to_owned(),
         other => other.to_string(),
+    }
+}
+
+/// `Ok` when a write changed `expected` rows, else [`StoreError::NotStored`] naming `what`.
+///
+/// # Errors
+/// [`StoreError::NotStored`].
+pub(crate) fn stored(what: &str, changed: u64, expected: usize) -> Result<(), StoreError> {
+    if changed == expected as u64 {
+        Ok(())
+    } else {
+        Err(StoreError::NotStored(format!("{what}: {changed} of {expected} rows written")))
     }
 }

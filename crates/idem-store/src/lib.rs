@@ -427,12 +427,20 @@ pub fn parse_database_url(url: &str) -> Result<DatabaseUrl<'_>, StoreError> {
     Ok(DatabaseUrl::Sqlite(url))
 }
 
-/// Why an SQLite database cannot be created at `path`, if its directory is missing or not
-/// a directory: SQLite creates the file, never its directory, and then says only "unable
-/// to open database file". `None` when the directory is there (or `path` has none).
+/// Why an SQLite database cannot be opened or created at `path`, if that is clear before
+/// SQLite tries (it then says only "unable to open database file"): an empty path, a path
+/// that is a directory, or a directory that is missing or not a directory (SQLite creates
+/// the file, never its directory). `None` otherwise.
 #[must_use]
-pub fn sqlite_directory_error(path: &str) -> Option<String> {
-    let dir = std::path::Path::new(path).parent().filter(|d| !d.as_os_str().is_empty())?;
+pub fn sqlite_path_error(path: &str) -> Option<String> {
+    if path.is_empty() {
+        return Some("the SQLite database path is empty: use sqlite://PATH or a file path".into());
+    }
+    let file = std::path::Path::new(path);
+    if file.is_dir() {
+        return Some(format!("cannot open the database {path}: it is a directory; name a file in it"));
+    }
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty())?;
     if dir.is_dir() {
         return None;
     }
@@ -445,20 +453,20 @@ pub fn sqlite_directory_error(path: &str) -> Option<String> {
 ///
 /// # Errors
 /// [`StoreError::Invalid`] for an unsupported URL, a missing file that must exist, or an
-/// SQLite file whose directory does not exist,
+/// SQLite path [`sqlite_path_error`] refuses,
 /// [`StoreError::Database`] if the database cannot be opened, [`StoreError::Migrate`] if
 /// its schema cannot be brought up to date.
 pub async fn open(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Arc<dyn Store>, StoreError> {
     match parse_database_url(url)? {
         DatabaseUrl::Postgres(url) => Ok(Arc::new(postgres::PgStore::connect(url, clock, config).await?)),
         DatabaseUrl::Sqlite(path) => {
+            if let Some(why) = sqlite_path_error(path) {
+                return Err(StoreError::Invalid(why));
+            }
             if config.must_exist && !std::path::Path::new(path).exists() {
                 return Err(StoreError::Invalid(format!(
                     "no database at {path}: point --database-url at the file idem serve uses"
                 )));
-            }
-            if let Some(why) = sqlite_directory_error(path) {
-                return Err(StoreError::Invalid(why));
             }
             Ok(Arc::new(sqlite::SqliteStore::open(path, clock, config).await?))
         }

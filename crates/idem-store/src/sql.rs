@@ -167,7 +167,7 @@ macro_rules! sql_ops {
         }
 
         pub(crate) async fn append_event(conn: &mut $Conn, e: &OperationEvent) -> Result<(), StoreError> {
-            sqlx::query(
+            let done = sqlx::query(
                 "INSERT INTO operation_events (tenant, op_key, at, kind, principal, request_id, from_state, \
                  to_state, fencing_token, fingerprint, reason, error_class, wait_ms) \
                  VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
@@ -187,7 +187,7 @@ macro_rules! sql_ops {
             .bind(e.wait_ms)
             .execute(&mut *conn)
             .await?;
-            Ok(())
+            crate::error::stored("an operation event", done.rows_affected(), 1)
         }
 
         /// One try of an acquire inside the caller's transaction; `None` = lost a race, retry.

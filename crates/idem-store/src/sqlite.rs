@@ -233,8 +233,8 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
         return fail(cmd, e.into());
     }
     // Inside BEGIN IMMEDIATE this connection holds the write lock and read the record
-    // in the same transaction, so a conditional write cannot lose: `None` would mean the
-    // database changed under the lock, reported as contention rather than retried.
+    // in the same transaction, so a conditional write cannot lose a race: `None` means the
+    // database did not apply it (a trigger on idem's tables), reported, never retried.
     macro_rules! guarded {
         ($reply:expr, $body:expr) => {{
             let result = $body;
@@ -252,16 +252,16 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
     let now = clock.now_ms();
     match cmd {
         Command::Acquire(input, reply) => {
-            guarded!(reply, ops::acquire_once(conn, &input, now).await.and_then(|o| o.ok_or(StoreError::Contention)))
+            guarded!(reply, ops::acquire_once(conn, &input, now).await.and_then(|o| o.ok_or_else(unapplied)))
         }
         Command::Complete(req, reply) => guarded!(
             reply,
             ops::complete_once(conn, &req, &config.retry_policy, &config.retention, crate::jitter(), now)
                 .await
-                .and_then(|o| o.ok_or(StoreError::Contention))
+                .and_then(|o| o.ok_or_else(unapplied))
         ),
         Command::Renew(req, reply) => {
-            guarded!(reply, ops::renew_once(conn, &req, now).await.and_then(|o| o.ok_or(StoreError::Contention)))
+            guarded!(reply, ops::renew_once(conn, &req, now).await.and_then(|o| o.ok_or_else(unapplied)))
         }
         Command::ExpireLeases(limit, reply) => {
             guarded!(reply, ops::expire_leases(conn, now, limit).await)
@@ -273,11 +273,11 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
             reply,
             ops::reconcile_once(conn, &req, &config.retention, crate::jitter(), now)
                 .await
-                .and_then(|o| o.ok_or(StoreError::Contention))
+                .and_then(|o| o.ok_or_else(unapplied))
         ),
         Command::Resolve(req, reply) => guarded!(
             reply,
-            ops::resolve_once(conn, &req, &config.retention, now).await.and_then(|o| o.ok_or(StoreError::Contention))
+            ops::resolve_once(conn, &req, &config.retention, now).await.and_then(|o| o.ok_or_else(unapplied))
         ),
         Command::CreateKey(info, hash, reply) => {
             guarded!(reply, ops::insert_api_key(conn, &info, &hash).await)
@@ -287,7 +287,7 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
             guarded!(reply, ops::revoke_keeping_an_admin(conn, &tenant, &id, now).await)
         }
         Command::StartInstance(req, reply) => {
-            guarded!(reply, flow_ops::start_once(conn, &req, now).await.and_then(|o| o.ok_or(StoreError::Contention)))
+            guarded!(reply, flow_ops::start_once(conn, &req, now).await.and_then(|o| o.ok_or_else(unapplied)))
         }
         Command::UpdateInstance(u, reply) => {
             guarded!(reply, flow_ops::update_instance_once(conn, &u, &config.retention).await)
@@ -465,6 +465,11 @@ fn answer(done: Vec<Pending>, commit_error: Option<String>, n: usize) {
     for p in done {
         p(commit_error.as_deref());
     }
+}
+
+/// A conditional write that changed no row under the write lock (see `run_one`).
+fn unapplied() -> StoreError {
+    StoreError::NotStored("a conditional write changed no row under the write lock".into())
 }
 
 fn begin_failed(msg: &str) -> StoreError {

@@ -193,7 +193,8 @@ async fn upsert(conn: &mut SqliteConnection, records: &[&OperationRecord]) -> Re
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(UPSERT_HEAD);
         q.push_values(chunk, |b, r| crate::row::bind_record(b, r));
         q.push(UPSERT_TAIL);
-        q.build().execute(&mut *conn).await?;
+        let done = q.build().execute(&mut *conn).await?;
+        crate::error::stored("operation records", done.rows_affected(), chunk.len())?;
     }
     Ok(())
 }
@@ -202,7 +203,8 @@ async fn insert_events(conn: &mut SqliteConnection, events: &[OperationEvent]) -
     for chunk in events.chunks(CHUNK) {
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(EVENTS_HEAD);
         q.push_values(chunk, crate::row::bind_event);
-        q.build().execute(&mut *conn).await?;
+        let done = q.build().execute(&mut *conn).await?;
+        crate::error::stored("operation events", done.rows_affected(), chunk.len())?;
     }
     Ok(())
 }
@@ -637,21 +639,20 @@ fn upsert_record(db: Db, stmts: &mut Statements, r: &OperationRecord) -> Result<
     let mut args = [Arg::Null; FIXED_COLUMNS.len() + CHANGING_COLUMNS.len()];
     args[..fixed.len()].copy_from_slice(&fixed);
     args[fixed.len()..].copy_from_slice(&changing_args(r, result.as_deref()));
-    stmts.exec(db, upsert_one(), &args)
+    stmts.exec(db, upsert_one(), &args)?;
+    crate::error::stored("an operation record", db.changes() as u64, 1)
 }
 
 /// Updates the record `r` names, which must be there ([`update_one`]): a row count other
-/// than one is an error (the batch then runs again the general way), never a write lost.
+/// than one is [`StoreError::NotStored`] (the batch is rolled back and runs again the
+/// general way, which checks its row counts too), never a write acknowledged and lost.
 fn update_record(db: Db, stmts: &mut Statements, r: &OperationRecord) -> Result<(), StoreError> {
     let result = r.result.as_ref().map(ToString::to_string);
     let mut args = [Arg::Null; CHANGING_COLUMNS.len() + 2];
     args[..CHANGING_COLUMNS.len()].copy_from_slice(&changing_args(r, result.as_deref()));
     args[CHANGING_COLUMNS.len()..].copy_from_slice(&[r.tenant.as_str().into(), r.key.as_str().into()]);
     stmts.exec(db, update_one(), &args)?;
-    match db.changes() {
-        1 => Ok(()),
-        n => Err(StoreError::Corrupt(format!("the update of a record that was read changed {n} rows"))),
-    }
+    crate::error::stored("an operation record's update", db.changes() as u64, 1)
 }
 
 /// Binds `e` in [`crate::row::event_bind_columns!`] order (as [`crate::row::bind_event`]).
@@ -671,7 +672,8 @@ fn insert_event(db: Db, stmts: &mut Statements, e: &OperationEvent) -> Result<()
         e.error_class.as_deref().into(),
         e.wait_ms.into(),
     ];
-    stmts.exec(db, insert_event_one(), &args)
+    stmts.exec(db, insert_event_one(), &args)?;
+    crate::error::stored("an operation event", db.changes() as u64, 1)
 }
 
 #[cfg(test)]

@@ -42,7 +42,7 @@ pub(crate) fn init_logging(format: LogFormat, otlp_endpoint: Option<&str>) -> an
 /// `idem serve` per file (its writer task assumes it is the only one batching writes).
 /// `idem keys …` does not take it, so it works beside a running server.
 fn lock_sqlite(path: &str) -> anyhow::Result<Option<std::fs::File>> {
-    if let Some(why) = idem_store::sqlite_directory_error(path) {
+    if let Some(why) = idem_store::sqlite_path_error(path) {
         anyhow::bail!(why);
     }
     let lock_path = format!("{path}.serve-lock");

@@ -233,12 +233,23 @@ fn a_sqlite_path_in_a_missing_directory_names_the_directory() {
             let err = text(&out.stderr);
             assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
             assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-            // `keys` never creates a database: a file that is not there is named so.
-            let says = if args[0] == "keys" { "no database at" } else { says };
             assert!(err.contains(says) && !err.contains("unable to open"), "{args:?}: {err}");
         }
     }
     assert!(!gone.exists(), "nothing was created");
+    // An empty path, and a directory where the file should be.
+    let the_dir = format!("sqlite://{}", dir.path().display());
+    for (url, says) in [("sqlite://", "path is empty"), (the_dir.as_str(), "is a directory")] {
+        for args in [
+            vec!["serve", "--listen", "127.0.0.1:0", "--database-url", url],
+            vec!["keys", "list", "--database-url", url],
+        ] {
+            let out = Command::new(idem_bin()).args(&args).env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY).output().unwrap();
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+    }
     // The outbox commands do not create a database: a missing file is named as such.
     let missing = dir.path().join("missing.db");
     let url = format!("sqlite://{}", missing.display());
