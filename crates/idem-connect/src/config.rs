@@ -795,8 +795,11 @@ fn connector_error(config: &toml::Table) -> Option<(String, String)> {
     })
 }
 
-/// Where and why `value` does not read as a `T`: `(path inside it, message)`.
-fn field_error<T: serde::de::DeserializeOwned>(value: toml::Value) -> Option<(String, String)> {
+/// Where and why `value` does not read as a `T`: `(path inside it, message)`, the path
+/// as `serde_path_to_error` writes it (`timeout_ms`, `retry.base_ms`, `.` for `value`
+/// itself). `None` when it reads. For tables whose `kind` picks a struct: serde reads an
+/// internally tagged enum from a buffered copy, which loses the failing field's path.
+pub fn field_error<T: serde::de::DeserializeOwned>(value: toml::Value) -> Option<(String, String)> {
     let e = serde_path_to_error::deserialize::<_, T>(value).err()?;
     Some((e.path().to_string(), e.inner().message().trim_end().replace('\n', " ")))
 }

@@ -209,6 +209,24 @@ pub fn topic_matches(pattern: &str, topic: &str) -> bool {
     }
 }
 
+/// What is wrong in a sink table that does not read as a sink, with the failing field's
+/// path: the table read as the struct its `kind` names (see
+/// [`idem_connect::config::field_error`]). `None` for an unknown or missing kind (serde's
+/// own error says that).
+fn sink_field_error(v: &toml::Value) -> Option<(String, String)> {
+    let Some(table) = v.as_table() else {
+        return Some((".".into(), "must be a table with kind = \"webhook\" or \"nats\" and its settings".into()));
+    };
+    let mut fields = table.clone();
+    let kind = fields.remove("kind");
+    let inner = toml::Value::Table(fields);
+    match kind.as_ref().and_then(toml::Value::as_str) {
+        Some("webhook") => idem_connect::config::field_error::<WebhookSinkConfig>(inner),
+        Some("nats") => idem_connect::config::field_error::<NatsSinkConfig>(inner),
+        _ => None,
+    }
+}
+
 impl RelayConfig {
     /// Reads `[outbox]` (as kept by idem-connect's `Config::outbox`) and checks it.
     ///
@@ -233,8 +251,11 @@ impl RelayConfig {
             if let Some((path, message)) = v.get("secrets").and_then(idem_connect::config::secret_list_error) {
                 return Err(err(format!("{field}.secrets{path}"), message));
             }
-            let sink =
-                SinkConfig::deserialize(v).map_err(|e| err(&field, e.to_string().trim_end().replace('\n', " ")))?;
+            let sink = SinkConfig::deserialize(v.clone()).map_err(|e| match sink_field_error(&v) {
+                Some((path, message)) if path == "." => err(&field, message),
+                Some((path, message)) => err(format!("{field}.{path}"), message),
+                None => err(&field, e.to_string().trim_end().replace('\n', " ")),
+            })?;
             if sink.topics().is_empty() {
                 return Err(err(
                     format!("{field}.topics"),
@@ -324,6 +345,18 @@ mod tests {
         assert_eq!(e.field, "outbox.sinks");
         let e = parse(&OK.replace("[outbox]\n", "[outbox]\nbogus = 1\n")).unwrap_err();
         assert!(e.message.contains("bogus"), "{e}");
+        // A wrong type or an unknown field inside a sink names the field, not only the sink.
+        for (extra, path) in [
+            ("timeout_ms = \"ten\"\n", "outbox.sinks.hooks.timeout_ms"),
+            ("retry = { base_ms = \"x\" }\n", "outbox.sinks.hooks.retry.base_ms"),
+            ("bogus = 1\n", "outbox.sinks.hooks.bogus"),
+        ] {
+            let e = parse(&format!("{OK}{extra}")).unwrap_err();
+            assert_eq!(e.field, path, "{extra}: {e}");
+        }
+        let e = parse("[outbox]\ndatabase_url = \"x\"\n[outbox.sinks]\nhooks = 5\n").unwrap_err();
+        assert_eq!(e.field, "outbox.sinks.hooks", "{e}");
+        assert!(e.message.contains("must be a table"), "{e}");
     }
 
     #[test]
