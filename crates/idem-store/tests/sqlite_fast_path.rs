@@ -5,56 +5,61 @@
 //! failed, written twice or lost. A user's trigger that refuses one key stands in for any
 //! database error in the middle of a batch.
 
-use idem_core::{AcquireInput, Actor, Decision, Outcome, State, SystemClock};
-use idem_store::{CompleteRequest, Store, StoreError, sqlite::SqliteStore};
-use serde_json::json;
+mod common;
+
+use common::success;
+use idem_core::{AcquireInput, Decision, State, SystemClock};
+use idem_store::{Store, StoreError, sqlite::SqliteStore};
 use sqlx::Connection;
 use std::sync::Arc;
 
 fn input(key: &str) -> AcquireInput {
-    AcquireInput {
-        tenant: "t".into(),
-        key: key.into(),
-        action: "send".into(),
-        payload: json!({"to": "a@example.com", "key": key}),
-        fingerprint: format!("fp-{key}"),
-        lease_ms: 60_000,
-        redo_safe: false,
-        connector: None,
-        holder: None,
-        actor: Actor { principal: "w".into(), request_id: None },
-    }
-}
-
-fn success(key: &str, token: i64) -> CompleteRequest {
-    CompleteRequest {
-        tenant: "t".into(),
-        key: key.into(),
-        fencing_token: token,
-        outcome: Outcome::Succeeded { provider_ref: format!("ref-{key}"), result: None },
-        actor: Actor { principal: "w".into(), request_id: None },
-        policy: None,
-    }
+    common::input(key, 60_000)
 }
 
 const KEYS: usize = 40;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_sqlite_refuses_fails_that_request_alone() {
+/// The successes of every `(key, token)` sent at once, so that batches hold several.
+async fn complete_all(
+    store: &Arc<SqliteStore>,
+    tokens: &[(String, i64)],
+) -> Vec<(String, Result<idem_store::CompleteOutcome, StoreError>)> {
+    let tasks: Vec<_> = tokens
+        .iter()
+        .cloned()
+        .map(|(key, token)| {
+            let store = store.clone();
+            tokio::spawn(async move { (key.clone(), store.complete(success(&key, token)).await) })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// A store on a new file, with `triggers` created on it by another connection (kept open,
+/// returned for more).
+async fn open_with_triggers(triggers: &'static str) -> (tempfile::TempDir, Arc<SqliteStore>, sqlx::SqliteConnection) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fast.db");
     let store = Arc::new(SqliteStore::open(&path, Arc::new(SystemClock), Default::default()).await.unwrap());
     let mut raw = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await.unwrap();
-    sqlx::raw_sql(
+    sqlx::raw_sql(triggers).execute(&mut raw).await.unwrap();
+    (dir, store, raw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sqlite_refuses_fails_that_request_alone() {
+    let (_dir, store, mut raw) = open_with_triggers(
         "CREATE TRIGGER refuse_insert BEFORE INSERT ON operations WHEN NEW.op_key = 'poison' \
          BEGIN SELECT RAISE(ABORT, 'poisoned key refused'); END; \
          CREATE TRIGGER refuse_success BEFORE UPDATE ON operations \
          WHEN NEW.op_key = 'k-7' AND NEW.state = 'SUCCEEDED' \
          BEGIN SELECT RAISE(ABORT, 'k-7 may not succeed'); END;",
     )
-    .execute(&mut raw)
-    .await
-    .unwrap();
+    .await;
 
     // Acquires of many keys and the refused one at once, so that batches hold both.
     let mut tasks = Vec::new();
@@ -78,13 +83,7 @@ async fn a_write_sqlite_refuses_fails_that_request_alone() {
     assert!(store.get("t", "poison").await.unwrap().is_none(), "nothing of the refused request is kept");
 
     // Their completions at once; the trigger refuses k-7's.
-    let mut tasks = Vec::new();
-    for (key, token) in tokens.clone() {
-        let store = store.clone();
-        tasks.push(tokio::spawn(async move { (key.clone(), store.complete(success(&key, token)).await) }));
-    }
-    for t in tasks {
-        let (key, out) = t.await.unwrap();
+    for (key, out) in complete_all(&store, &tokens).await {
         if key == "k-7" {
             let e = out.expect_err("the trigger refuses k-7's success");
             assert_eq!(e.refusal(), Some("k-7 may not succeed"), "{e}");
@@ -123,11 +122,7 @@ async fn a_write_sqlite_refuses_fails_that_request_alone() {
 /// one key this way before row counts were checked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_a_trigger_skips_is_never_acknowledged() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ignore.db");
-    let store = Arc::new(SqliteStore::open(&path, Arc::new(SystemClock), Default::default()).await.unwrap());
-    let mut raw = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display())).await.unwrap();
-    sqlx::raw_sql(
+    let (_dir, store, _raw) = open_with_triggers(
         "CREATE TRIGGER skip_insert BEFORE INSERT ON operations WHEN NEW.op_key = 'dbl' \
          BEGIN SELECT RAISE(IGNORE); END; \
          CREATE TRIGGER skip_success BEFORE UPDATE ON operations \
@@ -135,9 +130,7 @@ async fn a_write_a_trigger_skips_is_never_acknowledged() {
          CREATE TRIGGER skip_event BEFORE INSERT ON operation_events \
          WHEN NEW.op_key = 'k-5' AND NEW.kind = 'completed' BEGIN SELECT RAISE(IGNORE); END;",
     )
-    .execute(&mut raw)
-    .await
-    .unwrap();
+    .await;
     let not_stored = |e: &StoreError| matches!(e, StoreError::NotStored(_));
     let mut tasks = Vec::new();
     for i in 0..=20 {
@@ -169,13 +162,7 @@ async fn a_write_a_trigger_skips_is_never_acknowledged() {
     }
     assert!(store.get("t", "dbl").await.unwrap().is_none());
     assert!(store.events("t", "dbl").await.unwrap().is_empty());
-    let mut tasks = Vec::new();
-    for (key, token) in tokens.clone() {
-        let store = store.clone();
-        tasks.push(tokio::spawn(async move { (key.clone(), store.complete(success(&key, token)).await) }));
-    }
-    for t in tasks {
-        let (key, out) = t.await.unwrap();
+    for (key, out) in complete_all(&store, &tokens).await {
         match out {
             Err(e) if key == "k-3" || key == "k-5" => assert!(not_stored(&e), "{key}: {e}"),
             Ok(out) if key != "k-3" && key != "k-5" => assert_eq!(out.record.state, State::Succeeded, "{key}"),

@@ -4,36 +4,16 @@
 //! expiry, sweeps: `total_changes()`) or by a trigger someone added to idem's tables
 //! (the batch changed more rows than it wrote) makes the next batch read the record again.
 
-use idem_core::{AcquireInput, Actor, Decision, ManualClock, Outcome};
-use idem_store::{CompleteRequest, Store, StoreError, sqlite::SqliteStore};
-use serde_json::json;
+mod common;
+
+use common::success;
+use idem_core::{AcquireInput, Decision, ManualClock};
+use idem_store::{Store, StoreError, sqlite::SqliteStore};
 use sqlx::Connection;
 use std::sync::Arc;
 
 fn input(key: &str) -> AcquireInput {
-    AcquireInput {
-        tenant: "t".into(),
-        key: key.into(),
-        action: "send".into(),
-        payload: json!({"to": "a@example.com"}),
-        fingerprint: "fp".into(),
-        lease_ms: 1_000,
-        redo_safe: false,
-        connector: None,
-        holder: None,
-        actor: Actor { principal: "w".into(), request_id: None },
-    }
-}
-
-fn success(key: &str, token: i64) -> CompleteRequest {
-    CompleteRequest {
-        tenant: "t".into(),
-        key: key.into(),
-        fencing_token: token,
-        outcome: Outcome::Succeeded { provider_ref: format!("ref-{key}"), result: None },
-        actor: Actor { principal: "w".into(), request_id: None },
-        policy: None,
-    }
+    common::input(key, 1_000)
 }
 
 async fn open() -> (tempfile::TempDir, SqliteStore, sqlx::SqliteConnection, Arc<ManualClock>) {
