@@ -246,7 +246,9 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
                     Err(e) => Err(e),
                 }
             };
-            pending($reply, finish.map_err(StoreError::from).and(result))
+            // The request's own error first: after a trigger's RAISE(ROLLBACK) the savepoint
+            // is gone too, and "no such savepoint" would hide why.
+            pending($reply, result.and_then(|v| finish.map_err(StoreError::from).map(|()| v)))
         }};
     }
     let now = clock.now_ms();
@@ -340,18 +342,16 @@ async fn run_hot(
     segment: Vec<Command>,
     clock: &dyn Clock,
     config: &StoreConfig,
-) -> Vec<Pending> {
+) -> (Vec<Pending>, Vec<Command>) {
     use crate::sqlite_batch::run_segment;
     if let Err(e) = exec(conn, "SAVEPOINT seg").await {
         let msg = e.to_string();
-        return segment
-            .into_iter()
-            .map(|c| fail(c, StoreError::Database(sqlx::Error::Protocol(msg.clone()))))
-            .collect();
+        let failed = segment.into_iter().map(|c| fail(c, StoreError::Database(sqlx::Error::Protocol(msg.clone()))));
+        return (failed.collect(), Vec::new());
     }
     let outcome = { run_segment(conn, &hot_views(&segment), config, clock.now_ms()).await };
     match outcome {
-        Ok(results) if exec(conn, "RELEASE seg").await.is_ok() => answers(segment.into_iter(), results),
+        Ok(results) if exec(conn, "RELEASE seg").await.is_ok() => (answers(segment.into_iter(), results), Vec::new()),
         other => {
             if let Err(e) = &other {
                 tracing::warn!(error = %e, "group-commit segment failed; retrying its requests one by one");
@@ -359,10 +359,15 @@ async fn run_hot(
             let _ = exec(conn, "ROLLBACK TO seg").await;
             let _ = exec(conn, "RELEASE seg").await;
             let mut done = Vec::with_capacity(segment.len());
-            for cmd in segment {
+            let mut cmds = segment.into_iter();
+            while transaction_open(conn).await
+                && let Some(cmd) = cmds.next()
+            {
                 done.push(run_one(conn, cmd, clock, config).await);
             }
-            done
+            // What is left would run outside any transaction (see `transaction_open`): the
+            // caller runs it in transactions of its own.
+            (done, cmds.collect())
         }
     }
 }
@@ -533,7 +538,13 @@ async fn run_general(
         }
         Ok(()) => {
             let mut cmds = batch.drain(..).peekable();
+            let mut lost = false;
+            let mut isolate = Vec::new();
             while let Some(cmd) = cmds.next() {
+                if lost {
+                    isolate.push(cmd);
+                    continue;
+                }
                 if is_hot(&cmd) {
                     let mut segment = vec![cmd];
                     while let Some(next) = cmds.next_if(is_hot) {
@@ -543,7 +554,9 @@ async fn run_general(
                         let (tenant, key) = h.key();
                         cache.forget(tenant, key);
                     }
-                    done.extend(run_hot(conn, segment, clock, config).await);
+                    let (answered, left) = run_hot(conn, segment, clock, config).await;
+                    done.extend(answered);
+                    isolate.extend(left);
                 } else {
                     let before = total_changes(conn).await;
                     done.push(run_one(conn, cmd, clock, config).await);
@@ -551,21 +564,82 @@ async fn run_general(
                         cache.invalidate();
                     }
                 }
+                lost = !transaction_open(conn).await;
             }
             let start = std::time::Instant::now();
-            match exec(conn, "COMMIT").await {
-                Ok(()) => {
-                    record_commit(start.elapsed().as_secs_f64());
-                    None
-                }
-                Err(e) => {
-                    let _ = exec(conn, "ROLLBACK").await;
-                    Some(e.to_string())
+            if lost {
+                // Everything this batch wrote before is undone: no answer may say otherwise
+                // (the request that ended it keeps its own error). What did not run yet
+                // runs now, each request in a transaction of its own.
+                cache.invalidate();
+                answer(std::mem::take(&mut done), Some(ROLLED_BACK.to_owned()), 0);
+                done = run_isolated(conn, isolate, clock, config).await;
+                None
+            } else {
+                match exec(conn, "COMMIT").await {
+                    Ok(()) => {
+                        record_commit(start.elapsed().as_secs_f64());
+                        None
+                    }
+                    Err(e) => {
+                        let _ = exec(conn, "ROLLBACK").await;
+                        Some(e.to_string())
+                    }
                 }
             }
         }
     };
     (done, commit_error)
+}
+
+/// Why a batch's answers failed when the database rolled its whole transaction back.
+const ROLLED_BACK: &str =
+    "the database rolled back the batch's transaction (a trigger's RAISE(ROLLBACK)?); nothing of it was kept";
+
+/// Whether the writer's transaction is still open. A trigger's `RAISE(ROLLBACK)` ends the
+/// whole transaction, not one statement: the savepoints are gone with it, and anything run
+/// after would commit statement by statement, outside the batch (a break-it pass saw
+/// requests stored but answered 503, then stuck in UNKNOWN). `false` also when the
+/// connection cannot be asked.
+async fn transaction_open(conn: &mut SqliteConnection) -> bool {
+    match conn.lock_handle().await {
+        // SAFETY: the handle is ours while `locked` lives; one read of its state.
+        Ok(mut locked) => unsafe { !crate::sqlite_ffi::Db::new(locked.as_raw_handle()).autocommit() },
+        Err(_) => false,
+    }
+}
+
+/// Runs each of `cmds` in a transaction of its own (after the database rolled back a
+/// batch's transaction): a request whose write makes the database roll back again fails
+/// alone with its own error, the others commit one by one. Each answer carries its own
+/// commit's outcome.
+async fn run_isolated(
+    conn: &mut SqliteConnection,
+    cmds: Vec<Command>,
+    clock: &dyn Clock,
+    config: &StoreConfig,
+) -> Vec<Pending> {
+    let mut out: Vec<Pending> = Vec::with_capacity(cmds.len());
+    for cmd in cmds {
+        if let Err(e) = exec(conn, "BEGIN IMMEDIATE").await {
+            out.push(fail(cmd, begin_failed(&e.to_string())));
+            continue;
+        }
+        let p = run_one(conn, cmd, clock, config).await;
+        let commit_error = if !transaction_open(conn).await {
+            Some(ROLLED_BACK.to_owned())
+        } else {
+            match exec(conn, "COMMIT").await {
+                Ok(()) => None,
+                Err(e) => {
+                    let _ = exec(conn, "ROLLBACK").await;
+                    Some(e.to_string())
+                }
+            }
+        };
+        out.push(Box::new(move |_: Option<&str>| p(commit_error.as_deref())));
+    }
+    out
 }
 
 #[async_trait]

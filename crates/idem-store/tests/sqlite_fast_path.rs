@@ -181,3 +181,45 @@ async fn a_write_a_trigger_skips_is_never_acknowledged() {
         }
     }
 }
+
+/// A trigger's `RAISE(ROLLBACK)` ends the writer's whole transaction, not one statement.
+/// The request that did it fails with its own error; every other answer agrees with what
+/// is stored: a request answered with an error left nothing (it may be sent again and is
+/// granted), one answered with a grant is stored (a break-it pass saw requests stored but
+/// answered 503 — run outside any transaction once the batch's was gone — then stuck).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_that_rolls_back_the_transaction_leaves_answers_true() {
+    let (_dir, store, _raw) = open_with_triggers(
+        "CREATE TRIGGER rb BEFORE INSERT ON operations WHEN NEW.op_key LIKE 'abr-%' \
+         BEGIN SELECT RAISE(ROLLBACK, 'rollback trigger'); END;",
+    )
+    .await;
+    for round in 0..5 {
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let store = store.clone();
+            let key = if i == 7 { format!("abr-{round}") } else { format!("r{round}-k{i}") };
+            tasks.push(tokio::spawn(async move { (key.clone(), store.acquire(input(&key)).await) }));
+        }
+        for t in tasks {
+            let (key, out) = t.await.unwrap();
+            let stored = store.get("t", &key).await.unwrap();
+            match out {
+                Err(e) if key.starts_with("abr-") => {
+                    assert_eq!(e.refusal(), Some("rollback trigger"), "{key}: {e}");
+                    assert!(stored.is_none());
+                }
+                Ok(out) if !key.starts_with("abr-") => {
+                    assert_eq!(out.decision, Decision::Acquire, "{key}");
+                    assert_eq!(stored.map(|r| r.fencing_token), Some(out.record.fencing_token), "{key}");
+                }
+                Err(e) => {
+                    assert!(stored.is_none(), "{key} answered {e} but stored");
+                    let again = store.acquire(input(&key)).await.unwrap();
+                    assert_eq!(again.decision, Decision::Acquire, "{key}: sent again after {e}");
+                }
+                Ok(out) => panic!("{key}: {out:?}"),
+            }
+        }
+    }
+}
