@@ -39,7 +39,7 @@ pub fn store_problem(e: StoreError) -> Problem {
             tracing::error!(error = %e, "write not stored");
             Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "write-not-stored", e.to_string())
         }
-        StoreError::Database(_) if e.refusal().is_some() => {
+        StoreError::Refused(_) | StoreError::Database(_) if e.refusal().is_some() => {
             // A constraint or a trigger said no: trying again gets the same answer.
             tracing::error!(error = %e, "write refused by the database");
             let why = e.refusal().unwrap_or_default();
@@ -55,7 +55,7 @@ pub fn store_problem(e: StoreError) -> Problem {
             p.retry_after_ms = Some(UNAVAILABLE_RETRY_AFTER_MS);
             p
         }
-        StoreError::Corrupt(_) | StoreError::Migrate(_) => {
+        StoreError::Corrupt(_) | StoreError::Migrate(_) | StoreError::Refused(_) => {
             tracing::error!(error = %e, "store error");
             Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
         }

@@ -31,6 +31,10 @@ pub enum StoreError {
     /// nothing is acknowledged.
     #[error("the database did not store the write ({0}); is there a trigger on idem's tables?")]
     NotStored(String),
+    /// The database refused the write (a constraint, a trigger's exception), reported
+    /// after the writer isolated the request whose write it was; its message.
+    #[error("the database refused the write: {0}")]
+    Refused(String),
     /// Bad input that only the store can detect (e.g. a duplicate API key).
     #[error("{0}")]
     Invalid(String),
@@ -53,6 +57,9 @@ impl StoreError {
     /// `raise_exception`). `None` for anything else.
     #[must_use]
     pub fn refusal(&self) -> Option<&str> {
+        if let StoreError::Refused(why) = self {
+            return Some(why);
+        }
         let StoreError::Database(sqlx::Error::Database(db)) = self else { return None };
         let code = db.code().unwrap_or_default();
         let sqlite_constraint = !code.starts_with('0') && code.parse::<i32>().is_ok_and(|c| c & 0xff == 19);

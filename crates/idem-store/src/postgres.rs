@@ -56,7 +56,7 @@ pub use clock::{ClockStatus, DEFAULT_MAX_UNCERTAINTY_MS, DatabaseClock};
 struct Writers {
     claims: batch::Batcher<fast::NewRecord, Result<fast::Claim, StoreError>>,
     updates: batch::Batcher<fast::Update, Result<bool, StoreError>>,
-    events: batch::Batcher<Vec<OperationEvent>, Result<(), String>>,
+    events: batch::Batcher<Vec<OperationEvent>, Result<(), EventsFailure>>,
 }
 
 /// Most requests one multi-row statement carries.
@@ -89,9 +89,24 @@ impl Writers {
             let p = p.clone();
             async move {
                 let n = batch.len();
-                let all: Vec<OperationEvent> = batch.into_iter().flatten().collect();
-                let done = committed_batch(n, fast::events(&p, &all)).await.map_err(|e| e.to_string());
-                vec![done; n]
+                let all: Vec<&OperationEvent> = batch.iter().flatten().collect();
+                match committed_batch(n, fast::events(&p, &all)).await {
+                    Ok(()) => vec![Ok(()); n],
+                    Err(e) if n == 1 => vec![Err(EventsFailure::of(&e))],
+                    Err(_) => {
+                        // One request's events may be what the database refused (a trigger,
+                        // a constraint): each request's on its own, so the others are
+                        // written and the refused one hears why.
+                        let mut out = Vec::with_capacity(n);
+                        for events in &batch {
+                            let own: Vec<&OperationEvent> = events.iter().collect();
+                            out.push(
+                                committed_batch(1, fast::events(&p, &own)).await.map_err(|e| EventsFailure::of(&e)),
+                            );
+                        }
+                        out
+                    }
+                }
             }
         });
         Writers { claims, updates, events }
@@ -119,7 +134,29 @@ impl Writers {
         }
         match self.events.submit(events).await? {
             Ok(()) => Ok(()),
-            Err(e) => Err(StoreError::Database(sqlx::Error::Protocol(format!("appending events failed: {e}")))),
+            Err(e) => Err(e.into_error()),
+        }
+    }
+}
+
+/// Why a request's events were not appended, as the batch writer hands it back (one
+/// batch's answer is cloned to each of its requests).
+#[derive(Debug, Clone)]
+struct EventsFailure {
+    message: String,
+    /// The database's message when it refused the write ([`StoreError::refusal`]).
+    refusal: Option<String>,
+}
+
+impl EventsFailure {
+    fn of(e: &StoreError) -> Self {
+        EventsFailure { message: e.to_string(), refusal: e.refusal().map(str::to_owned) }
+    }
+
+    fn into_error(self) -> StoreError {
+        match self.refusal {
+            Some(why) => StoreError::Refused(why),
+            None => StoreError::Database(sqlx::Error::Protocol(format!("appending events failed: {}", self.message))),
         }
     }
 }

@@ -295,3 +295,62 @@ async fn pool_joins_probe_by_key() {
     assert!(!plan.contains("Hash Join") && !plan.contains("Merge Join"), "{plan}");
     assert!(plan.contains("Index Scan using operations_pkey"), "each step's operations probed by key: {plan}");
 }
+
+/// Replays append only an event, and concurrent replays share one statement. When the
+/// database refuses one request's event (here a trigger's exception), the others are
+/// written and answered, and the refused one hears the database's message as a refusal,
+/// not as an outage (a break-it pass had 72 of 120 concurrent replays fail with 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_event_fails_only_its_own_replay() {
+    let url = idem_store::testing::fresh_pg_database("idem_events").await;
+    let store: Arc<dyn Store> =
+        Arc::new(PgStore::connect(&url, Arc::new(SystemClock), Default::default()).await.unwrap());
+    let keys: Vec<String> = (0..24).map(|i| if i == 5 { "refused".to_owned() } else { format!("k{i}") }).collect();
+    for k in &keys {
+        let token = store.acquire(input(k)).await.unwrap().record.fencing_token;
+        let done = idem_store::CompleteRequest {
+            tenant: "t".into(),
+            key: k.clone(),
+            fencing_token: token,
+            outcome: idem_core::Outcome::Succeeded { provider_ref: format!("ref-{k}"), result: None },
+            actor: Actor { principal: "w".into(), request_id: None },
+            policy: None,
+        };
+        store.complete(done).await.unwrap();
+    }
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'no replays of %', NEW.op_key; END $$; \
+         CREATE TRIGGER refuse_replay BEFORE INSERT ON operation_events \
+         FOR EACH ROW WHEN (NEW.kind = 'replayed' AND NEW.op_key = 'refused') EXECUTE FUNCTION refuse();",
+    )
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    for round in 0..3 {
+        let tasks: Vec<_> = keys
+            .iter()
+            .map(|k| {
+                let (store, k) = (store.clone(), k.clone());
+                tokio::spawn(async move { (k.clone(), store.acquire(input(&k)).await) })
+            })
+            .collect();
+        for t in tasks {
+            let (k, got) = t.await.unwrap();
+            if k == "refused" {
+                let e = got.expect_err("the trigger refuses this replay's event");
+                assert_eq!(e.refusal(), Some("no replays of refused"), "round {round}: {e}");
+            } else {
+                assert_eq!(got.unwrap().decision, Decision::Replay, "{k}, round {round}");
+            }
+        }
+    }
+    let replays = |k: &str| {
+        let store = store.clone();
+        let k = k.to_owned();
+        async move { store.events("t", &k).await.unwrap().iter().filter(|e| e.kind == "replayed").count() }
+    };
+    assert_eq!(replays("k0").await, 3);
+    assert_eq!(replays("refused").await, 0);
+}

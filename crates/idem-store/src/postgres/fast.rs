@@ -181,10 +181,10 @@ pub(super) async fn update(conns: &Connections, updates: &[Update]) -> Result<Ve
 }
 
 /// Appends events in one autocommit statement per 1 000 (the caller records metrics).
-pub(super) async fn events(conns: &Connections, events: &[OperationEvent]) -> Result<(), StoreError> {
+pub(super) async fn events(conns: &Connections, events: &[&OperationEvent]) -> Result<(), StoreError> {
     for chunk in events.chunks(1000) {
         let mut q: QueryBuilder<Postgres> = QueryBuilder::new(EVENTS_INSERT);
-        q.push_values(chunk, crate::row::bind_event);
+        q.push_values(chunk, |b, e| crate::row::bind_event(b, e));
         conns.execute(q.build()).await?;
     }
     Ok(())
