@@ -58,6 +58,13 @@ fn plain(e: &sqlx::Error) -> String {
     }
 }
 
+/// The file path of an SQLite database URL: `sqlite://PATH`, `sqlite:PATH` or a plain path
+/// (as `idem serve` reads it; `sqlite:` alone is an empty path, refused by
+/// [`check_sqlite_path`]).
+pub(crate) fn sqlite_path(url: &str) -> &str {
+    url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url)
+}
+
 /// Checks an SQLite database path before SQLite opens it: its directory must exist, and
 /// the file too unless `create` (SQLite creates a file, never a directory).
 ///

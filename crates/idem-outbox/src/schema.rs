@@ -70,7 +70,7 @@ pub async fn install(url: &str) -> Result<Installed, OutboxError> {
         let mut c = PgConnection::connect(url).await.map_err(OutboxError::Database)?;
         install_postgres(&mut c).await
     } else {
-        let path = url.strip_prefix("sqlite://").unwrap_or(url);
+        let path = crate::error::sqlite_path(url);
         crate::error::check_sqlite_path(path, true)?;
         let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(path).create_if_missing(true);
         let mut c = SqliteConnection::connect_with(&opts).await.map_err(OutboxError::Database)?;

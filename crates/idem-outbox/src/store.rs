@@ -254,7 +254,7 @@ impl OutboxStore {
             let _ = sqlx::Connection::close(first).await;
             OutboxStore::Postgres(pool)
         } else {
-            let path = url.strip_prefix("sqlite://").unwrap_or(url);
+            let path = crate::error::sqlite_path(url);
             crate::error::check_sqlite_path(path, false)?;
             let opts = sqlx::sqlite::SqliteConnectOptions::new()
                 .filename(path)

@@ -239,10 +239,14 @@ fn a_sqlite_path_in_a_missing_directory_names_the_directory() {
     assert!(!gone.exists(), "nothing was created");
     // An empty path, and a directory where the file should be.
     let the_dir = format!("sqlite://{}", dir.path().display());
-    for (url, says) in [("sqlite://", "path is empty"), (the_dir.as_str(), "is a directory")] {
+    for (url, says) in
+        [("sqlite://", "path is empty"), ("sqlite:", "path is empty"), (the_dir.as_str(), "is a directory")]
+    {
         for args in [
             vec!["serve", "--listen", "127.0.0.1:0", "--database-url", url],
             vec!["keys", "list", "--database-url", url],
+            vec!["schema", "install", "--database-url", url],
+            vec!["outbox", "list", "--database-url", url],
         ] {
             let out = Command::new(idem_bin()).args(&args).env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY).output().unwrap();
             let err = text(&out.stderr);
