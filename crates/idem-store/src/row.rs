@@ -52,7 +52,8 @@ macro_rules! operation_columns {
 }
 pub(crate) use operation_columns;
 
-fn parse_state(s: &str) -> Result<State, StoreError> {
+/// A stored state name; anything else is [`StoreError::Corrupt`].
+pub(crate) fn parse_state(s: &str) -> Result<State, StoreError> {
     s.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))
 }
 

@@ -338,7 +338,7 @@ macro_rules! sql_ops {
                     tenant,
                     key_hash,
                     fingerprint,
-                    final_state: state.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?,
+                    final_state: crate::row::parse_state(&state)?,
                     completed_at,
                     expires_at,
                 })
@@ -480,7 +480,7 @@ macro_rules! sql_ops {
             let groups = groups
                 .into_iter()
                 .map(|(action, state, needs_review, count)| {
-                    let state = state.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?;
+                    let state = crate::row::parse_state(&state)?;
                     Ok($crate::GroupCount { action, state, needs_review, count })
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?;

@@ -54,16 +54,8 @@ const CHUNK: usize = 500;
 
 type Key = (String, String);
 
-pub(crate) const UPSERT_HEAD: &str = concat!("INSERT INTO operations (", crate::row::record_bind_columns!(), ") ");
-pub(crate) const UPSERT_TAIL: &str = " ON CONFLICT (tenant, op_key) DO UPDATE SET state = excluded.state, \
-     attempt_count = excluded.attempt_count, lease_owner = excluded.lease_owner, \
-     lease_expires_at = excluded.lease_expires_at, fencing_token = excluded.fencing_token, \
-     next_attempt_at = excluded.next_attempt_at, provider_ref = excluded.provider_ref, result = excluded.result, \
-     error_class = excluded.error_class, error_message = excluded.error_message, verified_at = excluded.verified_at, \
-     evidence_source = excluded.evidence_source, needs_review = excluded.needs_review, \
-     updated_at = excluded.updated_at, completed_at = excluded.completed_at, expires_at = excluded.expires_at, \
-     version = excluded.version, lookup_attempts = excluded.lookup_attempts, lease_holder = excluded.lease_holder";
-pub(crate) const EVENTS_HEAD: &str = concat!("INSERT INTO operation_events (", crate::row::event_bind_columns!(), ") ");
+const UPSERT_HEAD: &str = concat!("INSERT INTO operations (", crate::row::record_bind_columns!(), ") ");
+const EVENTS_HEAD: &str = concat!("INSERT INTO operation_events (", crate::row::event_bind_columns!(), ") ");
 /// The records of a JSON array of `[tenant, op_key]` pairs (`?`). The array is the outer
 /// loop (`CROSS JOIN` keeps it there) and each pair is one probe of the UNIQUE (tenant,
 /// op_key) index. A row-value `IN (VALUES …)` made SQLite build and zero an ephemeral
@@ -178,8 +170,7 @@ async fn load_tombstones(conn: &mut SqliteConnection, keys: &[Key]) -> Result<Ha
         keys.iter().zip(&hashes).map(|(k, h)| ((k.0.as_str(), h.as_str()), k)).collect();
     for (tenant, hash, fingerprint, state, completed_at, expires_at) in rows {
         let Some(key) = by_hash.get(&(tenant.as_str(), hash.as_str())).copied() else { continue };
-        let final_state =
-            state.parse().map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?;
+        let final_state = crate::row::parse_state(&state)?;
         out.insert(
             key.clone(),
             Tombstone { tenant, key_hash: hash, fingerprint, final_state, completed_at, expires_at },
@@ -192,7 +183,7 @@ async fn upsert(conn: &mut SqliteConnection, records: &[&OperationRecord]) -> Re
     for chunk in records.chunks(CHUNK) {
         let mut q: QueryBuilder<Sqlite> = QueryBuilder::new(UPSERT_HEAD);
         q.push_values(chunk, |b, r| crate::row::bind_record(b, r));
-        q.push(UPSERT_TAIL);
+        q.push(upsert_tail());
         let done = q.build().execute(&mut *conn).await?;
         crate::error::stored("operation records", done.rows_affected(), chunk.len())?;
     }
@@ -324,11 +315,24 @@ pub(crate) const READ_RECORD: &str =
 pub(crate) const READ_TOMBSTONE: &str = "SELECT tenant, key_hash, fingerprint, final_state, completed_at, expires_at \
      FROM tombstones WHERE tenant = ? AND key_hash = ?";
 /// Columns of [`crate::row::event_bind_columns!`].
-const EVENT_COLUMNS: usize = 13;
+const EVENT_COLUMNS: usize = column_count(crate::row::event_bind_columns!());
 
-/// `head VALUES (?, …, ?)tail` with `n` placeholders.
-fn one_row(head: &str, n: usize, tail: &str) -> String {
-    format!("{head}VALUES ({}){tail}", vec!["?"; n].join(", "))
+/// The number of columns in a comma-separated column list.
+const fn column_count(list: &str) -> usize {
+    let bytes = list.as_bytes();
+    let (mut n, mut i) = (1, 0);
+    while i < bytes.len() {
+        if bytes[i] == b',' {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+/// `?, ?, …` with `n` placeholders.
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
 }
 
 /// The columns a record's update changes (the upsert's `DO UPDATE SET` list), in the order
@@ -359,17 +363,26 @@ const CHANGING_COLUMNS: [&str; 19] = [
 const FIXED_COLUMNS: [&str; 8] =
     ["tenant", "op_key", "action", "fingerprint", "payload", "redo_safe", "created_at", "connector"];
 
+/// ` ON CONFLICT … DO UPDATE SET` of both upserts (the multi-row one of [`run_segment`]
+/// and [`upsert_one`]): the changing columns only.
+fn upsert_tail() -> &'static str {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let set: Vec<String> = CHANGING_COLUMNS.iter().map(|c| format!("{c} = excluded.{c}")).collect();
+        format!(" ON CONFLICT (tenant, op_key) DO UPDATE SET {}", set.join(", "))
+    });
+    SQL.as_str()
+}
+
 /// The upsert of one record: its fixed columns then its changing ones, and on a conflict
-/// the changing ones only (what the multi-row [`UPSERT_TAIL`] sets).
+/// the changing ones only ([`upsert_tail`]).
 pub(crate) fn upsert_one() -> &'static str {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         let columns: Vec<&str> = FIXED_COLUMNS.iter().chain(&CHANGING_COLUMNS).copied().collect();
-        let set: Vec<String> = CHANGING_COLUMNS.iter().map(|c| format!("{c} = excluded.{c}")).collect();
         format!(
-            "INSERT INTO operations ({}) VALUES ({}) ON CONFLICT (tenant, op_key) DO UPDATE SET {}",
+            "INSERT INTO operations ({}) VALUES ({}){}",
             columns.join(", "),
-            vec!["?"; columns.len()].join(", "),
-            set.join(", ")
+            placeholders(columns.len()),
+            upsert_tail()
         )
     });
     SQL.as_str()
@@ -386,7 +399,8 @@ pub(crate) fn update_one() -> &'static str {
 
 /// The insert of one event.
 pub(crate) fn insert_event_one() -> &'static str {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| one_row(EVENTS_HEAD, EVENT_COLUMNS, ""));
+    static SQL: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("{EVENTS_HEAD}VALUES ({})", placeholders(EVENT_COLUMNS)));
     SQL.as_str()
 }
 
@@ -458,21 +472,12 @@ fn read_and_write(
     now_ms: i64,
     cache: &mut WriterCache,
 ) -> Result<Planned, StoreError> {
-    let mut data_version = None;
-    stmts.get(db, DATA_VERSION)?.run(db, &[], |r| {
-        data_version = Some(r.int(0));
-        Ok(())
-    })?;
-    let data_version = data_version.ok_or_else(|| StoreError::Corrupt("PRAGMA data_version returned no row".into()))?;
+    let data_version = stmts.int(db, DATA_VERSION)?;
     if cache.data_version != Some(data_version) {
         // Another connection committed since: nothing cached can be trusted. The cache is
         // used again from this version on unless a trigger could rewrite idem's rows.
         cache.records.clear();
-        let mut triggers = 0;
-        stmts.get(db, HOT_TABLE_TRIGGERS)?.run(db, &[], |r| {
-            triggers = r.int(0);
-            Ok(())
-        })?;
+        let triggers = stmts.int(db, HOT_TABLE_TRIGGERS)?;
         cache.data_version = (triggers == 0).then_some(data_version);
     }
     let caching = cache.data_version.is_some();
@@ -507,7 +512,7 @@ fn read_and_write(
     // so a completion costs no SHA-256 of its key.
     let mut tombstones = HashMap::new();
     missing.retain(|k| reqs.iter().any(|r| matches!(r, Hot::Acquire(_)) && r.key() == *k));
-    if !missing.is_empty() && any_tombstone(db, stmts)? {
+    if !missing.is_empty() && stmts.int(db, ANY_TOMBSTONE)? != 0 {
         for (tenant, key) in missing {
             if let Some(t) = read_tombstone(db, stmts, tenant, &key_hash(key))? {
                 tombstones.insert((tenant.to_owned(), key.to_owned()), t);
@@ -569,26 +574,14 @@ fn read_record(db: Db, stmts: &mut Statements, tenant: &str, key: &str) -> Resul
     Ok(found)
 }
 
-fn any_tombstone(db: Db, stmts: &mut Statements) -> Result<bool, StoreError> {
-    let mut any = false;
-    stmts.get(db, ANY_TOMBSTONE)?.run(db, &[], |r| {
-        any = r.bool(0);
-        Ok(())
-    })?;
-    Ok(any)
-}
-
 fn read_tombstone(db: Db, stmts: &mut Statements, tenant: &str, hash: &str) -> Result<Option<Tombstone>, StoreError> {
     let mut found = None;
     stmts.get(db, READ_TOMBSTONE)?.run(db, &[tenant.into(), hash.into()], |r| {
-        let state = r.text(3)?;
         found = Some(Tombstone {
             tenant: r.text(0)?,
             key_hash: r.text(1)?,
             fingerprint: r.text(2)?,
-            final_state: state
-                .parse()
-                .map_err(|e: idem_core::state::ParseStateError| StoreError::Corrupt(e.to_string()))?,
+            final_state: crate::row::parse_state(&r.text(3)?)?,
             completed_at: r.int(4),
             expires_at: r.int(5),
         });
@@ -690,7 +683,7 @@ mod tests {
         let ours: BTreeSet<String> = FIXED_COLUMNS.iter().chain(&CHANGING_COLUMNS).map(|c| (*c).to_owned()).collect();
         assert_eq!(ours.len(), FIXED_COLUMNS.len() + CHANGING_COLUMNS.len(), "a column listed twice");
         assert_eq!(ours, bound);
-        let set: BTreeSet<String> = UPSERT_TAIL
+        let set: BTreeSet<String> = upsert_tail()
             .split("DO UPDATE SET")
             .nth(1)
             .unwrap()

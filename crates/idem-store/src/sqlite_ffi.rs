@@ -281,6 +281,20 @@ impl Statements {
         self.get(db, sql)?.run(db, args, |_| Ok(()))
     }
 
+    /// The first column of the first row `sql` returns, as an integer (`PRAGMA
+    /// data_version`, a count, `EXISTS`).
+    ///
+    /// # Errors
+    /// As [`Stmt::run`]; [`StoreError::Corrupt`] when it returns no row.
+    pub(crate) fn int(&mut self, db: Db, sql: &'static str) -> Result<i64, StoreError> {
+        let mut value = None;
+        self.get(db, sql)?.run(db, &[], |r| {
+            value = value.or(Some(r.int(0)));
+            Ok(())
+        })?;
+        value.ok_or_else(|| StoreError::Corrupt(format!("{sql:?} returned no row")))
+    }
+
     /// Finalizes every statement (they must be gone before the connection closes).
     pub(crate) fn clear(&mut self) {
         self.stmts.clear();
