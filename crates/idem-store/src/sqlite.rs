@@ -408,11 +408,7 @@ async fn writer_loop(
             // handoff wakes that thread twice) until a batch needs sqlx: one with another
             // command, or one the fast path gave back (`Fast::Retry`).
             match conn.lock_handle().await {
-                Err(e) => {
-                    let msg = e.to_string();
-                    let done = batch.drain(..).map(|cmd| fail(cmd, begin_failed(&msg))).collect();
-                    answer(done, None, 0);
-                }
+                Err(e) => answer(begin_failed(batch.drain(..), &e.to_string()), None, 0),
                 Ok(mut locked) => {
                     // SAFETY: the handle is the writer's alone while `locked` lives, and
                     // `db` is not used after it drops (the end of this block).
@@ -477,8 +473,11 @@ fn unapplied() -> StoreError {
     StoreError::NotStored("a conditional write changed no row under the write lock".into())
 }
 
-fn begin_failed(msg: &str) -> StoreError {
-    StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")))
+/// The answers to every request of `batch` when its transaction could not begin (`msg`):
+/// nothing ran.
+fn begin_failed(batch: impl IntoIterator<Item = Command>, msg: &str) -> Vec<Pending> {
+    let failure = || StoreError::Database(sqlx::Error::Protocol(format!("begin failed: {msg}")));
+    batch.into_iter().map(|cmd| fail(cmd, failure())).collect()
 }
 
 /// The answers to a batch the fast path ran, or `None` when it gave the batch back
@@ -489,7 +488,7 @@ fn fast_answers(
 ) -> Option<(Vec<Pending>, Option<String>)> {
     use crate::sqlite_batch::Fast;
     match outcome {
-        Fast::BeginFailed(msg) => Some((batch.drain(..).map(|cmd| fail(cmd, begin_failed(&msg))).collect(), None)),
+        Fast::BeginFailed(msg) => Some((begin_failed(batch.drain(..), &msg), None)),
         Fast::Retry(e) => {
             tracing::warn!(error = %e, "group-commit batch failed; running it again request by request");
             None
@@ -530,10 +529,7 @@ async fn run_general(
     let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
     let commit_error = match exec(conn, "BEGIN IMMEDIATE").await {
         Err(e) => {
-            let msg = e.to_string();
-            for cmd in batch.drain(..) {
-                done.push(fail(cmd, begin_failed(&msg)));
-            }
+            done = begin_failed(batch.drain(..), &e.to_string());
             None
         }
         Ok(()) => {
@@ -566,7 +562,6 @@ async fn run_general(
                 }
                 lost = !transaction_open(conn).await;
             }
-            let start = std::time::Instant::now();
             if lost {
                 // Everything this batch wrote before is undone: no answer may say otherwise
                 // (the request that ended it keeps its own error). What did not run yet
@@ -576,20 +571,27 @@ async fn run_general(
                 done = run_isolated(conn, isolate, clock, config).await;
                 None
             } else {
-                match exec(conn, "COMMIT").await {
-                    Ok(()) => {
-                        record_commit(start.elapsed().as_secs_f64());
-                        None
-                    }
-                    Err(e) => {
-                        let _ = exec(conn, "ROLLBACK").await;
-                        Some(e.to_string())
-                    }
-                }
+                commit(conn).await
             }
         }
     };
     (done, commit_error)
+}
+
+/// Commits the writer's transaction (and times it); on failure rolls back what is left of
+/// it and returns why, for the answers of the requests it held.
+async fn commit(conn: &mut SqliteConnection) -> Option<String> {
+    let start = std::time::Instant::now();
+    match exec(conn, "COMMIT").await {
+        Ok(()) => {
+            record_commit(start.elapsed().as_secs_f64());
+            None
+        }
+        Err(e) => {
+            let _ = exec(conn, "ROLLBACK").await;
+            Some(e.to_string())
+        }
+    }
 }
 
 /// Why a batch's answers failed when the database rolled its whole transaction back.
@@ -622,21 +624,11 @@ async fn run_isolated(
     let mut out: Vec<Pending> = Vec::with_capacity(cmds.len());
     for cmd in cmds {
         if let Err(e) = exec(conn, "BEGIN IMMEDIATE").await {
-            out.push(fail(cmd, begin_failed(&e.to_string())));
+            out.extend(begin_failed([cmd], &e.to_string()));
             continue;
         }
         let p = run_one(conn, cmd, clock, config).await;
-        let commit_error = if !transaction_open(conn).await {
-            Some(ROLLED_BACK.to_owned())
-        } else {
-            match exec(conn, "COMMIT").await {
-                Ok(()) => None,
-                Err(e) => {
-                    let _ = exec(conn, "ROLLBACK").await;
-                    Some(e.to_string())
-                }
-            }
-        };
+        let commit_error = if transaction_open(conn).await { commit(conn).await } else { Some(ROLLED_BACK.to_owned()) };
         out.push(Box::new(move |_: Option<&str>| p(commit_error.as_deref())));
     }
     out
