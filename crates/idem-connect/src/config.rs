@@ -774,25 +774,43 @@ fn connector_error(config: &toml::Table) -> Option<(String, String)> {
     let connectors = config.get("connectors")?.as_table()?;
     connectors.iter().find_map(|(name, value)| {
         let at = format!("connectors.{}", toml_key(name));
-        let Some(table) = value.as_table() else {
-            return Some((at, "must be a table with kind = \"http\", \"smtp\" or \"nats\" and its settings".into()));
-        };
-        let mut fields = table.clone();
-        let kind = fields.remove("kind");
-        let inner = toml::Value::Table(fields);
-        let by_kind = match kind.as_ref().and_then(toml::Value::as_str) {
-            Some("http") => field_error::<HttpConfig>(inner),
-            Some("smtp") => field_error::<SmtpConfig>(inner),
-            Some("nats") => field_error::<NatsConfig>(inner),
-            _ => None,
-        };
-        if let Some((path, message)) = by_kind {
-            let field = if path == "." { at } else { format!("{at}.{path}") };
-            return Some((field, message));
-        }
-        let e = ConnectorConfig::deserialize(value.clone()).err()?;
-        Some((at, e.message().trim_end().replace('\n', " ")))
+        let by_kind = tagged_table_error(&at, value, &["http", "smtp", "nats"], |kind, inner| match kind {
+            "http" => field_error::<HttpConfig>(inner),
+            "smtp" => field_error::<SmtpConfig>(inner),
+            _ => field_error::<NatsConfig>(inner),
+        });
+        by_kind.or_else(|| {
+            let e = ConnectorConfig::deserialize(value.clone()).err()?;
+            Some((at, e.message().trim_end().replace('\n', " ")))
+        })
     })
+}
+
+/// What is wrong in the table at `at` (its TOML path) whose `kind`, one of `kinds`, names
+/// the struct it reads as: `(path of the failing field, message)`. serde reads an
+/// internally tagged enum from a buffered copy of the table, which loses that path;
+/// `read` reads the table without `kind` as the struct of `kind` (with [`field_error`]).
+/// A value that is not a table is named as such. `None` when it reads, and for a missing
+/// or unknown kind (the enum's own error says that).
+pub fn tagged_table_error(
+    at: &str,
+    value: &toml::Value,
+    kinds: &[&str],
+    read: impl FnOnce(&str, toml::Value) -> Option<(String, String)>,
+) -> Option<(String, String)> {
+    let Some(table) = value.as_table() else {
+        let quoted: Vec<String> = kinds.iter().map(|k| format!("{k:?}")).collect();
+        let listed = match quoted.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => quoted.concat(),
+        };
+        return Some((at.to_owned(), format!("must be a table with kind = {listed} and its settings")));
+    };
+    let mut fields = table.clone();
+    let kind = fields.remove("kind")?;
+    let kind = kind.as_str().filter(|k| kinds.contains(k))?;
+    let (path, message) = read(kind, toml::Value::Table(fields))?;
+    Some((if path == "." { at.to_owned() } else { format!("{at}.{path}") }, message))
 }
 
 /// Where and why `value` does not read as a `T`: `(path inside it, message)`, the path

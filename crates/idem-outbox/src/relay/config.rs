@@ -31,7 +31,9 @@
 //! event no sink takes is dead at once (`no_sink`) and held for an operator. Errors name
 //! the field (`outbox.sinks.orders_hooks.secrets[0]: …`).
 
-use idem_connect::config::{ConfigError, RetryConfig, SecretRef, interpolate, parse_retention};
+use idem_connect::config::{
+    ConfigError, RetryConfig, SecretRef, field_error, interpolate, parse_retention, tagged_table_error,
+};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -209,24 +211,6 @@ pub fn topic_matches(pattern: &str, topic: &str) -> bool {
     }
 }
 
-/// What is wrong in a sink table that does not read as a sink, with the failing field's
-/// path: the table read as the struct its `kind` names (see
-/// [`idem_connect::config::field_error`]). `None` for an unknown or missing kind (serde's
-/// own error says that).
-fn sink_field_error(v: &toml::Value) -> Option<(String, String)> {
-    let Some(table) = v.as_table() else {
-        return Some((".".into(), "must be a table with kind = \"webhook\" or \"nats\" and its settings".into()));
-    };
-    let mut fields = table.clone();
-    let kind = fields.remove("kind");
-    let inner = toml::Value::Table(fields);
-    match kind.as_ref().and_then(toml::Value::as_str) {
-        Some("webhook") => idem_connect::config::field_error::<WebhookSinkConfig>(inner),
-        Some("nats") => idem_connect::config::field_error::<NatsSinkConfig>(inner),
-        _ => None,
-    }
-}
-
 impl RelayConfig {
     /// Reads `[outbox]` (as kept by idem-connect's `Config::outbox`) and checks it.
     ///
@@ -251,10 +235,16 @@ impl RelayConfig {
             if let Some((path, message)) = v.get("secrets").and_then(idem_connect::config::secret_list_error) {
                 return Err(err(format!("{field}.secrets{path}"), message));
             }
-            let sink = SinkConfig::deserialize(v.clone()).map_err(|e| match sink_field_error(&v) {
-                Some((path, message)) if path == "." => err(&field, message),
-                Some((path, message)) => err(format!("{field}.{path}"), message),
-                None => err(&field, e.to_string().trim_end().replace('\n', " ")),
+            let sink = SinkConfig::deserialize(v.clone()).map_err(|e| {
+                // The failing field's path, which serde's tagged-enum error has lost.
+                let by_kind = tagged_table_error(&field, &v, &["webhook", "nats"], |kind, inner| match kind {
+                    "webhook" => field_error::<WebhookSinkConfig>(inner),
+                    _ => field_error::<NatsSinkConfig>(inner),
+                });
+                match by_kind {
+                    Some((path, message)) => err(path, message),
+                    None => err(&field, e.to_string().trim_end().replace('\n', " ")),
+                }
             })?;
             if sink.topics().is_empty() {
                 return Err(err(
