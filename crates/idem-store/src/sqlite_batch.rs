@@ -511,7 +511,14 @@ fn read_and_write(
     // one only for an acquire: a completion of a key without a record is 404 either way),
     // so a completion costs no SHA-256 of its key.
     let mut tombstones = HashMap::new();
-    missing.retain(|k| reqs.iter().any(|r| matches!(r, Hot::Acquire(_)) && r.key() == *k));
+    if !missing.is_empty() {
+        // Sorted once, searched per key: a scan of the batch per missing key was quadratic
+        // in the batch (256 new keys: 65 536 comparisons).
+        let mut acquired: Vec<(&str, &str)> =
+            reqs.iter().filter(|r| matches!(r, Hot::Acquire(_))).map(Hot::key).collect();
+        acquired.sort_unstable();
+        missing.retain(|k| acquired.binary_search(k).is_ok());
+    }
     if !missing.is_empty() && stmts.int(db, ANY_TOMBSTONE)? != 0 {
         for (tenant, key) in missing {
             if let Some(t) = read_tombstone(db, stmts, tenant, &key_hash(key))? {
