@@ -16,7 +16,8 @@
 //! | `idem_lease_expiries_total` | counter | | leases that expired into UNKNOWN (sweeper or trigger) |
 //! | `idem_http_requests_total` | counter | `method`, `route`, `status` | every HTTP request (route template, not the raw path) |
 //! | `idem_http_request_duration_seconds` | histogram | `method`, `route` | the same, seconds |
-//! | `idem_store_batch_size`, `idem_store_commit_seconds` | histogram | `backend` | idem-store's commits |
+//! | `idem_store_batch_size`, `idem_store_commit_seconds` | histogram | `backend` | idem-store's commits (the `COMMIT` statement; on SQLite without the WAL's fsync) |
+//! | `idem_store_sync_seconds` | histogram | `backend` = sqlite | the fsync of the SQLite write-ahead log that every answer waits for (idem-store `sqlite_sync`) |
 //! | `idem_operations` | gauge | `state` | records per state, all tenants (refreshed at most every 5 s) |
 //! | `idem_review_queue_depth` | gauge | | records flagged `needs_review` |
 //! | `idem_unknown_stale` | gauge | | UNKNOWN records unchanged for 15 minutes or more |
@@ -101,6 +102,11 @@ fn describe() {
     );
     describe_histogram!("idem_store_batch_size", "Requests written per store commit (group commit)");
     describe_histogram!("idem_store_commit_seconds", metrics::Unit::Seconds, "Store commit latency");
+    describe_histogram!(
+        "idem_store_sync_seconds",
+        metrics::Unit::Seconds,
+        "SQLite: fsync of the write-ahead log that the batches' answers wait for"
+    );
     describe_gauge!("idem_operations", "Operation records per state, all tenants");
     describe_gauge!("idem_review_queue_depth", "Operations flagged for review, all tenants");
     describe_gauge!("idem_unknown_stale", "UNKNOWN operations unchanged for 15 minutes or more");

@@ -2,10 +2,11 @@
 //!
 //! One [`Store`] trait, two implementations that pass one conformance suite
 //! ([`conformance`]):
-//! - [`sqlite::SqliteStore`]: the embedded default. One file, WAL, `synchronous=FULL`.
-//!   All writes go through one writer task that batches concurrent requests into one
-//!   `BEGIN IMMEDIATE` transaction (group commit) and answers each request only after the
-//!   commit is durable; reads use a separate pool of WAL readers.
+//! - [`sqlite::SqliteStore`]: the embedded default. One file, WAL. All writes go through
+//!   one writer thread that batches concurrent requests into one `BEGIN IMMEDIATE`
+//!   transaction (group commit); a second thread fsyncs the WAL and answers each request
+//!   only once its commit is durable, while the writer runs the next batch
+//!   (`sqlite_sync`); reads use a separate pool of WAL readers and wait for the same.
 //! - [`postgres::PgStore`]: several `idem serve` processes share one database. Every claim
 //!   is an atomic `INSERT … ON CONFLICT DO NOTHING` or a conditional
 //!   `UPDATE … WHERE version = $read`, never check-then-insert.
@@ -30,6 +31,7 @@ mod sql;
 pub mod sqlite;
 mod sqlite_batch;
 mod sqlite_ffi;
+mod sqlite_sync;
 pub mod testing;
 
 /// How far (ms) behind a record's `created_at` an event may be stamped and still show in

@@ -1,11 +1,13 @@
-//! The embedded SQLite store: one file, WAL, `synchronous=FULL`, group commit.
+//! The embedded SQLite store: one file, WAL, pipelined group commit.
 //!
-//! Writes: one writer task owns the only write connection. It takes the first waiting
+//! Writes: one writer thread owns the only write connection. It takes the first waiting
 //! request, then every other request already queued (up to [`MAX_BATCH`]), runs them in
-//! one `BEGIN IMMEDIATE` transaction — each inside its own `SAVEPOINT`, so one request's
-//! database error rolls back only that request — commits once, and only then answers
-//! every request. An acknowledged write is therefore durable (`synchronous=FULL` fsyncs
-//! the WAL at commit), and N concurrent requests cost one fsync instead of N.
+//! one `BEGIN IMMEDIATE` transaction (the hot path in `sqlite_batch`; other commands each
+//! inside its own `SAVEPOINT`, so one request's database error rolls back only that
+//! request), commits once, and hands the answers to the WAL's sync thread
+//! (`sqlite_sync`), which fsyncs the log and only then answers, while the writer runs the
+//! next batch. An acknowledged write is therefore durable, and N concurrent requests cost
+//! one fsync instead of N. Reads wait until what they may have seen is durable.
 //!
 //! `BEGIN IMMEDIATE` takes the write lock up front: a DEFERRED transaction that upgrades
 //! from read to write can fail with SQLITE_BUSY without waiting (CRATES.md §4.3).
@@ -69,6 +71,8 @@ pub struct SqliteStore {
     readers: SqlitePool,
     clock: Arc<dyn Clock>,
     keys: Arc<crate::key_cache::KeyCache>,
+    /// What the writer has committed and what of it is durable: reads wait for it.
+    durability: Arc<crate::sqlite_sync::Durability>,
 }
 
 /// How often a server reads `api_key_epoch` (migration 0007) to learn of API key changes
@@ -173,6 +177,18 @@ impl SqliteStore {
         sqlx::Connection::close(migrating).await?;
         let mut conn = opts.clone().connect().await?;
         stable_plans(&mut conn).await?;
+        // The writer's commits write the WAL without an fsync; the sync thread fsyncs it
+        // before any answer (sqlite_sync). A read first, so that the WAL file exists.
+        exec(&mut conn, "PRAGMA synchronous = NORMAL").await?;
+        sqlx::query("SELECT count(*) FROM sqlite_schema").execute(&mut conn).await?;
+        let wal = {
+            let mut locked = conn.lock_handle().await?;
+            // SAFETY: the handle is ours while `locked` lives; one read of its file name.
+            unsafe { crate::sqlite_ffi::Db::new(locked.as_raw_handle()) }.wal_path()
+        };
+        let wal = wal.ok_or_else(|| StoreError::Invalid("the SQLite database has no write-ahead log file".into()))?;
+        let syncer = crate::sqlite_sync::Syncer::start(&wal)?;
+        let durability = syncer.durability().clone();
         // No ping before handing out a reader: a connection to a local file does not go
         // stale, and the ping is one more round trip to the connection's thread per read.
         let readers = SqlitePoolOptions::new()
@@ -195,11 +211,11 @@ impl SqliteStore {
             .map_err(|e| StoreError::Invalid(format!("cannot start the SQLite writer: {e}")))?;
         std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
-            .spawn(move || runtime.block_on(writer_loop(conn, rx, writer_clock, config)))
+            .spawn(move || runtime.block_on(writer_loop(conn, rx, writer_clock, config, syncer)))
             .map_err(|e| StoreError::Invalid(format!("cannot start the SQLite writer: {e}")))?;
         let keys = Arc::new(crate::key_cache::KeyCache::default());
         spawn_key_epoch_poller(&keys, readers.clone());
-        Ok(SqliteStore { writer: tx, readers, clock, keys })
+        Ok(SqliteStore { writer: tx, readers, clock, keys, durability })
     }
 
     async fn send<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, StoreError> {
@@ -397,13 +413,26 @@ async fn writer_loop(
     mut rx: mpsc::Receiver<Command>,
     clock: Arc<dyn Clock>,
     config: StoreConfig,
+    syncer: crate::sqlite_sync::Syncer,
 ) {
+    let durability = syncer.durability().clone();
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut cache = crate::sqlite_batch::WriterCache::default();
     let mut stmts = crate::sqlite_ffi::Statements::default();
     let mut open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
     while open {
-        if batch.iter().all(is_hot) {
+        if let Some(e) = durability.failure() {
+            // The WAL could not be synced: no more writes until a restart (sqlite_sync).
+            let msg = e.to_string();
+            answer(
+                batch
+                    .drain(..)
+                    .map(|cmd| fail(cmd, StoreError::Database(sqlx::Error::Protocol(msg.clone()))))
+                    .collect(),
+                None,
+                0,
+            );
+        } else if batch.iter().all(is_hot) {
             // A run of hot batches keeps the connection taken from sqlx's thread (each
             // handoff wakes that thread twice) until a batch needs sqlx: one with another
             // command, or one the fast path gave back (`Fast::Retry`).
@@ -415,6 +444,8 @@ async fn writer_loop(
                     let db = unsafe { crate::sqlite_ffi::Db::new(locked.as_raw_handle()) };
                     loop {
                         let n = batch.len();
+                        let number = durability.begin();
+                        let before = db.total_changes();
                         let views = hot_views(&batch);
                         let outcome = crate::sqlite_batch::run_batch(
                             db,
@@ -427,26 +458,35 @@ async fn writer_loop(
                         );
                         drop(views);
                         match fast_answers(&mut batch, outcome) {
-                            Some((done, commit_error)) => answer(done, commit_error, n),
+                            Some((done, commit_error)) => {
+                                hand_over(&syncer, number, db.total_changes() != before, done, commit_error, n)
+                            }
+                            // Rolled back: the general path below runs the batch again (as a
+                            // batch of its own number).
                             None => break,
                         }
                         open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
-                        if !open || !batch.iter().all(is_hot) {
+                        if !open || !batch.iter().all(is_hot) || durability.failure().is_some() {
                             break;
                         }
                     }
                 }
             }
         }
-        if !batch.is_empty() {
+        if !batch.is_empty() && durability.failure().is_none() {
             let n = batch.len();
+            let number = durability.begin();
+            let before = total_changes(&mut conn).await;
             let (done, commit_error) = run_general(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache).await;
-            answer(done, commit_error, n);
+            let wrote = before.is_none() || total_changes(&mut conn).await != before;
+            hand_over(&syncer, number, wrote, done, commit_error, n);
         }
-        if open {
+        if open && batch.is_empty() {
             open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
         }
     }
+    // Every answer handed over is sent (after its fsync) before the connection closes.
+    drop(syncer);
     // The C API's statements go before sqlx closes the connection (its sqlite3_close
     // panics while one is open), under the connection's lock.
     {
@@ -454,6 +494,26 @@ async fn writer_loop(
         stmts.clear();
     }
     let _ = conn.close().await;
+}
+
+/// Hands a batch's answers to the WAL's sync thread: they are sent once the batch's
+/// writes (`wrote`) are durable, after every earlier batch's (`sqlite_sync`).
+fn hand_over(
+    syncer: &crate::sqlite_sync::Syncer,
+    number: u64,
+    wrote: bool,
+    done: Vec<Pending>,
+    commit_error: Option<String>,
+    n: usize,
+) {
+    syncer.submit(
+        number,
+        wrote,
+        Box::new(move |synced: Result<(), &str>| {
+            let error = commit_error.or_else(|| synced.err().map(str::to_owned));
+            answer(done, error, n);
+        }),
+    );
 }
 
 /// Sends a batch's answers, once its commit ended (`commit_error` if it failed), and
@@ -650,23 +710,27 @@ impl Store for SqliteStore {
 
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::load(&mut conn, tenant, key).await
+        let read = ops::load(&mut conn, tenant, key).await?;
+        self.durability.settled(read).await
     }
 
     async fn tombstone(&self, tenant: &str, key: &str) -> Result<Option<idem_core::Tombstone>, StoreError> {
         let mut conn = self.readers.acquire().await?;
         let t = ops::load_tombstone(&mut conn, tenant, &idem_core::retention::key_hash(key)).await?;
+        let t = self.durability.settled(t).await?;
         Ok(t.filter(|t| t.expires_at > self.clock.now_ms()))
     }
 
     async fn events(&self, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::events(&mut conn, tenant, key).await
+        let read = ops::events(&mut conn, tenant, key).await?;
+        self.durability.settled(read).await
     }
 
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Page, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::list(&mut conn, tenant, filter).await
+        let read = ops::list(&mut conn, tenant, filter).await?;
+        self.durability.settled(read).await
     }
 
     async fn overview(
@@ -676,7 +740,8 @@ impl Store for SqliteStore {
         recent: i64,
     ) -> Result<crate::Overview, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::overview(&mut conn, tenant, stale_before_ms, recent).await
+        let read = ops::overview(&mut conn, tenant, stale_before_ms, recent).await?;
+        self.durability.settled(read).await
     }
 
     async fn expire_leases(&self, limit: i64) -> Result<u64, StoreError> {
@@ -689,12 +754,14 @@ impl Store for SqliteStore {
 
     async fn due_executions(&self, connector: &str, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::due_executions(&mut conn, connector, self.clock.now_ms(), limit).await
+        let read = ops::due_executions(&mut conn, connector, self.clock.now_ms(), limit).await?;
+        self.durability.settled(read).await
     }
 
     async fn due_reconciliations(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::due_reconciliations(&mut conn, self.clock.now_ms(), limit).await
+        let read = ops::due_reconciliations(&mut conn, self.clock.now_ms(), limit).await?;
+        self.durability.settled(read).await
     }
 
     async fn reconcile(&self, req: ReconcileRequest) -> Result<ReconcileOutcome, StoreError> {
@@ -721,13 +788,17 @@ impl Store for SqliteStore {
 
     async fn authenticate(&self, secret: &str) -> Result<Option<ApiKeyInfo>, StoreError> {
         self.keys
-            .authenticate(secret, async |hash| ops::find_api_key(&mut *self.readers.acquire().await?, &hash).await)
+            .authenticate(secret, async |hash| {
+                let read = ops::find_api_key(&mut *self.readers.acquire().await?, &hash).await?;
+                self.durability.settled(read).await
+            })
             .await
     }
 
     async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyInfo>, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::list_api_keys(&mut conn, tenant).await
+        let read = ops::list_api_keys(&mut conn, tenant).await?;
+        self.durability.settled(read).await
     }
 
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
@@ -752,13 +823,15 @@ impl Store for SqliteStore {
 
     async fn count_api_keys(&self) -> Result<i64, StoreError> {
         let mut conn = self.readers.acquire().await?;
-        ops::count_api_keys(&mut conn).await
+        let read = ops::count_api_keys(&mut conn).await?;
+        self.durability.settled(read).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.readers.acquire().await?;
         conn.ping().await?;
-        Ok(())
+        // A store whose WAL could not be synced takes no writes: not healthy.
+        self.durability.failure().map_or(Ok(()), Err)
     }
 
     fn flows(&self) -> &dyn crate::flow::WorkflowStore {
@@ -777,7 +850,8 @@ impl crate::flow::WorkflowStore for SqliteStore {
         tenant: &str,
         instance_id: &str,
     ) -> Result<Option<idem_core::flow::InstanceRecord>, StoreError> {
-        flow_ops::load_instance(&mut *self.readers.acquire().await?, tenant, instance_id).await
+        let read = flow_ops::load_instance(&mut *self.readers.acquire().await?, tenant, instance_id).await?;
+        self.durability.settled(read).await
     }
 
     async fn checkpoints(
@@ -785,7 +859,8 @@ impl crate::flow::WorkflowStore for SqliteStore {
         tenant: &str,
         instance_id: &str,
     ) -> Result<Vec<idem_core::flow::Checkpoint>, StoreError> {
-        flow_ops::checkpoints(&mut *self.readers.acquire().await?, tenant, instance_id).await
+        let read = flow_ops::checkpoints(&mut *self.readers.acquire().await?, tenant, instance_id).await?;
+        self.durability.settled(read).await
     }
 
     async fn definition(
@@ -794,7 +869,8 @@ impl crate::flow::WorkflowStore for SqliteStore {
         name: &str,
         version: &str,
     ) -> Result<Option<idem_core::flow::Definition>, StoreError> {
-        flow_ops::definition(&mut *self.readers.acquire().await?, tenant, name, version).await
+        let read = flow_ops::definition(&mut *self.readers.acquire().await?, tenant, name, version).await?;
+        self.durability.settled(read).await
     }
 
     async fn instance_events(
@@ -802,7 +878,8 @@ impl crate::flow::WorkflowStore for SqliteStore {
         tenant: &str,
         instance_id: &str,
     ) -> Result<Vec<idem_core::flow::InstanceEvent>, StoreError> {
-        flow_ops::instance_events(&mut *self.readers.acquire().await?, tenant, instance_id).await
+        let read = flow_ops::instance_events(&mut *self.readers.acquire().await?, tenant, instance_id).await?;
+        self.durability.settled(read).await
     }
 
     async fn list_instances(
@@ -810,7 +887,8 @@ impl crate::flow::WorkflowStore for SqliteStore {
         tenant: &str,
         filter: &crate::flow::InstanceFilter,
     ) -> Result<crate::flow::InstancePage, StoreError> {
-        flow_ops::list_instances(&mut *self.readers.acquire().await?, tenant, filter).await
+        let read = flow_ops::list_instances(&mut *self.readers.acquire().await?, tenant, filter).await?;
+        self.durability.settled(read).await
     }
 
     async fn update_instance(&self, update: crate::flow::InstanceUpdate) -> Result<bool, StoreError> {
@@ -847,7 +925,8 @@ impl crate::flow::WorkflowStore for SqliteStore {
         tenant: &str,
         op_key: &str,
     ) -> Result<Option<idem_core::flow::StepRow>, StoreError> {
-        flow_ops::step_of_operation(&mut *self.readers.acquire().await?, tenant, op_key).await
+        let read = flow_ops::step_of_operation(&mut *self.readers.acquire().await?, tenant, op_key).await?;
+        self.durability.settled(read).await
     }
 
     async fn instance_tombstone(
@@ -856,6 +935,7 @@ impl crate::flow::WorkflowStore for SqliteStore {
         instance_id: &str,
     ) -> Result<Option<idem_core::flow::InstanceTombstone>, StoreError> {
         let t = flow_ops::load_instance_tombstone(&mut *self.readers.acquire().await?, tenant, instance_id).await?;
+        let t = self.durability.settled(t).await?;
         Ok(t.filter(|t| t.expires_at > self.clock.now_ms()))
     }
 
@@ -863,7 +943,8 @@ impl crate::flow::WorkflowStore for SqliteStore {
         &self,
         tenant: Option<&str>,
     ) -> Result<Vec<(idem_core::flow::InstanceState, i64)>, StoreError> {
-        flow_ops::count_instances(&mut *self.readers.acquire().await?, tenant).await
+        let read = flow_ops::count_instances(&mut *self.readers.acquire().await?, tenant).await?;
+        self.durability.settled(read).await
     }
 
     async fn sweep_instances(&self, limit: i64) -> Result<u64, StoreError> {

@@ -97,6 +97,32 @@ impl Db {
         // SAFETY: an open handle.
         unsafe { ffi::sqlite3_get_autocommit(self.0.as_ptr()) != 0 }
     }
+
+    /// Rows this connection inserted, updated or deleted since it opened
+    /// (`sqlite3_total_changes64`; rolled-back ones included).
+    pub(crate) fn total_changes(self) -> i64 {
+        // SAFETY: an open handle.
+        unsafe { ffi::sqlite3_total_changes64(self.0.as_ptr()) }
+    }
+
+    /// The path of the main database's write-ahead log, as SQLite names it
+    /// (`sqlite3_filename_wal(sqlite3_db_filename(db, "main"))`); `None` for a database
+    /// without a file.
+    pub(crate) fn wal_path(self) -> Option<std::path::PathBuf> {
+        // SAFETY: an open handle; the returned names belong to the connection and are
+        // copied before any other call.
+        unsafe {
+            let db_name = ffi::sqlite3_db_filename(self.0.as_ptr(), c"main".as_ptr());
+            if db_name.is_null() || *db_name == 0 {
+                return None;
+            }
+            let wal = ffi::sqlite3_filename_wal(db_name);
+            if wal.is_null() || *wal == 0 {
+                return None;
+            }
+            Some(std::path::PathBuf::from(CStr::from_ptr(wal).to_string_lossy().into_owned()))
+        }
+    }
 }
 
 /// One prepared statement.
