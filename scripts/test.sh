@@ -111,6 +111,16 @@ ensure_faketime() {
   fi
 }
 
+ensure_cc() {
+  # tests/wal_fsync_failure.rs compiles a small LD_PRELOAD library that makes the SQLite
+  # write-ahead log's fsync fail under a running server.
+  if ! command -v cc >/dev/null 2>&1; then
+    log "installing gcc (Debian package)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+  fi
+}
+
 ensure_curl() {
   # tests/first_hour.rs runs the README's curl walkthrough as written.
   if ! command -v curl >/dev/null 2>&1; then
@@ -179,6 +189,7 @@ ensure_openapi_tools
 ensure_mail_servers
 ensure_browser
 ensure_faketime
+ensure_cc
 drop_old_test_databases
 log "cargo test --workspace"
 out=$(mktemp)

@@ -253,10 +253,18 @@ async fn not_found(uri: axum::http::Uri) -> Response {
     problem::Problem::new(StatusCode::NOT_FOUND, "not-found", "no such route").into_response()
 }
 
-/// Liveness: the process answers.
-#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "alive")))]
-pub async fn healthz() -> &'static str {
-    "ok\n"
+/// Liveness: the process answers, and nothing only a restart ends has happened to it: a
+/// failed fsync of the SQLite write-ahead log ([`idem_store::StoreError::NotDurable`])
+/// makes it 503 `not-durable`, so a supervisor that restarts on liveness restarts it.
+#[utoipa::path(get, path = "/healthz", tag = "health", responses(
+    (status = 200, description = "alive", content_type = "text/plain", body = String),
+    (status = 503, description = "this node must be restarted: the SQLite write-ahead log could not be synced (`not-durable`, with `Retry-After`)", body = problem::Problem, content_type = "application/problem+json")
+))]
+pub async fn healthz(State(state): State<AppState>) -> Response {
+    match state.store.fatal() {
+        Some(e) => operations::not_durable(&e).into_response(),
+        None => "ok\n".into_response(),
+    }
 }
 
 /// Readiness: the database answered this node's last probe (every 250 ms, see
@@ -265,9 +273,12 @@ pub async fn healthz() -> &'static str {
 /// for the database.
 #[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", responses(
     (status = 200, description = "ready", content_type = "text/plain", body = String),
-    (status = 503, description = "the database did not answer the last probe (`unavailable`, with `Retry-After`), or this node cannot tell the database's time closely enough (`clock-uncertain`)", body = problem::Problem, content_type = "application/problem+json")
+    (status = 503, description = "the database did not answer the last probe (`unavailable`, with `Retry-After`), this node must be restarted because the SQLite write-ahead log could not be synced (`not-durable`, with `Retry-After`), or this node cannot tell the database's time closely enough (`clock-uncertain`)", body = problem::Problem, content_type = "application/problem+json")
 ))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    if let Some(e) = state.store.fatal() {
+        return operations::not_durable(&e).into_response();
+    }
     if matches!(state.health.database(), Err(health::NotReady::Unknown)) {
         // No probe ran yet (a router without the prober): probe once, bounded.
         state.health.probe(state.store.as_ref()).await;

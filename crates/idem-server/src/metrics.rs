@@ -430,6 +430,10 @@ impl Store for MeteredStore {
         self.0.ping().await
     }
 
+    fn fatal(&self) -> Option<StoreError> {
+        self.0.fatal()
+    }
+
     fn flows(&self) -> &dyn idem_store::flow::WorkflowStore {
         self.0.flows()
     }

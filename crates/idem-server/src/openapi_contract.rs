@@ -199,12 +199,12 @@ const COMMON: &[Common] = &[
     Common {
         applies: is_authenticated,
         status: "503",
-        description: "The database did not answer (`unavailable`), or this node holds its limit of request bodies in flight (`overloaded`); header `Retry-After`",
+        description: "The database did not answer (`unavailable`), this node cannot make writes durable and must be restarted (`not-durable`), or this node holds its limit of request bodies in flight (`overloaded`); header `Retry-After`",
     },
     Common {
         applies: has_body,
         status: "503",
-        description: "This node holds its limit of request bodies in flight (`overloaded`) or the database did not answer (`unavailable`); header `Retry-After`",
+        description: "This node holds its limit of request bodies in flight (`overloaded`), the database did not answer (`unavailable`), or this node cannot make writes durable and must be restarted (`not-durable`); header `Retry-After`",
     },
 ];
 

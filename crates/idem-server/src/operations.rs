@@ -49,6 +49,7 @@ pub fn store_problem(e: StoreError) -> Problem {
                 format!("the database refused the write: {why}"),
             )
         }
+        StoreError::NotDurable(_) => not_durable(&e),
         StoreError::Database(_) | StoreError::Closed => {
             tracing::error!(error = %e, "store unavailable");
             let mut p = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database did not answer");
@@ -60,6 +61,19 @@ pub fn store_problem(e: StoreError) -> Problem {
             Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
         }
     }
+}
+
+/// `Retry-After` of a 503 `not-durable`: 5 s, about what a supervisor takes to restart the
+/// node once `/healthz` fails (RFC 9110 §10.2.3).
+pub const NOT_DURABLE_RETRY_AFTER_MS: i64 = 5000;
+
+/// The 503 `not-durable` problem: the SQLite WAL could not be synced, so this node takes
+/// nothing more until it is restarted (idem-store `StoreError::NotDurable`).
+pub fn not_durable(e: &StoreError) -> Problem {
+    tracing::error!(error = %e, "store cannot make writes durable");
+    let mut p = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "not-durable", e.to_string());
+    p.retry_after_ms = Some(NOT_DURABLE_RETRY_AFTER_MS);
+    p
 }
 
 fn complete_problem(e: CompleteError) -> Problem {

@@ -233,6 +233,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The database did not answer; nothing is known to have been recorded for this request. Retry.",
     ),
     (
+        "not-durable",
+        "This node cannot make writes durable",
+        "The fsync of the SQLite write-ahead log failed. What this node committed since the fsync before may or may not survive (after a failed fsync the OS may have dropped it), so this request's outcome is unknown, and the node takes no more writes, answers no reads, and fails `/healthz` and `/readyz` until it is restarted. Send the same request again after the restart: its answer then says what was recorded.",
+    ),
+    (
         "write-refused",
         "The database refused the write",
         "An integrity constraint or a trigger on idem's tables refused this request's write (the detail has the database's message). Nothing of the request was recorded; sending it again gets the same answer until the constraint or trigger changes.",

@@ -35,6 +35,13 @@ pub enum StoreError {
     /// after the writer isolated the request whose write it was; its message.
     #[error("the database refused the write: {0}")]
     Refused(String),
+    /// The store cannot make writes durable: the fsync of SQLite's write-ahead log failed
+    /// (its message). What was committed since the fsync before may or may not survive a
+    /// power loss, and after a failed fsync the OS may have dropped it, so the store takes
+    /// no more writes and answers no reads until the process is restarted (idem-store
+    /// `sqlite_sync`).
+    #[error("the store cannot make writes durable: {0}; restart idem")]
+    NotDurable(String),
     /// Bad input that only the store can detect (e.g. a duplicate API key).
     #[error("{0}")]
     Invalid(String),

@@ -359,6 +359,11 @@ pub trait Store: Send + Sync + 'static {
     /// Checks the database answers (for `/readyz`).
     async fn ping(&self) -> Result<(), StoreError>;
 
+    /// A failure only a restart of this process ends ([`StoreError::NotDurable`]: the
+    /// SQLite WAL could not be synced), for `/healthz`; `None` while the store works.
+    /// Required (no default), so that a store wrapping another cannot hide it.
+    fn fatal(&self) -> Option<StoreError>;
+
     /// The workflow tables of the same database ([`flow::WorkflowStore`]).
     fn flows(&self) -> &dyn flow::WorkflowStore;
 }

@@ -685,6 +685,11 @@ impl Store for PgStore {
         Ok(())
     }
 
+    /// PostgreSQL keeps its own WAL: nothing here needs a restart of idem.
+    fn fatal(&self) -> Option<StoreError> {
+        None
+    }
+
     fn flows(&self) -> &dyn crate::flow::WorkflowStore {
         self
     }

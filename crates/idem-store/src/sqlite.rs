@@ -225,13 +225,31 @@ impl SqliteStore {
     }
 }
 
-/// A finished request whose answer waits for the commit.
-type Pending = Box<dyn FnOnce(Option<&str>) + Send>;
+/// Why a batch's writes are not acknowledged.
+#[derive(Debug, Clone)]
+enum Unacknowledged {
+    /// Its `COMMIT` (or its transaction) failed: what SQLite said.
+    Commit(String),
+    /// It committed, but the WAL's fsync failed (`sqlite_sync`).
+    NotDurable(String),
+}
+
+impl Unacknowledged {
+    fn error(&self) -> StoreError {
+        match self {
+            Unacknowledged::Commit(e) => StoreError::Database(sqlx::Error::Protocol(format!("commit failed: {e}"))),
+            Unacknowledged::NotDurable(e) => StoreError::NotDurable(e.clone()),
+        }
+    }
+}
+
+/// A finished request whose answer waits for the commit and its fsync.
+type Pending = Box<dyn FnOnce(Option<&Unacknowledged>) + Send>;
 
 fn pending<T: Send + 'static>(reply: Reply<T>, result: Result<T, StoreError>) -> Pending {
-    Box::new(move |commit_error: Option<&str>| {
-        let answer = match (commit_error, result) {
-            (Some(e), Ok(_)) => Err(StoreError::Database(sqlx::Error::Protocol(format!("commit failed: {e}")))),
+    Box::new(move |failed: Option<&Unacknowledged>| {
+        let answer = match (failed, result) {
+            (Some(f), Ok(_)) => Err(f.error()),
             (_, r) => r,
         };
         let _ = reply.send(answer);
@@ -421,17 +439,10 @@ async fn writer_loop(
     let mut stmts = crate::sqlite_ffi::Statements::default();
     let mut open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
     while open {
-        if let Some(e) = durability.failure() {
+        if let Some(StoreError::NotDurable(why)) = durability.failure() {
             // The WAL could not be synced: no more writes until a restart (sqlite_sync).
-            let msg = e.to_string();
-            answer(
-                batch
-                    .drain(..)
-                    .map(|cmd| fail(cmd, StoreError::Database(sqlx::Error::Protocol(msg.clone()))))
-                    .collect(),
-                None,
-                0,
-            );
+            let failed = batch.drain(..).map(|cmd| fail(cmd, StoreError::NotDurable(why.clone()))).collect();
+            answer(failed, None, 0);
         } else if batch.iter().all(is_hot) {
             // A run of hot batches keeps the connection taken from sqlx's thread (each
             // handoff wakes that thread twice) until a batch needs sqlx: one with another
@@ -510,21 +521,25 @@ fn hand_over(
         number,
         wrote,
         Box::new(move |synced: Result<(), &str>| {
-            let error = commit_error.or_else(|| synced.err().map(str::to_owned));
-            answer(done, error, n);
+            let failed = match (commit_error, synced) {
+                (Some(e), _) => Some(Unacknowledged::Commit(e)),
+                (None, Err(e)) => Some(Unacknowledged::NotDurable(e.to_owned())),
+                (None, Ok(())) => None,
+            };
+            answer(done, failed, n);
         }),
     );
 }
 
 /// Sends a batch's answers, once its commit ended (`commit_error` if it failed), and
 /// counts the batch (`n` requests) when it committed.
-fn answer(done: Vec<Pending>, commit_error: Option<String>, n: usize) {
-    if commit_error.is_none() && n > 0 {
+fn answer(done: Vec<Pending>, failed: Option<Unacknowledged>, n: usize) {
+    if failed.is_none() && n > 0 {
         metrics::histogram!("idem_store_batch_size", "backend" => "sqlite").record(n as f64);
     }
     tracing::trace!(batch = done.len(), "sqlite group commit");
     for p in done {
-        p(commit_error.as_deref());
+        p(failed.as_ref());
     }
 }
 
@@ -627,7 +642,7 @@ async fn run_general(
                 // (the request that ended it keeps its own error). What did not run yet
                 // runs now, each request in a transaction of its own.
                 cache.invalidate();
-                answer(std::mem::take(&mut done), Some(ROLLED_BACK.to_owned()), 0);
+                answer(std::mem::take(&mut done), Some(Unacknowledged::Commit(ROLLED_BACK.to_owned())), 0);
                 done = run_isolated(conn, isolate, clock, config).await;
                 None
             } else {
@@ -689,7 +704,11 @@ async fn run_isolated(
         }
         let p = run_one(conn, cmd, clock, config).await;
         let commit_error = if transaction_open(conn).await { commit(conn).await } else { Some(ROLLED_BACK.to_owned()) };
-        out.push(Box::new(move |_: Option<&str>| p(commit_error.as_deref())));
+        // This request's own commit decides its answer; the batch's fsync still comes first.
+        out.push(Box::new(move |synced: Option<&Unacknowledged>| {
+            let own = commit_error.map(Unacknowledged::Commit);
+            p(own.as_ref().or(synced.filter(|f| matches!(f, Unacknowledged::NotDurable(_)))));
+        }));
     }
     out
 }
@@ -830,8 +849,12 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.readers.acquire().await?;
         conn.ping().await?;
-        // A store whose WAL could not be synced takes no writes: not healthy.
+        // A store whose WAL could not be synced takes no writes: not ready.
         self.durability.failure().map_or(Ok(()), Err)
+    }
+
+    fn fatal(&self) -> Option<StoreError> {
+        self.durability.failure()
     }
 
     fn flows(&self) -> &dyn crate::flow::WorkflowStore {

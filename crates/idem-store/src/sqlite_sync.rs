@@ -70,7 +70,7 @@ impl Durability {
 
     /// The first fsync failure, if any (see the module's docs).
     pub(crate) fn failure(&self) -> Option<StoreError> {
-        self.failed.get().map(|m| StoreError::Database(sqlx::Error::Protocol(m.clone())))
+        self.failed.get().map(|m| StoreError::NotDurable(m.clone()))
     }
 
     /// `value`, read from the database, once every batch begun before this call is durable:
@@ -90,7 +90,8 @@ impl Durability {
     }
 }
 
-/// Delivers a batch's answers; given `Err(why)` when its commit could not be made durable.
+/// Delivers a batch's answers; given `Err(why)` when its commit could not be made durable
+/// (then [`StoreError::NotDurable`]`(why)` is the answer to every write of the batch).
 pub(crate) type Deliver = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
 struct Job {
@@ -189,9 +190,9 @@ fn sync_loop(mut sync: impl FnMut() -> std::io::Result<()>, jobs: &mpsc::Receive
                 Err(e) => {
                     let why = format!(
                         "fsync of the SQLite write-ahead log failed ({e}): what was committed since the last \
-                         fsync may not be durable; idem takes no more writes until it is restarted"
+                         fsync may not be durable"
                     );
-                    tracing::error!("{why}");
+                    tracing::error!("{why}; idem takes no more writes until it is restarted");
                     Err(state.failed.get_or_init(|| why).clone())
                 }
             }
@@ -281,7 +282,9 @@ mod tests {
         syncer.submit(n, true, deliver(&log, n));
         // Wait for the failure to be recorded, then a later batch that wrote nothing.
         assert!(durability.settled(()).await.is_err(), "a read after a failed fsync fails");
-        assert!(durability.failure().unwrap().to_string().contains("fsync of the SQLite write-ahead log failed"));
+        let failure = durability.failure().unwrap();
+        assert!(matches!(failure, StoreError::NotDurable(_)), "{failure:?}");
+        assert!(failure.to_string().contains("fsync of the SQLite write-ahead log failed"), "{failure}");
         let m = durability.begin();
         syncer.submit(m, false, deliver(&log, m));
         drop(syncer);

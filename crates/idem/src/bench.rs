@@ -1,8 +1,8 @@
 //! `idem bench`: prints, in one run on this machine, idem's throughput and latency next to
 //! baselines that do the same work naively, so the ratios say what idem costs or saves.
 //!
-//! - embedded: acquire+complete pairs/s through the SQLite store (`synchronous=FULL`,
-//!   group commit) at several concurrencies, against a naive baseline: the same two
+//! - embedded: acquire+complete pairs/s through the SQLite store (every answer after the
+//!   WAL's fsync; pipelined group commit) at several concurrencies, against a naive baseline: the same two
 //!   statements (insert the operation, mark it done), each committed on its own;
 //! - http: pairs/s and p50/p99/max latency of a pair over loopback against `idem serve`
 //!   (SQLite, and PostgreSQL when `--postgres-url` is given), against the raw baseline of
@@ -395,7 +395,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
 
-    // Embedded, SQLite, synchronous=FULL.
+    // Embedded, SQLite: every answer after the WAL's fsync.
     for &c in &args.concurrency {
         let store = idem_store::open(
             &format!("sqlite://{}", dir.path().join(format!("emb-{c}.db")).display()),
