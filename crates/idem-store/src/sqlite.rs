@@ -455,7 +455,6 @@ async fn writer_loop(
                     let db = unsafe { crate::sqlite_ffi::Db::new(locked.as_raw_handle()) };
                     loop {
                         let n = batch.len();
-                        let number = durability.begin();
                         let before = db.total_changes();
                         let views = hot_views(&batch);
                         let outcome = crate::sqlite_batch::run_batch(
@@ -465,15 +464,17 @@ async fn writer_loop(
                             &config,
                             clock.now_ms(),
                             &mut cache,
-                            record_commit,
+                            || {
+                                durability.committing();
+                            },
                         );
                         drop(views);
                         match fast_answers(&mut batch, outcome) {
                             Some((done, commit_error)) => {
-                                hand_over(&syncer, number, db.total_changes() != before, done, commit_error, n)
+                                let wrote = db.total_changes() != before;
+                                hand_over(&syncer, durability.last(), wrote, done, commit_error, n)
                             }
-                            // Rolled back: the general path below runs the batch again (as a
-                            // batch of its own number).
+                            // Rolled back: the general path below runs the batch again.
                             None => break,
                         }
                         open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
@@ -486,11 +487,11 @@ async fn writer_loop(
         }
         if !batch.is_empty() && durability.failure().is_none() {
             let n = batch.len();
-            let number = durability.begin();
             let before = total_changes(&mut conn).await;
-            let (done, commit_error) = run_general(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache).await;
+            let (done, commit_error) =
+                run_general(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache, &durability).await;
             let wrote = before.is_none() || total_changes(&mut conn).await != before;
-            hand_over(&syncer, number, wrote, done, commit_error, n);
+            hand_over(&syncer, durability.last(), wrote, done, commit_error, n);
         }
         if open && batch.is_empty() {
             open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
@@ -583,7 +584,8 @@ async fn total_changes(conn: &mut SqliteConnection) -> Option<i64> {
     sqlx::query_scalar("SELECT total_changes()").fetch_one(&mut *conn).await.ok()
 }
 
-fn record_commit(seconds: f64) {
+/// Records one `COMMIT` statement's time (without the WAL's fsync, `sqlite_sync`).
+pub(crate) fn record_commit(seconds: f64) {
     metrics::histogram!("idem_store_commit_seconds", "backend" => "sqlite").record(seconds);
 }
 
@@ -600,6 +602,7 @@ async fn run_general(
     clock: &dyn Clock,
     config: &StoreConfig,
     cache: &mut crate::sqlite_batch::WriterCache,
+    durability: &crate::sqlite_sync::Durability,
 ) -> (Vec<Pending>, Option<String>) {
     let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
     let commit_error = match exec(conn, "BEGIN IMMEDIATE").await {
@@ -643,10 +646,10 @@ async fn run_general(
                 // runs now, each request in a transaction of its own.
                 cache.invalidate();
                 answer(std::mem::take(&mut done), Some(Unacknowledged::Commit(ROLLED_BACK.to_owned())), 0);
-                done = run_isolated(conn, isolate, clock, config).await;
+                done = run_isolated(conn, isolate, clock, config, durability).await;
                 None
             } else {
-                commit(conn).await
+                commit(conn, durability).await
             }
         }
     };
@@ -655,7 +658,8 @@ async fn run_general(
 
 /// Commits the writer's transaction (and times it); on failure rolls back what is left of
 /// it and returns why, for the answers of the requests it held.
-async fn commit(conn: &mut SqliteConnection) -> Option<String> {
+async fn commit(conn: &mut SqliteConnection, durability: &crate::sqlite_sync::Durability) -> Option<String> {
+    durability.committing();
     let start = std::time::Instant::now();
     match exec(conn, "COMMIT").await {
         Ok(()) => {
@@ -695,6 +699,7 @@ async fn run_isolated(
     cmds: Vec<Command>,
     clock: &dyn Clock,
     config: &StoreConfig,
+    durability: &crate::sqlite_sync::Durability,
 ) -> Vec<Pending> {
     let mut out: Vec<Pending> = Vec::with_capacity(cmds.len());
     for cmd in cmds {
@@ -703,7 +708,8 @@ async fn run_isolated(
             continue;
         }
         let p = run_one(conn, cmd, clock, config).await;
-        let commit_error = if transaction_open(conn).await { commit(conn).await } else { Some(ROLLED_BACK.to_owned()) };
+        let commit_error =
+            if transaction_open(conn).await { commit(conn, durability).await } else { Some(ROLLED_BACK.to_owned()) };
         // This request's own commit decides its answer; the batch's fsync still comes first.
         out.push(Box::new(move |synced: Option<&Unacknowledged>| {
             let own = commit_error.map(Unacknowledged::Commit);

@@ -410,7 +410,9 @@ pub(crate) fn insert_event_one() -> &'static str {
 /// acquire may need), the plans in memory, an upsert per changed record, an insert per
 /// event, `COMMIT`. Same reads, plans and writes as [`run_segment`]; a batch that only
 /// holds hot requests needs no savepoint, since on any error the whole transaction is
-/// rolled back and the caller runs the batch again the general way.
+/// rolled back and the caller runs the batch again the general way. `before_commit` runs
+/// right before `COMMIT` (the writer numbers its commits there, `sqlite_sync`); the
+/// `COMMIT` writes the WAL, its fsync is the sync thread's.
 pub(crate) fn run_batch(
     db: Db,
     stmts: &mut Statements,
@@ -418,7 +420,7 @@ pub(crate) fn run_batch(
     config: &StoreConfig,
     now_ms: i64,
     cache: &mut WriterCache,
-    commit_seconds: impl FnOnce(f64),
+    before_commit: impl FnOnce(),
 ) -> Fast {
     let fast = match stmts.exec(db, BEGIN, &[]) {
         Err(e) => Fast::BeginFailed(e.to_string()),
@@ -428,6 +430,7 @@ pub(crate) fn run_batch(
                 Fast::Retry(e)
             }
             Ok(planned) => {
+                before_commit();
                 let start = std::time::Instant::now();
                 match stmts.exec(db, COMMIT, &[]) {
                     Err(e) => {
@@ -435,7 +438,7 @@ pub(crate) fn run_batch(
                         Fast::Done(planned.results, Some(e.to_string()))
                     }
                     Ok(()) => {
-                        commit_seconds(start.elapsed().as_secs_f64());
+                        crate::sqlite::record_commit(start.elapsed().as_secs_f64());
                         if cache.data_version.is_some() {
                             for r in &planned.changed {
                                 cache.records.put(r);

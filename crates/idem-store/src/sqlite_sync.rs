@@ -18,9 +18,10 @@
 //!   write's fsync too.
 //! - **Reads.** Readers on other connections see a commit as soon as `COMMIT` returns,
 //!   before its fsync. Every read through the store therefore waits, after it read, until
-//!   every batch begun before the read ended is durable ([`Durability::settled`]): the
-//!   writer counts a batch before its first statement, so a read that saw any of its
-//!   writes sees the count. Usually nothing is waited for.
+//!   every commit started before the read ended is durable ([`Durability::settled`]): the
+//!   writer counts a commit right before its `COMMIT`, so a read that saw any of its
+//!   writes sees the count. Usually nothing is waited for, and a read never waits for a
+//!   batch that is still waiting for another process's write lock.
 //! - **SQLite's own rules.** With `synchronous=NORMAL` in WAL mode SQLite still syncs the
 //!   WAL before each checkpoint, the database file after it, and the WAL header when the
 //!   log starts over (<https://www.sqlite.org/pragma.html#pragma_synchronous>); only the
@@ -50,9 +51,9 @@ use tokio::sync::watch;
 /// How far the writer's batches have got: counted when they begin, and durable.
 #[derive(Debug)]
 pub(crate) struct Durability {
-    /// The number of the last batch the writer began.
+    /// The number of the writer's last commit, counted right before its `COMMIT`.
     begun: AtomicU64,
-    /// The number of the last batch whose writes are durable (and answered).
+    /// The number of the last commit whose writes are durable.
     durable: watch::Sender<u64>,
     /// Why the WAL could not be synced, once that happened.
     failed: OnceLock<String>,
@@ -63,9 +64,17 @@ impl Durability {
         Durability { begun: AtomicU64::new(0), durable: watch::Sender::new(0), failed: OnceLock::new() }
     }
 
-    /// Numbers a batch the writer is about to run; call before its first statement.
-    pub(crate) fn begin(&self) -> u64 {
+    /// Numbers a commit of the writer's connection; call right before its `COMMIT` (a
+    /// reader can see its writes only after that). Not before the batch's `BEGIN`: that
+    /// may wait for another process's write lock, and reads would wait with it.
+    pub(crate) fn committing(&self) -> u64 {
         self.begun.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The number of the writer's last commit (begun or done): a batch handed over with it
+    /// is answered once every commit up to it is durable.
+    pub(crate) fn last(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
     }
 
     /// The first fsync failure, if any (see the module's docs).
@@ -73,7 +82,7 @@ impl Durability {
         self.failed.get().map(|m| StoreError::NotDurable(m.clone()))
     }
 
-    /// `value`, read from the database, once every batch begun before this call is durable:
+    /// `value`, read from the database, once every commit started before this call is durable:
     /// what a read saw can no longer be lost. Errors with the fsync failure if there was
     /// one.
     pub(crate) async fn settled<T>(&self, value: T) -> Result<T, StoreError> {
@@ -142,9 +151,9 @@ impl Syncer {
         &self.durability
     }
 
-    /// Hands over batch `batch` (numbered by [`Durability::begin`]) after its `COMMIT`
-    /// (or its failure) returned; `deliver` runs once its writes are durable, in batch
-    /// order.
+    /// Hands over a batch after its `COMMIT` (or its failure) returned, with the number of
+    /// the writer's last commit then ([`Durability::last`]); `deliver` runs once every
+    /// commit up to it is durable, in the order handed over.
     pub(crate) fn submit(&self, batch: u64, wrote: bool, deliver: Deliver) {
         let job = Job { batch, wrote, deliver };
         match &self.jobs {
@@ -240,8 +249,9 @@ mod tests {
         let log: Log = Arc::default();
         let syncer = Syncer::spawn(slow_sync(&log, &[])).unwrap();
         for n in 1..=5 {
-            let number = syncer.durability().begin();
+            let number = syncer.durability().committing();
             assert_eq!(number, n);
+            assert_eq!(syncer.durability().last(), n);
             syncer.submit(number, true, deliver(&log, n));
         }
         drop(syncer); // joins: everything handed over is answered
@@ -267,8 +277,7 @@ mod tests {
     fn a_batch_that_wrote_nothing_costs_no_fsync() {
         let log: Log = Arc::default();
         let syncer = Syncer::spawn(slow_sync(&log, &[])).unwrap();
-        let n = syncer.durability().begin();
-        syncer.submit(n, false, deliver(&log, n));
+        syncer.submit(syncer.durability().last(), false, deliver(&log, 1));
         drop(syncer);
         assert_eq!(log.lock().unwrap().clone(), ["deliver 1 ok"]);
     }
@@ -278,15 +287,14 @@ mod tests {
         let log: Log = Arc::default();
         let syncer = Syncer::spawn(slow_sync(&log, &[1])).unwrap();
         let durability = syncer.durability().clone();
-        let n = durability.begin();
+        let n = durability.committing();
         syncer.submit(n, true, deliver(&log, n));
         // Wait for the failure to be recorded, then a later batch that wrote nothing.
         assert!(durability.settled(()).await.is_err(), "a read after a failed fsync fails");
         let failure = durability.failure().unwrap();
         assert!(matches!(failure, StoreError::NotDurable(_)), "{failure:?}");
         assert!(failure.to_string().contains("fsync of the SQLite write-ahead log failed"), "{failure}");
-        let m = durability.begin();
-        syncer.submit(m, false, deliver(&log, m));
+        syncer.submit(durability.last(), false, deliver(&log, 2));
         drop(syncer);
         let log = log.lock().unwrap().clone();
         assert_eq!(log.iter().filter(|l| *l == "sync start").count(), 1, "no fsync after a failure: {log:?}");
@@ -294,14 +302,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_read_waits_until_every_batch_begun_before_it_is_durable() {
+    async fn a_read_waits_until_every_commit_started_before_it_is_durable() {
         let log: Log = Arc::default();
         let syncer = Syncer::spawn(slow_sync(&log, &[])).unwrap();
         let durability = syncer.durability().clone();
         // Nothing begun: a read does not wait.
         assert_eq!(durability.settled(7).await.unwrap(), 7);
-        let n = durability.begin();
-        // The batch is still running (not handed over): a read must not finish before it is
+        let n = durability.committing();
+        // The commit is under way (not handed over): a read must not finish before it is
         // durable.
         let reader = {
             let d = durability.clone();
