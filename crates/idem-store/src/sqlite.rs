@@ -38,6 +38,15 @@ mod flow_ops {
 
 /// Most requests committed in one transaction.
 pub const MAX_BATCH: usize = 256;
+/// The writer's checkpoint interval: SQLite copies the WAL back into the database file
+/// (and fsyncs both, three fsyncs that stall the writer) once the WAL holds this many
+/// pages, 4 000 × 4 KiB ≈ 16 MiB, instead of SQLite's default 1 000. Under load the same
+/// index pages are written again and again, so a longer interval copies fewer pages per
+/// commit and stalls the writer a quarter as often: `idem bench` embedded SQLite at
+/// concurrency 64, 8-second runs interleaved, 5 627 / 5 269 → 7 725 / 5 995 pairs/s (and
+/// 6 554 / 6 508 at 10 000 pages). The cost: the `-wal` file grows to ~16 MiB before
+/// the log starts over, and a restart after a crash reads up to that much.
+const WAL_AUTOCHECKPOINT: &str = "PRAGMA wal_autocheckpoint = 4000";
 /// How long a writer or a reader waits for another process's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -180,6 +189,7 @@ impl SqliteStore {
         // The writer's commits write the WAL without an fsync; the sync thread fsyncs it
         // before any answer (sqlite_sync). A read first, so that the WAL file exists.
         exec(&mut conn, "PRAGMA synchronous = NORMAL").await?;
+        exec(&mut conn, WAL_AUTOCHECKPOINT).await?;
         sqlx::query("SELECT count(*) FROM sqlite_schema").execute(&mut conn).await?;
         let wal = {
             let mut locked = conn.lock_handle().await?;
