@@ -191,11 +191,7 @@ impl SqliteStore {
         exec(&mut conn, "PRAGMA synchronous = NORMAL").await?;
         exec(&mut conn, WAL_AUTOCHECKPOINT).await?;
         sqlx::query("SELECT count(*) FROM sqlite_schema").execute(&mut conn).await?;
-        let wal = {
-            let mut locked = conn.lock_handle().await?;
-            // SAFETY: the handle is ours while `locked` lives; one read of its file name.
-            unsafe { crate::sqlite_ffi::Db::new(locked.as_raw_handle()) }.wal_path()
-        };
+        let wal = with_db(&mut conn, crate::sqlite_ffi::Db::wal_path).await?;
         let wal = wal.ok_or_else(|| StoreError::Invalid("the SQLite database has no write-ahead log file".into()))?;
         let syncer = crate::sqlite_sync::Syncer::start(&wal)?;
         let durability = syncer.durability().clone();
@@ -482,7 +478,7 @@ async fn writer_loop(
                         match fast_answers(&mut batch, outcome) {
                             Some((done, commit_error)) => {
                                 let wrote = db.total_changes() != before;
-                                hand_over(&syncer, durability.last(), wrote, done, commit_error, n)
+                                hand_over(&syncer, wrote, done, commit_error, n)
                             }
                             // Rolled back: the general path below runs the batch again.
                             None => break,
@@ -501,7 +497,7 @@ async fn writer_loop(
             let (done, commit_error) =
                 run_general(&mut conn, &mut batch, clock.as_ref(), &config, &mut cache, &durability).await;
             let wrote = before.is_none() || total_changes(&mut conn).await != before;
-            hand_over(&syncer, durability.last(), wrote, done, commit_error, n);
+            hand_over(&syncer, wrote, done, commit_error, n);
         }
         if open && batch.is_empty() {
             open = rx.recv_many(&mut batch, MAX_BATCH).await > 0;
@@ -522,14 +518,12 @@ async fn writer_loop(
 /// writes (`wrote`) are durable, after every earlier batch's (`sqlite_sync`).
 fn hand_over(
     syncer: &crate::sqlite_sync::Syncer,
-    number: u64,
     wrote: bool,
     done: Vec<Pending>,
     commit_error: Option<String>,
     n: usize,
 ) {
     syncer.submit(
-        number,
         wrote,
         Box::new(move |synced: Result<(), &str>| {
             let failed = match (commit_error, synced) {
@@ -588,10 +582,18 @@ fn fast_answers(
     }
 }
 
+/// Runs `f` on the connection's raw handle, taken from sqlx's thread for the call
+/// (`lock_handle`); `f` must not keep the handle.
+async fn with_db<T>(conn: &mut SqliteConnection, f: impl FnOnce(crate::sqlite_ffi::Db) -> T) -> Result<T, sqlx::Error> {
+    let mut locked = conn.lock_handle().await?;
+    // SAFETY: the handle is ours while `locked` lives, and `f` gets it for this call only.
+    Ok(f(unsafe { crate::sqlite_ffi::Db::new(locked.as_raw_handle()) }))
+}
+
 /// Rows this connection inserted, updated or deleted since it opened (SQLite's
 /// `total_changes()`, rolled-back ones included); `None` when it cannot be read.
 async fn total_changes(conn: &mut SqliteConnection) -> Option<i64> {
-    sqlx::query_scalar("SELECT total_changes()").fetch_one(&mut *conn).await.ok()
+    with_db(conn, crate::sqlite_ffi::Db::total_changes).await.ok()
 }
 
 /// Records one `COMMIT` statement's time (without the WAL's fsync, `sqlite_sync`).
@@ -693,11 +695,7 @@ const ROLLED_BACK: &str =
 /// requests stored but answered 503, then stuck in UNKNOWN). `false` also when the
 /// connection cannot be asked.
 async fn transaction_open(conn: &mut SqliteConnection) -> bool {
-    match conn.lock_handle().await {
-        // SAFETY: the handle is ours while `locked` lives; one read of its state.
-        Ok(mut locked) => unsafe { !crate::sqlite_ffi::Db::new(locked.as_raw_handle()).autocommit() },
-        Err(_) => false,
-    }
+    with_db(conn, |db| !db.autocommit()).await.unwrap_or(false)
 }
 
 /// Runs each of `cmds` in a transaction of its own (after the database rolled back a
@@ -865,8 +863,7 @@ impl Store for SqliteStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.readers.acquire().await?;
         conn.ping().await?;
-        // A store whose WAL could not be synced takes no writes: not ready.
-        self.durability.failure().map_or(Ok(()), Err)
+        Ok(())
     }
 
     fn fatal(&self) -> Option<StoreError> {

@@ -48,11 +48,11 @@ use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Instant;
 use tokio::sync::watch;
 
-/// How far the writer's batches have got: counted when they begin, and durable.
+/// How far the writer's commits have got: numbered as they start, and durable.
 #[derive(Debug)]
 pub(crate) struct Durability {
     /// The number of the writer's last commit, counted right before its `COMMIT`.
-    begun: AtomicU64,
+    committed: AtomicU64,
     /// The number of the last commit whose writes are durable.
     durable: watch::Sender<u64>,
     /// Why the WAL could not be synced, once that happened.
@@ -61,20 +61,20 @@ pub(crate) struct Durability {
 
 impl Durability {
     fn new() -> Durability {
-        Durability { begun: AtomicU64::new(0), durable: watch::Sender::new(0), failed: OnceLock::new() }
+        Durability { committed: AtomicU64::new(0), durable: watch::Sender::new(0), failed: OnceLock::new() }
     }
 
     /// Numbers a commit of the writer's connection; call right before its `COMMIT` (a
     /// reader can see its writes only after that). Not before the batch's `BEGIN`: that
     /// may wait for another process's write lock, and reads would wait with it.
     pub(crate) fn committing(&self) -> u64 {
-        self.begun.fetch_add(1, Ordering::SeqCst) + 1
+        self.committed.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// The number of the writer's last commit (begun or done): a batch handed over with it
     /// is answered once every commit up to it is durable.
     pub(crate) fn last(&self) -> u64 {
-        self.begun.load(Ordering::SeqCst)
+        self.committed.load(Ordering::SeqCst)
     }
 
     /// The first fsync failure, if any (see the module's docs).
@@ -86,11 +86,11 @@ impl Durability {
     /// what a read saw can no longer be lost. Errors with the fsync failure if there was
     /// one.
     pub(crate) async fn settled<T>(&self, value: T) -> Result<T, StoreError> {
-        let begun = self.begun.load(Ordering::SeqCst);
-        if *self.durable.borrow() < begun {
+        let committed = self.last();
+        if *self.durable.borrow() < committed {
             let mut rx = self.durable.subscribe();
             // The sender lives in this struct, so the channel cannot close under us.
-            let _ = rx.wait_for(|&d| d >= begun).await;
+            let _ = rx.wait_for(|&d| d >= committed).await;
         }
         match self.failure() {
             Some(e) => Err(e),
@@ -104,7 +104,8 @@ impl Durability {
 pub(crate) type Deliver = Box<dyn FnOnce(Result<(), &str>) + Send>;
 
 struct Job {
-    batch: u64,
+    /// The writer's last commit when the batch was handed over ([`Durability::last`]).
+    upto: u64,
     /// Whether the batch changed a row (a batch that wrote nothing needs no fsync).
     wrote: bool,
     deliver: Deliver,
@@ -112,6 +113,7 @@ struct Job {
 
 /// The thread that fsyncs the WAL and then answers (see the module's docs).
 pub(crate) struct Syncer {
+    /// `None` only while dropping (closing the channel ends the thread).
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
     durability: Arc<Durability>,
@@ -151,19 +153,15 @@ impl Syncer {
         &self.durability
     }
 
-    /// Hands over a batch after its `COMMIT` (or its failure) returned, with the number of
-    /// the writer's last commit then ([`Durability::last`]); `deliver` runs once every
-    /// commit up to it is durable, in the order handed over.
-    pub(crate) fn submit(&self, batch: u64, wrote: bool, deliver: Deliver) {
-        let job = Job { batch, wrote, deliver };
-        match &self.jobs {
-            Some(jobs) => {
-                if let Err(mpsc::SendError(job)) = jobs.send(job) {
-                    // The thread is gone (it panicked): answer rather than drop silently.
-                    (job.deliver)(Err("the WAL's sync thread stopped; the outcome is unknown"));
-                }
-            }
-            None => (job.deliver)(Err("the store is closing")),
+    /// Hands over a batch after its `COMMIT` (or its failure) returned; `deliver` runs once
+    /// every commit of the writer's so far ([`Durability::last`]) is durable, in the order
+    /// handed over.
+    pub(crate) fn submit(&self, wrote: bool, deliver: Deliver) {
+        let upto = self.durability.last();
+        let jobs = self.jobs.as_ref().expect("the channel is open until the syncer is dropped");
+        if let Err(mpsc::SendError(job)) = jobs.send(Job { upto, wrote, deliver }) {
+            // The thread is gone (it panicked): answer rather than drop silently.
+            (job.deliver)(Err("the WAL's sync thread stopped; the outcome is unknown"));
         }
     }
 }
@@ -183,7 +181,7 @@ fn sync_loop(mut sync: impl FnMut() -> std::io::Result<()>, jobs: &mpsc::Receive
     while let Ok(first) = jobs.recv() {
         let mut group = vec![first];
         group.extend(jobs.try_iter());
-        let last = group.iter().map(|j| j.batch).max().unwrap_or(0);
+        let last = group.iter().map(|j| j.upto).max().unwrap_or(0);
         let result = if let Some(why) = state.failed.get() {
             Err(why.clone())
         } else if !group.iter().any(|j| j.wrote) {
@@ -252,7 +250,7 @@ mod tests {
             let number = syncer.durability().committing();
             assert_eq!(number, n);
             assert_eq!(syncer.durability().last(), n);
-            syncer.submit(number, true, deliver(&log, n));
+            syncer.submit(true, deliver(&log, n));
         }
         drop(syncer); // joins: everything handed over is answered
         let log = log.lock().unwrap().clone();
@@ -277,7 +275,7 @@ mod tests {
     fn a_batch_that_wrote_nothing_costs_no_fsync() {
         let log: Log = Arc::default();
         let syncer = Syncer::spawn(slow_sync(&log, &[])).unwrap();
-        syncer.submit(syncer.durability().last(), false, deliver(&log, 1));
+        syncer.submit(false, deliver(&log, 1));
         drop(syncer);
         assert_eq!(log.lock().unwrap().clone(), ["deliver 1 ok"]);
     }
@@ -288,13 +286,13 @@ mod tests {
         let syncer = Syncer::spawn(slow_sync(&log, &[1])).unwrap();
         let durability = syncer.durability().clone();
         let n = durability.committing();
-        syncer.submit(n, true, deliver(&log, n));
+        syncer.submit(true, deliver(&log, n));
         // Wait for the failure to be recorded, then a later batch that wrote nothing.
         assert!(durability.settled(()).await.is_err(), "a read after a failed fsync fails");
         let failure = durability.failure().unwrap();
         assert!(matches!(failure, StoreError::NotDurable(_)), "{failure:?}");
         assert!(failure.to_string().contains("fsync of the SQLite write-ahead log failed"), "{failure}");
-        syncer.submit(durability.last(), false, deliver(&log, 2));
+        syncer.submit(false, deliver(&log, 2));
         drop(syncer);
         let log = log.lock().unwrap().clone();
         assert_eq!(log.iter().filter(|l| *l == "sync start").count(), 1, "no fsync after a failure: {log:?}");
@@ -321,7 +319,7 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(!reader.is_finished(), "the read waits for the batch it may have seen");
-        syncer.submit(n, true, deliver(&log, n));
+        syncer.submit(true, deliver(&log, n));
         reader.await.unwrap();
         let log = log.lock().unwrap().clone();
         let end = log.iter().position(|l| l == "sync end").unwrap();
