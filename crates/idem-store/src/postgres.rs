@@ -35,6 +35,7 @@ mod key_listener;
 mod batch;
 mod clock;
 mod connections;
+mod columns;
 mod fast;
 mod flow_fast;
 mod fresh_stats;

@@ -2,83 +2,91 @@
 //! carries its own condition (a unique insert, or `WHERE version = $read`) and appends its
 //! events in the same statement (a data-modifying CTE), so an acquire or a completion costs
 //! one durable write, like the raw two-statement baseline. Each statement takes many
-//! requests (rows of a `VALUES` list, numbered `ord`), so the batchers of `postgres.rs`
-//! write concurrent requests with one round trip and one commit; each row keeps its own
+//! requests (one array per column, read back as rows numbered `ord` by `unnest`: see
+//! `columns.rs`), so the batchers of `postgres.rs` write concurrent requests with one
+//! round trip and one commit, through one prepared statement per kind; each row keeps its own
 //! condition, so one request's conflict does not affect another's. Anything unusual
 //! (a conflict, a tombstone) falls back to the transactional path of `sql_ops!`.
 
+use super::columns::{self, EVENT_TYPES, RECORD_TYPES};
 use super::connections::Connections;
 use crate::StoreError;
 use idem_core::{OperationEvent, OperationRecord};
-use sqlx::{Postgres, QueryBuilder};
 
 const OP_COLS: &str = crate::row::record_bind_columns!();
 const EV_COLS: &str = crate::row::event_bind_columns!();
-/// Appends events (no condition): [`events`].
-const EVENTS_INSERT: &str = concat!("INSERT INTO operation_events (", crate::row::event_bind_columns!(), ") ");
 
 /// `cols` (a comma-separated column list) with each column prefixed by `table.`.
 fn prefixed(table: &str, cols: &str) -> String {
     cols.split(',').map(|c| format!("{table}.{}", c.trim())).collect::<Vec<_>>().join(", ")
 }
 
-/// The fixed text of the statements, built once (not per statement: this runs for every
-/// batch on the hot path).
-struct Fragments {
-    claim_head: String,
-    claim_insert: String,
-    claim_select: String,
-    update_head: String,
-    update_set: String,
-    events_head: String,
-    events_tail: String,
+/// `head` followed by `columns`: the typed column list of an `unnest` row source whose
+/// first columns are the statement's own (`ord`, …).
+fn with_head(
+    head: &[(&'static str, &'static str)],
+    columns: &[(&'static str, &'static str)],
+) -> Vec<(&'static str, &'static str)> {
+    head.iter().chain(columns).copied().collect()
 }
 
-static SQL: std::sync::LazyLock<Fragments> = std::sync::LazyLock::new(|| Fragments {
-    claim_head: format!("WITH v (ord, key_hash, not_after, {OP_COLS}) AS ("),
-    claim_insert: format!(
-        "), ins AS (INSERT INTO operations ({OP_COLS}) SELECT {OP_COLS} FROM v WHERE NOT EXISTS \
-         (SELECT 1 FROM tombstones t WHERE t.tenant = v.tenant AND t.key_hash = v.key_hash AND t.expires_at > v.not_after) \
-         AND NOT EXISTS (SELECT 1 FROM operations x WHERE x.tenant = v.tenant AND x.op_key = v.op_key) \
-         ON CONFLICT (tenant, op_key) DO NOTHING RETURNING tenant, op_key), "
-    ),
-    claim_select: format!(
-        " SELECT v.ord, ins.op_key IS NOT NULL AS inserted, {} FROM v \
-         LEFT JOIN ins ON ins.tenant = v.tenant AND ins.op_key = v.op_key \
-         LEFT JOIN operations o ON o.tenant = v.tenant AND o.op_key = v.op_key",
-        prefixed("o", crate::row::operation_columns!())
-    ),
-    update_head: format!("WITH v (ord, read_version, {OP_COLS}) AS ("),
-    update_set: format!(
-        "), upd AS (UPDATE operations o SET ({OP_COLS}) = ({}) FROM v \
-         WHERE o.tenant = v.tenant AND o.op_key = v.op_key AND o.version = v.read_version \
-         AND o.created_at = v.created_at RETURNING v.ord), ",
-        prefixed("v", OP_COLS)
-    ),
-    events_head: format!("ev AS (INSERT INTO operation_events ({EV_COLS}) SELECT {EV_COLS} FROM ("),
-    events_tail: format!(") AS e (ord, {EV_COLS}) WHERE "),
-});
+/// The CTE `ev` that appends events given as arrays from parameter `first` on (`ord`,
+/// then [`EVENT_TYPES`]), keeping those of the requests for which `written` (a condition
+/// on `e.ord` / `e.tenant` / `e.op_key`) holds.
+fn events_cte(first: usize, written: &str) -> String {
+    let source = columns::unnest(first, &with_head(&[("ord", "int4")], &EVENT_TYPES), "e");
+    format!(
+        "ev AS (INSERT INTO operation_events ({EV_COLS}) SELECT {EV_COLS} FROM {source} WHERE {written} RETURNING 1)"
+    )
+}
 
-/// Pushes the CTE `ev` that appends the events of the requests the rest of the statement
-/// wrote: `events` are `(ord, event)` for request number `ord`, and `written` a condition
-/// on `e.ord` / `e.tenant` / `e.op_key` that holds for a written request.
-fn push_events_cte<'a>(
-    q: &mut QueryBuilder<Postgres>,
-    events: impl IntoIterator<Item = (i32, &'a OperationEvent)>,
-    written: &str,
-) {
-    let events: Vec<_> = events.into_iter().collect();
-    if events.is_empty() {
-        q.push("ev AS (SELECT 1)");
-        return;
+/// The hot path's statements, one text per kind whatever the batch size (built once:
+/// this runs for every batch).
+struct Statements {
+    /// [`insert_or_read`]: `ord`, `key_hash`, `not_after`, the record's 27 columns, then
+    /// the events (`ord` and 13 columns): 44 array parameters.
+    claim: String,
+    /// [`update`]: `ord`, `read_version`, the 27 columns, then the events: 43.
+    update: String,
+    /// [`events`]: the 13 event columns.
+    events: String,
+}
+
+static SQL: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| {
+    let claim_rows = with_head(&[("ord", "int4"), ("key_hash", "text"), ("not_after", "int8")], &RECORD_TYPES);
+    let update_rows = with_head(&[("ord", "int4"), ("read_version", "int8")], &RECORD_TYPES);
+    Statements {
+        claim: format!(
+            "WITH v AS MATERIALIZED (SELECT * FROM {}), \
+             ins AS (INSERT INTO operations ({OP_COLS}) SELECT {OP_COLS} FROM v WHERE NOT EXISTS \
+             (SELECT 1 FROM tombstones t WHERE t.tenant = v.tenant AND t.key_hash = v.key_hash AND t.expires_at > v.not_after) \
+             AND NOT EXISTS (SELECT 1 FROM operations x WHERE x.tenant = v.tenant AND x.op_key = v.op_key) \
+             ON CONFLICT (tenant, op_key) DO NOTHING RETURNING tenant, op_key), {} \
+             SELECT v.ord, ins.op_key IS NOT NULL AS inserted, {} FROM v \
+             LEFT JOIN ins ON ins.tenant = v.tenant AND ins.op_key = v.op_key \
+             LEFT JOIN operations o ON o.tenant = v.tenant AND o.op_key = v.op_key",
+            columns::unnest(1, &claim_rows, "v"),
+            events_cte(
+                1 + claim_rows.len(),
+                "EXISTS (SELECT 1 FROM ins WHERE ins.tenant = e.tenant AND ins.op_key = e.op_key)"
+            ),
+            prefixed("o", crate::row::operation_columns!())
+        ),
+        update: format!(
+            "WITH v AS (SELECT * FROM {}), \
+             upd AS (UPDATE operations o SET ({OP_COLS}) = ({}) FROM v \
+             WHERE o.tenant = v.tenant AND o.op_key = v.op_key AND o.version = v.read_version \
+             AND o.created_at = v.created_at RETURNING v.ord), {} SELECT ord FROM upd",
+            columns::unnest(1, &update_rows, "v"),
+            prefixed("v", OP_COLS),
+            events_cte(1 + update_rows.len(), "e.ord IN (SELECT ord FROM upd)"),
+        ),
+        events: format!(
+            "INSERT INTO operation_events ({EV_COLS}) SELECT {EV_COLS} FROM {}",
+            columns::unnest(1, &EVENT_TYPES, "e")
+        ),
     }
-    q.push(&SQL.events_head);
-    q.push_values(events, |mut b, (ord, e)| {
-        b.push_bind(ord);
-        crate::row::bind_event(b, e);
-    });
-    q.push(&SQL.events_tail).push(written).push(" RETURNING 1)");
-}
+});
 
 /// What [`insert_or_read`] found for one new record.
 pub(super) enum Claim {
@@ -110,19 +118,14 @@ pub(super) struct NewRecord {
 /// `new`.
 pub(super) async fn insert_or_read(conns: &Connections, new: &[NewRecord]) -> Result<Vec<Claim>, StoreError> {
     use sqlx::{FromRow, Row};
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(&SQL.claim_head);
-    q.push_values(new.iter().enumerate(), |mut b, (ord, n)| {
-        b.push_bind(ord as i32).push_bind(idem_core::retention::key_hash(&n.record.key)).push_bind(n.now_ms);
-        crate::row::bind_record(b, &n.record);
-    });
-    q.push(&SQL.claim_insert);
-    push_events_cte(
-        &mut q,
-        new.iter().enumerate().flat_map(|(ord, n)| n.events.iter().map(move |e| (ord as i32, e))),
-        "EXISTS (SELECT 1 FROM ins WHERE ins.tenant = e.tenant AND ins.op_key = e.op_key)",
-    );
-    q.push(&SQL.claim_select);
-    let rows = super::committed_batch(new.len(), conns.fetch_all(q.build())).await?;
+    let ords: Vec<i32> = (0..new.len()).map(|i| i as i32).collect();
+    let key_hashes: Vec<String> = new.iter().map(|n| idem_core::retention::key_hash(&n.record.key)).collect();
+    let not_after: Vec<i64> = new.iter().map(|n| n.now_ms).collect();
+    let q = sqlx::query(SQL.claim.as_str()).bind(ords).bind(key_hashes).bind(not_after);
+    let q = columns::Records::of(new.iter().map(|n| &n.record)).bind(q);
+    let events = new.iter().enumerate().flat_map(|(ord, n)| n.events.iter().map(move |e| (ord as i32, e)));
+    let q = columns::Events::of(events).bind(q, true);
+    let rows = super::committed_batch(new.len(), conns.fetch_all(q)).await?;
     let mut out: Vec<Option<Claim>> = new.iter().map(|_| None).collect();
     for row in rows {
         let ord = usize::try_from(row.try_get::<i32, _>("ord")?).ok().filter(|&i| i < new.len());
@@ -158,19 +161,13 @@ pub(super) struct Update {
 /// in order: true if written.
 pub(super) async fn update(conns: &Connections, updates: &[Update]) -> Result<Vec<bool>, StoreError> {
     use sqlx::Row;
-    let mut q: QueryBuilder<Postgres> = QueryBuilder::new(&SQL.update_head);
-    q.push_values(updates.iter().enumerate(), |mut b, (ord, u)| {
-        b.push_bind(ord as i32).push_bind(u.read_version);
-        crate::row::bind_record(b, &u.record);
-    });
-    q.push(&SQL.update_set);
-    push_events_cte(
-        &mut q,
-        updates.iter().enumerate().flat_map(|(ord, u)| u.events.iter().map(move |e| (ord as i32, e))),
-        "e.ord IN (SELECT ord FROM upd)",
-    );
-    q.push(" SELECT ord FROM upd");
-    let rows = super::committed_batch(updates.len(), conns.fetch_all(q.build())).await?;
+    let ords: Vec<i32> = (0..updates.len()).map(|i| i as i32).collect();
+    let read_versions: Vec<i64> = updates.iter().map(|u| u.read_version).collect();
+    let q = sqlx::query(SQL.update.as_str()).bind(ords).bind(read_versions);
+    let q = columns::Records::of(updates.iter().map(|u| &u.record)).bind(q);
+    let events = updates.iter().enumerate().flat_map(|(ord, u)| u.events.iter().map(move |e| (ord as i32, e)));
+    let q = columns::Events::of(events).bind(q, true);
+    let rows = super::committed_batch(updates.len(), conns.fetch_all(q)).await?;
     let mut written = vec![false; updates.len()];
     for row in rows {
         if let Some(w) = usize::try_from(row.try_get::<i32, _>("ord")?).ok().and_then(|i| written.get_mut(i)) {
@@ -180,12 +177,9 @@ pub(super) async fn update(conns: &Connections, updates: &[Update]) -> Result<Ve
     Ok(written)
 }
 
-/// Appends events in one autocommit statement per 1 000 (the caller records metrics).
+/// Appends events in one autocommit statement (the caller records metrics).
 pub(super) async fn events(conns: &Connections, events: &[&OperationEvent]) -> Result<(), StoreError> {
-    for chunk in events.chunks(1000) {
-        let mut q: QueryBuilder<Postgres> = QueryBuilder::new(EVENTS_INSERT);
-        q.push_values(chunk, |b, e| crate::row::bind_event(b, e));
-        conns.execute(q.build()).await?;
-    }
+    let q = columns::Events::of(events.iter().map(|e| (0, *e))).bind(sqlx::query(SQL.events.as_str()), false);
+    conns.execute(q).await?;
     Ok(())
 }
