@@ -44,7 +44,7 @@ use idem_store::keys::Role;
 use idem_store::postgres::DatabaseClock;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::request_id::{PropagateRequestIdLayer, SetRequestIdLayer};
 
 /// Default request body limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -223,7 +223,7 @@ fn app(state: AppState, budget: request_body::BodyBudget, with_ui: bool) -> Rout
     // about 20 000 instructions of an acquire's ~320 000.
     let service = tower::ServiceBuilder::new()
         .layer(axum::middleware::from_fn(logging::sanitize_request_id))
-        .layer(SetRequestIdLayer::new(x_request_id.clone(), MakeRequestUuid))
+        .layer(SetRequestIdLayer::new(x_request_id.clone(), logging::MakeRequestId))
         .layer(logging::trace_layer())
         .layer(PropagateRequestIdLayer::new(x_request_id))
         .layer(DefaultBodyLimit::max(max_body_bytes))

@@ -137,3 +137,44 @@ pub async fn sanitize_request_id(
     }
     next.run(req).await
 }
+
+/// Makes the `x-request-id` of a request that came without a usable one: a random UUID
+/// (version 4, RFC 9562 §5.4), lowercase hyphenated, as tower-http's `MakeRequestUuid`
+/// makes, but from the thread's userspace generator (`rand::rng()`, a ChaCha generator
+/// seeded from the OS) instead of one `getrandom` system call per request. A request id
+/// correlates logs and answers; it is no secret.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MakeRequestId;
+
+impl tower_http::request_id::MakeRequestId for MakeRequestId {
+    fn make_request_id<B>(&mut self, _: &axum::http::Request<B>) -> Option<tower_http::request_id::RequestId> {
+        use rand::RngExt;
+        let id = uuid::Builder::from_random_bytes(rand::rng().random()).into_uuid();
+        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        let text = id.hyphenated().encode_lower(&mut text);
+        axum::http::HeaderValue::from_str(text).ok().map(tower_http::request_id::RequestId::new)
+    }
+}
+
+#[cfg(test)]
+mod request_id_tests {
+    use super::MakeRequestId;
+    use tower_http::request_id::MakeRequestId as _;
+
+    #[test]
+    fn generated_request_ids_are_distinct_version_4_uuids() {
+        let req = axum::http::Request::new(());
+        let mut make = MakeRequestId;
+        let ids: std::collections::HashSet<String> = (0..1000)
+            .map(|_| {
+                let id = make.make_request_id(&req).expect("an id");
+                let text = id.header_value().to_str().unwrap().to_owned();
+                let parsed = uuid::Uuid::parse_str(&text).unwrap();
+                assert_eq!(parsed.get_version_num(), 4, "{text}");
+                assert_eq!(text, parsed.hyphenated().to_string(), "lowercase hyphenated");
+                text
+            })
+            .collect();
+        assert_eq!(ids.len(), 1000);
+    }
+}

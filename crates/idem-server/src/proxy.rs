@@ -356,7 +356,7 @@ pub fn router(state: ProxyState, api: axum::Router, budget: crate::request_body:
         .layer(axum::middleware::from_fn(crate::problem::fill_request_id))
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(tower_http::request_id::PropagateRequestIdLayer::new(x_request_id.clone()))
-        .layer(tower_http::request_id::SetRequestIdLayer::new(x_request_id, tower_http::request_id::MakeRequestUuid))
+        .layer(tower_http::request_id::SetRequestIdLayer::new(x_request_id, crate::logging::MakeRequestId))
         .layer(axum::middleware::from_fn(crate::logging::sanitize_request_id))
 }
 
