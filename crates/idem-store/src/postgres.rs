@@ -434,7 +434,7 @@ impl PgStore {
         if !self.writers.update(plan.record.clone(), read_version, events).await? {
             return Ok(None);
         }
-        self.cache.put(&plan.record);
+        self.cache.put(plan.record.clone());
         Ok(Some(CompleteOutcome { record: plan.record, changed: true }))
     }
 
@@ -495,7 +495,7 @@ impl Store for PgStore {
         let new = fast::NewRecord { record: fresh.record.clone(), events: fresh.events, now_ms: now };
         let mut existing = match self.writers.claim(new).await? {
             fast::Claim::Inserted => {
-                self.cache.put(&fresh.record);
+                self.cache.put(fresh.record.clone());
                 return Ok(AcquireOutcome { decision: fresh.decision, record: fresh.record });
             }
             fast::Claim::Existing(r) => Some(*r),
@@ -509,11 +509,11 @@ impl Store for PgStore {
             let outcome = AcquireOutcome { decision: plan.decision, record: plan.record.clone() };
             if !plan.changed {
                 self.writers.append(plan.events).await?;
-                self.cache.put(&plan.record);
+                self.cache.put(plan.record.clone());
                 return Ok(outcome);
             }
             if self.writers.update(plan.record.clone(), read.version, plan.events).await? {
-                self.cache.put(&plan.record);
+                self.cache.put(plan.record.clone());
                 return Ok(outcome);
             }
             // Another writer changed it since the read: read again.
@@ -567,7 +567,7 @@ impl Store for PgStore {
         let renewed = retrying!(self, |conn| ops::renew_once(conn, &req, self.clock.now_ms()).await);
         match &renewed {
             // The completion that usually follows starts from this node's cache.
-            Ok(rec) => self.cache.put(rec),
+            Ok(rec) => self.cache.put(rec.clone()),
             Err(_) => self.cache.forget(&req.tenant, &req.key),
         }
         renewed

@@ -30,8 +30,24 @@ pub(crate) const CACHE_MAX_JSON_BYTES: usize = 8 * 1024;
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct RecordCache {
-    map: Mutex<HashMap<(String, String), OperationRecord>>,
+    map: Mutex<Entries>,
     entries: usize,
+}
+
+/// The records by tenant, then key: a lookup by `&str` allocates nothing (a map keyed by
+/// `(String, String)` needs both owned for every lookup).
+#[derive(Debug, Default)]
+struct Entries {
+    by_tenant: HashMap<String, HashMap<String, OperationRecord>>,
+    len: usize,
+}
+
+impl Entries {
+    fn remove(&mut self, tenant: &str, key: &str) -> Option<OperationRecord> {
+        let removed = self.by_tenant.get_mut(tenant)?.remove(key);
+        self.len -= usize::from(removed.is_some());
+        removed
+    }
 }
 
 impl Default for RecordCache {
@@ -46,34 +62,52 @@ impl RecordCache {
         RecordCache { map: Mutex::default(), entries }
     }
 
-    /// A copy of the cached record of `(tenant, key)`.
-    pub(crate) fn get(&self, tenant: &str, key: &str) -> Option<OperationRecord> {
-        let map = self.map.lock().expect("record cache lock");
-        map.get(&(tenant.to_owned(), key.to_owned())).cloned()
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.map.lock().expect("record cache lock")
     }
 
-    /// Keeps a copy of `r` (or forgets its key when its payload or result is too large).
-    pub(crate) fn put(&self, r: &OperationRecord) {
+    /// A copy of the cached record of `(tenant, key)`.
+    pub(crate) fn get(&self, tenant: &str, key: &str) -> Option<OperationRecord> {
+        self.lock().by_tenant.get(tenant)?.get(key).cloned()
+    }
+
+    /// The cached record of `(tenant, key)`, taken out of the cache: for a single owner
+    /// (the SQLite writer) that puts it back, changed or not, once its batch committed.
+    pub(crate) fn take(&self, tenant: &str, key: &str) -> Option<OperationRecord> {
+        self.lock().remove(tenant, key)
+    }
+
+    /// Keeps `r` (or forgets its key when its payload or result is too large).
+    pub(crate) fn put(&self, r: OperationRecord) {
         let small = |v: &serde_json::Value| json_fits(v, CACHE_MAX_JSON_BYTES);
         if !small(&r.payload) || r.result.as_ref().is_some_and(|v| !small(v)) {
             self.forget(&r.tenant, &r.key);
             return;
         }
-        let mut map = self.map.lock().expect("record cache lock");
-        if map.len() >= self.entries {
-            map.clear();
+        let mut map = self.lock();
+        let replaces = map.by_tenant.get(&r.tenant).is_some_and(|keys| keys.contains_key(&r.key));
+        if map.len >= self.entries && !replaces {
+            map.by_tenant.clear();
+            map.len = 0;
         }
-        map.insert((r.tenant.clone(), r.key.clone()), r.clone());
+        let keys = match map.by_tenant.get_mut(&r.tenant) {
+            Some(keys) => keys,
+            None => map.by_tenant.entry(r.tenant.clone()).or_default(),
+        };
+        let added = keys.insert(r.key.clone(), r).is_none();
+        map.len += usize::from(added);
     }
 
     /// Drops the record of `(tenant, key)`.
     pub(crate) fn forget(&self, tenant: &str, key: &str) {
-        self.map.lock().expect("record cache lock").remove(&(tenant.to_owned(), key.to_owned()));
+        self.lock().remove(tenant, key);
     }
 
     /// Drops every record.
     pub(crate) fn clear(&self) {
-        self.map.lock().expect("record cache lock").clear();
+        let mut map = self.lock();
+        map.by_tenant.clear();
+        map.len = 0;
     }
 }
 
@@ -113,6 +147,43 @@ pub(crate) fn json_fits(v: &serde_json::Value, limit: usize) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn record(tenant: &str, key: &str) -> OperationRecord {
+        let input = idem_core::AcquireInput {
+            tenant: tenant.into(),
+            key: key.into(),
+            action: "a".into(),
+            payload: json!({"n": 1}),
+            fingerprint: "f".into(),
+            lease_ms: 1000,
+            redo_safe: false,
+            connector: None,
+            holder: None,
+            actor: idem_core::Actor::default(),
+        };
+        idem_core::plan_acquire(None, &input, 1).record
+    }
+
+    #[test]
+    fn take_removes_put_keeps_and_a_full_cache_starts_over() {
+        let cache = RecordCache::new(3);
+        cache.put(record("t1", "a"));
+        cache.put(record("t1", "b"));
+        cache.put(record("t2", "a"));
+        assert_eq!(cache.get("t2", "a").map(|r| r.tenant), Some("t2".into()));
+        assert_eq!(cache.take("t1", "a").map(|r| r.key), Some("a".into()));
+        assert!(cache.take("t1", "a").is_none(), "taken out");
+        assert!(cache.get("t1", "b").is_some());
+        cache.put(record("t1", "a"));
+        cache.put(record("t1", "a"));
+        assert_eq!(cache.lock().len, 3, "putting a key twice keeps one entry");
+        cache.put(record("t3", "c"));
+        assert!(cache.get("t1", "b").is_none(), "full: started over");
+        assert!(cache.get("t3", "c").is_some());
+        assert_eq!(cache.lock().len, 1);
+        cache.forget("t3", "c");
+        assert_eq!(cache.lock().len, 0);
+    }
 
     #[test]
     fn json_fits_counts_strings_names_and_values() {

@@ -204,6 +204,9 @@ async fn insert_events(conn: &mut SqliteConnection, events: &[OperationEvent]) -
 struct Planned {
     results: Vec<HotResult>,
     changed: Vec<OperationRecord>,
+    /// The records the requests read and left as they were (the writer puts them back
+    /// into its cache with the changed ones).
+    unchanged: Vec<OperationRecord>,
     events: Vec<OperationEvent>,
 }
 
@@ -267,7 +270,8 @@ fn plan(
     dirty.sort();
     dirty.dedup();
     let changed = dirty.iter().filter_map(|k| records.remove(k)).collect();
-    Planned { results, changed, events }
+    let unchanged = records.into_values().collect();
+    Planned { results, changed, unchanged, events }
 }
 
 /// Runs `reqs` in order against one read of their records and writes the result with a
@@ -439,12 +443,15 @@ pub(crate) fn run_batch(
                     }
                     Ok(()) => {
                         crate::sqlite::record_commit(start.elapsed().as_secs_f64());
+                        let Planned { results, changed, unchanged, .. } = planned;
                         if cache.data_version.is_some() {
-                            for r in &planned.changed {
+                            // What the batch read and wrote is the committed state: kept,
+                            // moved (the reads took their records out of the cache).
+                            for r in changed.into_iter().chain(unchanged) {
                                 cache.records.put(r);
                             }
                         }
-                        Fast::Done(planned.results, None)
+                        Fast::Done(results, None)
                     }
                 }
             }
@@ -487,20 +494,18 @@ fn read_and_write(
     let mut keys: Vec<(&str, &str)> = reqs.iter().map(Hot::key).collect();
     keys.sort_unstable();
     keys.dedup();
-    // The records: from the cache (valid: data_version checked under the write lock), or
-    // read now; what was read under the lock is the database's record, and is kept.
+    // The records: taken from the cache (valid: data_version checked under the write
+    // lock), or read now; what was read under the lock is the database's record. Either
+    // way it goes back into the cache, as the batch leaves it, once the batch committed
+    // (`run_batch`): moved, not copied; a batch that does not commit empties the cache.
     let mut records = HashMap::with_capacity(keys.len());
     let mut existing = Vec::with_capacity(keys.len());
     let mut missing = Vec::new();
     for &(tenant, key) in &keys {
-        let cached = if caching { cache.records.get(tenant, key) } else { None };
+        let cached = if caching { cache.records.take(tenant, key) } else { None };
         let found = match cached {
             Some(r) => Some(r),
-            None => read_record(db, stmts, tenant, key)?.inspect(|r| {
-                if caching {
-                    cache.records.put(r);
-                }
-            }),
+            None => read_record(db, stmts, tenant, key)?,
         };
         match found {
             Some(r) => {
