@@ -33,7 +33,7 @@ for round in $(seq 1 "$ROUNDS"); do
   done; done
   timeout 300 "$PY" dbos_bench.py --runs 1 --duration "$D" --warmup 5 --mode first --threads 8 --procs 4 --out "$RES/dbos.jsonl" 2>>"$RES/stderr.log" | tail -1
   timeout 600 "$IDEM" bench --seconds 5 --concurrency 1,64,256 --http-concurrency 32 --postgres-url postgres://postgres@127.0.0.1:5432/postgres > "$RES/bench-$round.txt" 2>>"$RES/stderr.log" || echo "idem bench failed"
-  cat "$RES/bench-$round.txt" | grep -E '^\|' || true
+  grep -E '^(embedded|HTTP|SQLite|PostgreSQL|relay)' "$RES/bench-$round.txt" || true
 done
 "$PY" "$HERE/summary.py" "$RES"
 echo "done $(date -u +%T)"
