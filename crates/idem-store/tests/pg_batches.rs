@@ -354,3 +354,105 @@ async fn a_refused_event_fails_only_its_own_replay() {
     assert_eq!(replays("k0").await, 3);
     assert_eq!(replays("refused").await, 0);
 }
+
+/// Requests batched with a row another transaction holds locked are not held back for the
+/// lock's duration, and the locked one is answered once the lock is released.
+///
+/// Found by a break-it pass: an operator's `SELECT … FOR UPDATE` on one operation (or an
+/// uncommitted insert of a key) held every request sharing its batch statement — and,
+/// four such batches stuck, every completion of the node — for as long as the lock was
+/// held. The batch writers now give up a lock after 100 ms and the locked request takes
+/// the transactional path, which waits. Checked for completions (a row lock) and for
+/// claims of new keys (an uncommitted insert of one of them), with a lock held 4 s: the
+/// other requests must be answered well within it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_row_holds_back_only_its_own_request() {
+    use idem_core::Outcome;
+    use sqlx::Connection;
+    use std::time::{Duration, Instant};
+    const HOLD: Duration = Duration::from_secs(4);
+    let url = idem_store::testing::fresh_pg_database("idem_row_lock").await;
+    let store: Arc<dyn Store> =
+        Arc::new(PgStore::connect(&url, Arc::new(SystemClock), Default::default()).await.unwrap());
+    let complete = |key: &str, token: i64| idem_store::CompleteRequest {
+        tenant: "t".into(),
+        key: key.into(),
+        fencing_token: token,
+        outcome: Outcome::Succeeded { provider_ref: format!("ref-{key}"), result: None },
+        actor: Actor { principal: "w".into(), request_id: None },
+        policy: None,
+    };
+    for round in 0..3 {
+        // Completions: 16 leases, one of them locked by another transaction.
+        let keys: Vec<String> = (0..16).map(|i| format!("c{round}-{i}")).collect();
+        let mut tokens = Vec::new();
+        for k in &keys {
+            tokens.push(store.acquire(input(k)).await.unwrap().record.fencing_token);
+        }
+        let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "BEGIN; SELECT 1 FROM operations WHERE tenant = 't' AND op_key = '{}' FOR UPDATE",
+            keys[5]
+        )))
+        .execute(&mut holder)
+        .await
+        .unwrap();
+        let start = Instant::now();
+        let tasks: Vec<_> = keys
+            .iter()
+            .zip(&tokens)
+            .map(|(k, &t)| {
+                let (store, req) = (store.clone(), complete(k, t));
+                tokio::spawn(async move { (store.complete(req).await, start.elapsed()) })
+            })
+            .collect();
+        tokio::time::sleep(HOLD).await;
+        sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+        for (i, t) in tasks.into_iter().enumerate() {
+            let (done, took) = t.await.unwrap();
+            let done = done.unwrap_or_else(|e| panic!("completion {i} of round {round}: {e}"));
+            assert_eq!(done.record.provider_ref.as_deref(), Some(format!("ref-{}", keys[i]).as_str()));
+            if i == 5 {
+                assert!(took >= HOLD, "the locked completion was answered before the lock was released");
+            } else {
+                assert!(took < HOLD / 2, "completion {i} of round {round} waited {took:?} for another row's lock");
+            }
+        }
+        // Claims: 16 new keys, one of them inserted (not yet committed) by another transaction.
+        let keys: Vec<String> = (0..16).map(|i| format!("n{round}-{i}")).collect();
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "BEGIN; INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
+             fencing_token, created_at, updated_at, version) VALUES ('t', '{}', 'send', 'f', '{{}}', 'PENDING', 0, \
+             1, 1, 1, 1)",
+            keys[9]
+        )))
+        .execute(&mut holder)
+        .await
+        .unwrap();
+        let start = Instant::now();
+        let tasks: Vec<_> = keys
+            .iter()
+            .map(|k| {
+                let (store, k) = (store.clone(), k.clone());
+                tokio::spawn(async move { (store.acquire(input(&k)).await, start.elapsed()) })
+            })
+            .collect();
+        tokio::time::sleep(HOLD).await;
+        sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+        for (i, t) in tasks.into_iter().enumerate() {
+            let (got, took) = t.await.unwrap();
+            let got = got.unwrap_or_else(|e| panic!("acquire {i} of round {round}: {e}"));
+            assert_eq!(got.decision, Decision::Acquire, "acquire {i} of round {round}");
+            if i == 9 {
+                assert!(took >= HOLD, "the claim of the key being inserted elsewhere did not wait for it");
+            } else {
+                assert!(took < HOLD / 2, "acquire {i} of round {round} waited {took:?} for another key's insert");
+            }
+        }
+    }
+    // Each request was written once, with one event.
+    let pg = PgStore::connect(&url, Arc::new(SystemClock), Default::default()).await.unwrap();
+    let (ops,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM operations").fetch_one(pg.pool()).await.unwrap();
+    let (events,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM operation_events").fetch_one(pg.pool()).await.unwrap();
+    assert_eq!((ops, events), (3 * 32, 3 * (16 * 2 + 16)));
+}

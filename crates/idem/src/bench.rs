@@ -506,7 +506,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
          HTTP SQLite = that naive store; HTTP PostgreSQL = an INSERT and an UPDATE per pair sent\n\
          straight to the database by the same number of clients. Replays trigger one finished key.\n\
          A 3-step workflow: a start, then per step an acquire, an HTTP call to a no-op provider on\n\
-         loopback and a completion, each write durable; compare with ../shared/bench/peers (DBOS).\n\
+         loopback and a completion, each write durable; compare with bench/peers (DBOS).\n\
          Group-commit ceiling C/(2F): C concurrent clients, F = fsync time, two commits per pair.\n\
          Relay rows: producers commit a row and an outbox event together; one relay delivers to a\n\
          local webhook receiver (signatures verified) or JetStream (PubAck awaited). Baseline: each\n\
