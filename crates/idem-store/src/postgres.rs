@@ -386,6 +386,10 @@ pub struct PgStore {
     cache: Arc<crate::record_cache::RecordCache>,
     writers: Arc<Writers>,
     keys: Arc<crate::key_cache::KeyCache>,
+    /// Requests waiting for a row lock on the transactional path (see [`lock_timed_out`]),
+    /// each on a pooled connection: at most half the pool, so reads and the rest keep
+    /// theirs; beyond it a locked request is answered [`StoreError::Contention`] at once.
+    lock_waiters: Arc<tokio::sync::Semaphore>,
 }
 
 impl PgStore {
@@ -423,7 +427,8 @@ impl PgStore {
         fresh_stats::spawn(Arc::downgrade(&writers), pool.clone());
         let keys = Arc::new(crate::key_cache::KeyCache::default());
         key_listener::spawn(&keys, url.to_owned());
-        Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys })
+        let lock_waiters = Arc::new(tokio::sync::Semaphore::new(pool_size() as usize / 2));
+        Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys, lock_waiters })
     }
 
     /// idem-core's plan for `req` against `rec` (the store's retry policy unless the
@@ -499,10 +504,30 @@ macro_rules! retrying {
 }
 
 impl PgStore {
+    /// A place among the requests waiting for a row lock ([`PgStore::lock_waiters`]).
+    ///
+    /// # Errors
+    /// [`StoreError::Contention`] when every place is taken (try again).
+    fn lock_waiter(&self) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
+        self.lock_waiters.try_acquire().map_err(|_| StoreError::Contention)
+    }
+
+    /// An acquire on the transactional path, on a pooled connection: after a claim that
+    /// found neither a record nor room for one (a tombstone, an insert not yet committed),
+    /// after [`CAS_RETRIES`] lost races, or when the batch writers would not wait for a
+    /// row lock (`locked`): as [`PgStore::complete_waiting`].
+    async fn acquire_waiting(&self, input: &AcquireInput, locked: bool) -> Result<AcquireOutcome, StoreError> {
+        self.cache.forget(&input.tenant, &input.key);
+        let _waiter = if locked { Some(self.lock_waiter()?) } else { None };
+        retrying!(self, |conn| ops::acquire_once(conn, input, self.clock.now_ms()).await)
+    }
+
     /// A completion on the transactional path, on a pooled connection: after
     /// [`CAS_RETRIES`] lost races, or when the batch writers would not wait for a row
-    /// lock ([`lock_timed_out`]); this path waits for it.
-    async fn complete_waiting(&self, req: &CompleteRequest) -> Result<CompleteOutcome, StoreError> {
+    /// lock (`locked`, [`lock_timed_out`]); this path waits for it, if a waiter's place is
+    /// free.
+    async fn complete_waiting(&self, req: &CompleteRequest, locked: bool) -> Result<CompleteOutcome, StoreError> {
+        let _waiter = if locked { Some(self.lock_waiter()?) } else { None };
         retrying!(self, |conn| {
             ops::complete_once(
                 conn,
@@ -544,7 +569,7 @@ impl Store for PgStore {
             // A concurrent insert or a tombstone (or a lock the batch writer would not
             // wait for): the transactional path decides.
             Ok(fast::Claim::Neither) => None,
-            Err(e) if lock_timed_out(&e) => None,
+            Err(e) if lock_timed_out(&e) => return self.acquire_waiting(&input, true).await,
             Err(e) => return Err(e),
         };
         for _ in 0..CAS_RETRIES {
@@ -563,14 +588,13 @@ impl Store for PgStore {
                     return Ok(outcome);
                 }
                 Ok(false) => {}
-                Err(e) if lock_timed_out(&e) => break,
+                Err(e) if lock_timed_out(&e) => return self.acquire_waiting(&input, true).await,
                 Err(e) => return Err(e),
             }
             // Another writer changed it since the read: read again.
             existing = ops::load(&mut *self.pool.acquire().await?, &input.tenant, &input.key).await?;
         }
-        self.cache.forget(&input.tenant, &input.key);
-        retrying!(self, |conn| ops::acquire_once(conn, &input, self.clock.now_ms()).await)
+        self.acquire_waiting(&input, false).await
     }
 
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
@@ -593,7 +617,7 @@ impl Store for PgStore {
             }
             self.cache.forget(&req.tenant, &req.key);
             if locked {
-                return self.complete_waiting(&req).await;
+                return self.complete_waiting(&req, true).await;
             }
         }
         for _ in 0..CAS_RETRIES {
@@ -607,11 +631,11 @@ impl Store for PgStore {
             match self.write_completion(plan, rec.version).await {
                 Ok(Some(done)) => return Ok(done),
                 Ok(None) => {}
-                Err(e) if lock_timed_out(&e) => break,
+                Err(e) if lock_timed_out(&e) => return self.complete_waiting(&req, true).await,
                 Err(e) => return Err(e),
             }
         }
-        self.complete_waiting(&req).await
+        self.complete_waiting(&req, false).await
     }
 
     async fn renew(&self, req: RenewRequest) -> Result<OperationRecord, StoreError> {

@@ -364,7 +364,9 @@ async fn a_refused_event_fails_only_its_own_replay() {
 /// held. The batch writers now give up a lock after 100 ms and the locked request takes
 /// the transactional path, which waits. Checked for completions (a row lock) and for
 /// claims of new keys (an uncommitted insert of one of them), with a lock held 4 s: the
-/// other requests must be answered well within it.
+/// other requests must be answered well within it. With more locked rows than the node
+/// lets wait (each waiter holds a pooled connection), the surplus is told to try again
+/// (`Contention`) at once, and reads go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_row_holds_back_only_its_own_request() {
     use idem_core::Outcome;
@@ -455,4 +457,56 @@ async fn a_locked_row_holds_back_only_its_own_request() {
     let (ops,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM operations").fetch_one(pg.pool()).await.unwrap();
     let (events,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM operation_events").fetch_one(pg.pool()).await.unwrap();
     assert_eq!((ops, events), (3 * 32, 3 * (16 * 2 + 16)));
+
+    // More locked rows than the node lets wait (half its pool, at most 16): the others are
+    // told to try again at once instead of taking every pooled connection, so reads and
+    // other completions go on; after the release every one of them completes.
+    // Held longer: the batch that meets the locks writes its requests again one by one,
+    // and each locked one costs the writer's lock timeout (100 ms) before it is refused.
+    const LONG_HOLD: Duration = Duration::from_secs(8);
+    let keys: Vec<String> = (0..21).map(|i| format!("many-{i}")).collect();
+    let mut tokens = Vec::new();
+    for k in &keys {
+        tokens.push(store.acquire(input(k)).await.unwrap().record.fencing_token);
+    }
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    sqlx::raw_sql("BEGIN; SELECT 1 FROM operations WHERE op_key LIKE 'many-%' AND op_key <> 'many-20' FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let tasks: Vec<_> = keys[..20]
+        .iter()
+        .zip(&tokens)
+        .map(|(k, &t)| {
+            let (store, req) = (store.clone(), complete(k, t));
+            tokio::spawn(async move { (store.complete(req).await, start.elapsed()) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let read = Instant::now();
+    assert!(store.get("t", &keys[20]).await.unwrap().is_some());
+    let other = store.complete(complete(&keys[20], tokens[20])).await.unwrap();
+    assert_eq!(other.record.provider_ref.as_deref(), Some("ref-many-20"));
+    assert!(read.elapsed() < HOLD / 2, "a read and a completion of an unlocked row took {:?}", read.elapsed());
+    tokio::time::sleep(LONG_HOLD - Duration::from_millis(1500)).await;
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+    let (mut waited, mut refused) = (0, 0);
+    for (i, t) in tasks.into_iter().enumerate() {
+        match t.await.unwrap() {
+            (Ok(done), took) => {
+                assert!(took >= LONG_HOLD, "locked completion {i} answered before the release");
+                assert_eq!(done.record.provider_ref.as_deref(), Some(format!("ref-{}", keys[i]).as_str()));
+                waited += 1;
+            }
+            (Err(StoreError::Contention), took) => {
+                assert!(took < LONG_HOLD, "locked completion {i} was refused only after the release ({took:?})");
+                let again = store.complete(complete(&keys[i], tokens[i])).await.unwrap();
+                assert_eq!(again.record.provider_ref.as_deref(), Some(format!("ref-{}", keys[i]).as_str()));
+                refused += 1;
+            }
+            (Err(e), _) => panic!("locked completion {i}: {e}"),
+        }
+    }
+    assert!(waited <= 16 && refused >= 4, "{waited} waited for their locks, {refused} were told to try again");
 }
