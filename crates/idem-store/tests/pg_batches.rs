@@ -6,6 +6,8 @@ use idem_store::{Store, StoreError, postgres::PgStore};
 use serde_json::json;
 use std::sync::Arc;
 
+mod common;
+
 fn input(key: &str) -> AcquireInput {
     AcquireInput {
         tenant: "t".into(),
@@ -355,6 +357,28 @@ async fn a_refused_event_fails_only_its_own_replay() {
     assert_eq!(replays("refused").await, 0);
 }
 
+/// Runs `jobs` at once while `holder` holds what `lock` (statements after `BEGIN`) takes,
+/// for `hold` (`meanwhile` runs during it), then rolls back: each job's answer and how
+/// long it took from the start.
+async fn under_lock<T: Send + 'static>(
+    holder: &mut sqlx::PgConnection,
+    lock: &str,
+    hold: std::time::Duration,
+    jobs: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>>,
+    meanwhile: impl std::future::Future<Output = ()>,
+) -> Vec<(T, std::time::Duration)> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {lock}"))).execute(&mut *holder).await.unwrap();
+    let start = std::time::Instant::now();
+    let tasks: Vec<_> = jobs.into_iter().map(|job| tokio::spawn(async move { (job.await, start.elapsed()) })).collect();
+    tokio::join!(tokio::time::sleep(hold), meanwhile);
+    sqlx::raw_sql("ROLLBACK").execute(&mut *holder).await.unwrap();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
 /// Requests batched with a row another transaction holds locked are not held back for the
 /// lock's duration, and the locked one is answered once the lock is released.
 ///
@@ -369,49 +393,38 @@ async fn a_refused_event_fails_only_its_own_replay() {
 /// (`Contention`) at once, and reads go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_row_holds_back_only_its_own_request() {
-    use idem_core::Outcome;
     use sqlx::Connection;
     use std::time::{Duration, Instant};
+    type Job<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
     const HOLD: Duration = Duration::from_secs(4);
     let url = idem_store::testing::fresh_pg_database("idem_row_lock").await;
     let store: Arc<dyn Store> =
         Arc::new(PgStore::connect(&url, Arc::new(SystemClock), Default::default()).await.unwrap());
-    let complete = |key: &str, token: i64| idem_store::CompleteRequest {
-        tenant: "t".into(),
-        key: key.into(),
-        fencing_token: token,
-        outcome: Outcome::Succeeded { provider_ref: format!("ref-{key}"), result: None },
-        actor: Actor { principal: "w".into(), request_id: None },
-        policy: None,
+    let complete = common::success;
+    let completions = |keys: &[String], tokens: &[i64]| -> Vec<Job<Result<idem_store::CompleteOutcome, StoreError>>> {
+        keys.iter()
+            .zip(tokens)
+            .map(|(k, &t)| {
+                let (store, req) = (store.clone(), complete(k, t));
+                Box::pin(async move { store.complete(req).await }) as Job<_>
+            })
+            .collect()
     };
+    let acquire_all = async |keys: &[String]| {
+        let mut tokens = Vec::new();
+        for k in keys {
+            tokens.push(store.acquire(input(k)).await.unwrap().record.fencing_token);
+        }
+        tokens
+    };
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
     for round in 0..3 {
         // Completions: 16 leases, one of them locked by another transaction.
         let keys: Vec<String> = (0..16).map(|i| format!("c{round}-{i}")).collect();
-        let mut tokens = Vec::new();
-        for k in &keys {
-            tokens.push(store.acquire(input(k)).await.unwrap().record.fencing_token);
-        }
-        let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "BEGIN; SELECT 1 FROM operations WHERE tenant = 't' AND op_key = '{}' FOR UPDATE",
-            keys[5]
-        )))
-        .execute(&mut holder)
-        .await
-        .unwrap();
-        let start = Instant::now();
-        let tasks: Vec<_> = keys
-            .iter()
-            .zip(&tokens)
-            .map(|(k, &t)| {
-                let (store, req) = (store.clone(), complete(k, t));
-                tokio::spawn(async move { (store.complete(req).await, start.elapsed()) })
-            })
-            .collect();
-        tokio::time::sleep(HOLD).await;
-        sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
-        for (i, t) in tasks.into_iter().enumerate() {
-            let (done, took) = t.await.unwrap();
+        let tokens = acquire_all(&keys).await;
+        let lock = format!("SELECT 1 FROM operations WHERE tenant = 't' AND op_key = '{}' FOR UPDATE", keys[5]);
+        let answers = under_lock(&mut holder, &lock, HOLD, completions(&keys, &tokens), async {}).await;
+        for (i, (done, took)) in answers.into_iter().enumerate() {
             let done = done.unwrap_or_else(|e| panic!("completion {i} of round {round}: {e}"));
             assert_eq!(done.record.provider_ref.as_deref(), Some(format!("ref-{}", keys[i]).as_str()));
             if i == 5 {
@@ -422,27 +435,21 @@ async fn a_locked_row_holds_back_only_its_own_request() {
         }
         // Claims: 16 new keys, one of them inserted (not yet committed) by another transaction.
         let keys: Vec<String> = (0..16).map(|i| format!("n{round}-{i}")).collect();
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "BEGIN; INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
+        let lock = format!(
+            "INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
              fencing_token, created_at, updated_at, version) VALUES ('t', '{}', 'send', 'f', '{{}}', 'PENDING', 0, \
              1, 1, 1, 1)",
             keys[9]
-        )))
-        .execute(&mut holder)
-        .await
-        .unwrap();
-        let start = Instant::now();
-        let tasks: Vec<_> = keys
+        );
+        let claims: Vec<Job<Result<idem_store::AcquireOutcome, StoreError>>> = keys
             .iter()
             .map(|k| {
                 let (store, k) = (store.clone(), k.clone());
-                tokio::spawn(async move { (store.acquire(input(&k)).await, start.elapsed()) })
+                Box::pin(async move { store.acquire(input(&k)).await }) as Job<_>
             })
             .collect();
-        tokio::time::sleep(HOLD).await;
-        sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
-        for (i, t) in tasks.into_iter().enumerate() {
-            let (got, took) = t.await.unwrap();
+        let answers = under_lock(&mut holder, &lock, HOLD, claims, async {}).await;
+        for (i, (got, took)) in answers.into_iter().enumerate() {
             let got = got.unwrap_or_else(|e| panic!("acquire {i} of round {round}: {e}"));
             assert_eq!(got.decision, Decision::Acquire, "acquire {i} of round {round}");
             if i == 9 {
@@ -460,40 +467,25 @@ async fn a_locked_row_holds_back_only_its_own_request() {
 
     // More locked rows than the node lets wait (half its pool, at most 16): the others are
     // told to try again at once instead of taking every pooled connection, so reads and
-    // other completions go on; after the release every one of them completes.
-    // Held longer: the batch that meets the locks writes its requests again one by one,
-    // and each locked one costs the writer's lock timeout (100 ms) before it is refused.
+    // other completions go on; after the release every one of them completes. Held
+    // longer: the batch that meets the locks writes its requests again one by one, and
+    // each locked one costs the writer's lock timeout (100 ms) before it is refused.
     const LONG_HOLD: Duration = Duration::from_secs(8);
     let keys: Vec<String> = (0..21).map(|i| format!("many-{i}")).collect();
-    let mut tokens = Vec::new();
-    for k in &keys {
-        tokens.push(store.acquire(input(k)).await.unwrap().record.fencing_token);
-    }
-    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
-    sqlx::raw_sql("BEGIN; SELECT 1 FROM operations WHERE op_key LIKE 'many-%' AND op_key <> 'many-20' FOR UPDATE")
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    let start = Instant::now();
-    let tasks: Vec<_> = keys[..20]
-        .iter()
-        .zip(&tokens)
-        .map(|(k, &t)| {
-            let (store, req) = (store.clone(), complete(k, t));
-            tokio::spawn(async move { (store.complete(req).await, start.elapsed()) })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let read = Instant::now();
-    assert!(store.get("t", &keys[20]).await.unwrap().is_some());
-    let other = store.complete(complete(&keys[20], tokens[20])).await.unwrap();
-    assert_eq!(other.record.provider_ref.as_deref(), Some("ref-many-20"));
-    assert!(read.elapsed() < HOLD / 2, "a read and a completion of an unlocked row took {:?}", read.elapsed());
-    tokio::time::sleep(LONG_HOLD - Duration::from_millis(1500)).await;
-    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+    let tokens = acquire_all(&keys).await;
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let read = Instant::now();
+        assert!(store.get("t", &keys[20]).await.unwrap().is_some());
+        let other = store.complete(complete(&keys[20], tokens[20])).await.unwrap();
+        assert_eq!(other.record.provider_ref.as_deref(), Some("ref-many-20"));
+        assert!(read.elapsed() < HOLD / 2, "a read and a completion of an unlocked row took {:?}", read.elapsed());
+    };
+    let lock = "SELECT 1 FROM operations WHERE op_key LIKE 'many-%' AND op_key <> 'many-20' FOR UPDATE";
+    let answers = under_lock(&mut holder, lock, LONG_HOLD, completions(&keys[..20], &tokens[..20]), meanwhile).await;
     let (mut waited, mut refused) = (0, 0);
-    for (i, t) in tasks.into_iter().enumerate() {
-        match t.await.unwrap() {
+    for (i, answer) in answers.into_iter().enumerate() {
+        match answer {
             (Ok(done), took) => {
                 assert!(took >= LONG_HOLD, "locked completion {i} answered before the release");
                 assert_eq!(done.record.provider_ref.as_deref(), Some(format!("ref-{}", keys[i]).as_str()));

@@ -1,4 +1,6 @@
-//! Requests the SQLite writer tests send (`sqlite_writer_cache.rs`, `sqlite_fast_path.rs`).
+//! Requests the store tests send (`sqlite_writer_cache.rs`, `sqlite_fast_path.rs`,
+//! `sqlite_durable_reads.rs`, `pg_batches.rs`). Each test binary uses only some of them.
+#![allow(dead_code)]
 
 use idem_core::{AcquireInput, Actor, Outcome};
 use idem_store::CompleteRequest;
