@@ -150,6 +150,10 @@ pub struct ServerConfig {
     /// Address to listen on, `HOST:PORT` (`127.0.0.1:8080`, `localhost:0`; port 0 picks a
     /// free one).
     pub listen: String,
+    /// A socket already listening on `listen`: `idem serve` binds before it opens the
+    /// store, so a start that cannot listen creates no database file. `None`: bound at
+    /// start, before the bootstrap key is created.
+    pub listener: Option<Arc<std::net::TcpListener>>,
     /// Body size limit, in-flight body budget, body and header read deadlines.
     pub limits: request_body::Limits,
     /// How often the lease sweeper turns expired leases into UNKNOWN.
@@ -459,6 +463,17 @@ pub async fn run_proxy(
     .await
 }
 
+/// A socket listening on `addr` (`HOST:PORT`, names resolved, port 0 picks a free one).
+///
+/// # Errors
+/// An address that does not resolve or cannot be bound (in use, not local, a privileged
+/// port), as one line naming `addr`.
+pub async fn listen(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+}
+
 async fn serve_with(
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
@@ -467,9 +482,10 @@ async fn serve_with(
 ) -> std::io::Result<()> {
     // Bind first: a start that cannot listen must not use up the one-time admin key (it
     // would be printed to a start that then fails, and never again).
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", config.listen)))?;
+    let listener = match &config.listener {
+        Some(bound) => tokio::net::TcpListener::from_std(bound.try_clone()?)?,
+        None => listen(&config.listen).await?,
+    };
     let io = |e: idem_store::StoreError| std::io::Error::other(format!("bootstrap key (IDEM_BOOTSTRAP_KEY): {e}"));
     if let Some(secret) = bootstrap(store.as_ref(), config.bootstrap_key.clone()).await.map_err(io)? {
         println!("idem: first start: created an admin API key for tenant \"default\". It is shown only this once:");

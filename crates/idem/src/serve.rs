@@ -87,6 +87,8 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, policy, 5);
     }
     let workflows = idem_flow::config::definitions(&connect, &registry)?;
+    // Then the socket: a port in use fails before the database file is created.
+    let listener = Arc::new(idem_server::listen(&args.listen).await?.into_std()?);
     let lock = match idem_store::parse_database_url(&args.db.database_url)? {
         idem_store::DatabaseUrl::Sqlite(path) => lock_sqlite(path)?,
         idem_store::DatabaseUrl::Postgres(_) => None,
@@ -117,6 +119,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         .with_context(|| format!("cannot open the database {}", redact(&args.db.database_url)))?;
     let config = idem_server::ServerConfig {
         listen: args.listen.clone(),
+        listener: Some(listener),
         limits: idem_server::request_body::Limits {
             max_body_bytes: args.max_body_bytes,
             max_inflight_body_bytes: args.max_inflight_body_bytes,

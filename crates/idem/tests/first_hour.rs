@@ -182,7 +182,8 @@ async fn the_readmes_walkthrough_runs_as_written() {
 }
 
 /// A start that fails — the port is taken, the configuration file is missing — leaves the
-/// one-time admin key unused (the next good start prints it) and no lock file behind.
+/// one-time admin key unused (the next good start prints it) and no lock file or
+/// database file behind (the socket is bound before the database is opened).
 #[test]
 fn a_failed_start_uses_up_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -210,6 +211,8 @@ fn a_failed_start_uses_up_nothing() {
     assert!(!stdout.contains("IDEM_API_KEY="), "a start that cannot listen prints no key: {stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot listen on"), "{stderr}");
+    assert!(!db.exists(), "no database created by a start that cannot listen");
+    assert!(!dir.path().join("idem.db.serve-lock").exists(), "no lock file left by a start that cannot listen");
 
     // The next good start creates and prints the key.
     let mut child = std::process::Command::new(common::idem_bin())
