@@ -90,6 +90,17 @@ pub enum Command {
 }
 
 /// `--seconds` of `idem bench`: a number of seconds from 0.1 to 3600.
+/// A key, id or name the command puts in a URL path: not empty, not `.` or `..` (a URL
+/// would resolve those as directory steps, RFC 3986 §5.2.4, and the request would reach
+/// another route, or none). The server checks everything else.
+fn path_segment(s: &str) -> Result<String, String> {
+    match s {
+        "" => Err("must not be empty".into()),
+        "." | ".." => Err("cannot be \".\" or \"..\" (URLs treat those as directory steps)".into()),
+        _ => Ok(s.to_owned()),
+    }
+}
+
 fn seconds_in_range(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
@@ -322,6 +333,7 @@ pub enum KeysCommand {
         #[command(flatten)]
         db: DbArgs,
         /// The key's id (from `idem keys list`).
+        #[arg(value_parser = path_segment)]
         id: String,
     },
 }
@@ -368,6 +380,7 @@ pub enum OutboxCommand {
         #[command(flatten)]
         db: AppDbArgs,
         /// The event id.
+        #[arg(value_parser = path_segment)]
         id: String,
         #[arg(long)]
         json: bool,
@@ -384,6 +397,7 @@ pub struct OperatorArgs {
     #[command(flatten)]
     pub db: AppDbArgs,
     /// The event id.
+    #[arg(value_parser = path_segment)]
     pub id: String,
     /// Why (mandatory, kept in the audit trail; at most 2000 bytes).
     #[arg(long)]
@@ -444,8 +458,10 @@ pub enum WfCommand {
         #[command(flatten)]
         server: ServerArgs,
         /// Workflow name.
+        #[arg(value_parser = path_segment)]
         workflow: String,
         /// Stable business id of the instance, e.g. ORD-7:intake.
+        #[arg(value_parser = path_segment)]
         instance_id: String,
         /// The input, as JSON text (default null).
         #[arg(long, conflicts_with = "input_file")]
@@ -471,6 +487,7 @@ pub enum WfCommand {
         #[command(flatten)]
         server: ServerArgs,
         /// Instance id.
+        #[arg(value_parser = path_segment)]
         instance_id: String,
         /// Why (mandatory for a run; kept in the instance's events with who asked).
         #[arg(long)]
@@ -494,6 +511,7 @@ pub enum WfCommand {
         #[command(flatten)]
         server: ServerArgs,
         /// Instance id.
+        #[arg(value_parser = path_segment)]
         instance_id: String,
         /// Why (mandatory; kept in the instance's events with who asked).
         #[arg(long)]
@@ -504,6 +522,7 @@ pub enum WfCommand {
         #[command(flatten)]
         server: ServerArgs,
         /// Instance id.
+        #[arg(value_parser = path_segment)]
         instance_id: String,
     },
     /// List instances, newest first.
@@ -538,6 +557,7 @@ pub enum OpsCommand {
         #[command(flatten)]
         server: ServerArgs,
         /// Idempotency key.
+        #[arg(value_parser = path_segment)]
         key: String,
     },
     /// List operations, newest first.
@@ -574,6 +594,7 @@ pub enum OpsCommand {
         #[command(flatten)]
         server: ServerArgs,
         /// Idempotency key.
+        #[arg(value_parser = path_segment)]
         key: String,
     },
     /// Resolve an operation by hand, with a reason (operator); SUCCEEDED needs --evidence.
@@ -581,6 +602,7 @@ pub enum OpsCommand {
         #[command(flatten)]
         server: ServerArgs,
         /// Idempotency key.
+        #[arg(value_parser = path_segment)]
         key: String,
         /// Target state.
         #[arg(long, value_enum)]
@@ -610,6 +632,7 @@ pub struct AcquireArgs {
     #[command(flatten)]
     pub server: ServerArgs,
     /// Idempotency key, e.g. INQ-001:confirmation:v1.
+    #[arg(value_parser = path_segment)]
     pub key: String,
     /// Action (kind of side effect), e.g. send_confirmation.
     #[arg(long)]
@@ -649,6 +672,7 @@ pub struct RenewArgs {
     #[command(flatten)]
     pub server: ServerArgs,
     /// Idempotency key.
+    #[arg(value_parser = path_segment)]
     pub key: String,
     /// Fencing token from the acquire.
     #[arg(long)]
@@ -672,6 +696,7 @@ pub struct CompleteArgs {
     #[command(flatten)]
     pub server: ServerArgs,
     /// Idempotency key.
+    #[arg(value_parser = path_segment)]
     pub key: String,
     /// Fencing token from the acquire.
     #[arg(long)]

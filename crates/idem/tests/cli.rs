@@ -68,6 +68,25 @@ async fn bad_input_is_one_line_and_non_zero() {
         let err = text(&out.stderr);
         assert!(err.starts_with("idem: ") && err.trim_end().lines().count() == 1, "{args:?}: {err}");
     }
+    // A key or id the command puts in a URL path: empty, `.` or `..` would address
+    // another route (or none, a bare 404); refused before anything is sent.
+    for args in [
+        &["ops", "get", ""][..],
+        &["ops", "get", ".."][..],
+        &["ops", "resolve", ".", "--to", "failed", "--reason", "r"][..],
+        &["complete", "", "--token", "1", "--outcome", "succeeded"][..],
+        &["wf", "get", ""][..],
+    ] {
+        let out = idem(&s, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.starts_with("idem: ")
+                && err.trim_end().lines().count() == 1
+                && (err.contains("directory steps") || err.contains("must not be empty")),
+            "{args:?}: {err}"
+        );
+    }
     let unreachable = Command::new(idem_bin())
         .args(["ops", "list", "--server", "http://127.0.0.1:9", "--api-key", "x"])
         .output()
