@@ -209,3 +209,119 @@ async fn sqlite_acknowledged_pairs_survive_kill_9() {
 async fn postgres_acknowledged_pairs_survive_kill_9() {
     acknowledged_pairs_survive_kill_9(Backend::Postgres).await;
 }
+
+/// PostgreSQL: a request that meets a row lock another transaction holds leaves its batch
+/// and waits on the transactional path (`acquire_waiting`, `complete_waiting` in
+/// idem-store's postgres.rs). The server is killed while such requests wait and the
+/// batches beside them go on: every request it answered is there after the restart; a
+/// waiting one, never answered, either did not happen or happened once, and its client's
+/// retry (the same holder, the same fencing token) gets the answer it would have got —
+/// one grant, one completion, never two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_kill_9_while_requests_wait_for_a_row_lock() {
+    use sqlx::Connection;
+    let db = Db::new(Backend::Postgres).await;
+    let s = Server::start(&db.url);
+    let mut tokens = Vec::new();
+    for i in 0..16 {
+        let r = s.acquire(&format!("lease-{i}"), json!({"i": i})).await;
+        assert_eq!(r.status, 201, "{r:?}");
+        tokens.push(r.token());
+    }
+    // Two leases locked and two new keys inserted, uncommitted, by another transaction:
+    // four waiters, what a 2-core node lets wait (half its pool of 8).
+    let (locked_leases, locked_new) = ([3usize, 11], [5usize, 12]);
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut lock = "BEGIN; SELECT 1 FROM operations WHERE tenant = 'default' AND op_key IN ('lease-3', 'lease-11') \
+                    FOR UPDATE;"
+        .to_owned();
+    for i in locked_new {
+        lock += &format!(
+            "INSERT INTO operations (tenant, op_key, action, fingerprint, payload, state, attempt_count, \
+             fencing_token, created_at, updated_at, version) VALUES ('default', 'new-{i}', 'send', 'f', '{{}}', \
+             'PENDING', 0, 1, 1, 1, 1);"
+        );
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(lock)).execute(&mut holder).await.unwrap();
+
+    let complete_body = |i: usize, token: i64| json!({"fencing_token": token, "outcome": "succeeded", "provider_ref": format!("ref-lease-{i}")});
+    let acquire_body = |i: usize| json!({"key": format!("new-{i}"), "action": "send", "payload": {"n": i}, "holder": format!("h-{i}")});
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for (i, &token) in tokens.iter().enumerate() {
+        let (http, answered) = (s.http.clone(), answered.clone());
+        let complete = (s.url(&format!("/v1/operations/lease-{i}/complete")), complete_body(i, token));
+        let acquire = (s.url("/v1/operations"), acquire_body(i));
+        for (kind, (url, body)) in [("complete", complete), ("acquire", acquire)] {
+            let (http, answered) = (http.clone(), answered.clone());
+            tasks.push(tokio::spawn(async move {
+                let status = match http.post(&url).bearer_auth(ADMIN_KEY).json(&body).send().await {
+                    Ok(r) => Some(r.status().as_u16()),
+                    Err(_) => None, // the server died first
+                };
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                (kind, i, status)
+            }));
+        }
+    }
+    let start = std::time::Instant::now();
+    while answered.load(std::sync::atomic::Ordering::SeqCst) < 28 && start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Past the writers' lock timeout (100 ms): the four are on the waiting path.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.kill9();
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+    for &(kind, i, status) in &results {
+        let locked = if kind == "complete" { locked_leases.contains(&i) } else { locked_new.contains(&i) };
+        if locked {
+            assert_eq!(status, None, "{kind} {i} waited for the lock, and the server was killed first");
+        } else {
+            let want = if kind == "complete" { 200 } else { 201 };
+            assert_eq!(status, Some(want), "{kind} {i} was answered beside the locked ones");
+        }
+    }
+
+    let s = Server::start(&db.url);
+    for i in 0..16 {
+        let lease = s.record(&format!("lease-{i}")).await.body;
+        let new = s.record(&format!("new-{i}")).await;
+        if !locked_leases.contains(&i) {
+            assert_eq!(
+                (lease["state"].as_str(), lease["provider_ref"].as_str()),
+                (Some("SUCCEEDED"), Some(&*format!("ref-lease-{i}")))
+            );
+        }
+        if !locked_new.contains(&i) {
+            assert_eq!(
+                (new.status.as_u16(), new.body["state"].as_str()),
+                (200, Some("EXECUTING")),
+                "acknowledged new-{i}: {new:?}"
+            );
+            assert_eq!(new.body["payload"], json!({"n": i}));
+        }
+    }
+    for i in locked_leases {
+        let retry = s.complete(&format!("lease-{i}"), complete_body(i, tokens[i])).await;
+        assert_eq!((retry.status.as_u16(), retry.body["state"].as_str()), (200, Some("SUCCEEDED")), "{retry:?}");
+        let kinds = event_kinds(&s.record(&format!("lease-{i}")).await.body);
+        assert_eq!(kinds.iter().filter(|k| *k == "completed").count(), 1, "one completion of lease-{i}: {kinds:?}");
+    }
+    for i in locked_new {
+        let retry = s.post(ADMIN_KEY, "/v1/operations", &acquire_body(i)).await;
+        assert_eq!(retry.status, 201, "the retry of new-{i} holds its lease: {retry:?}");
+        let rec = s.record(&format!("new-{i}")).await.body;
+        assert_eq!(
+            rec["payload"],
+            json!({"n": i}),
+            "the killed request's write, or the retry's, not the other transaction's"
+        );
+        let kinds = event_kinds(&rec);
+        assert_eq!(kinds.iter().filter(|k| *k == "acquired").count(), 1, "one grant of new-{i}: {kinds:?}");
+        assert_eq!(rec["fencing_token"], retry.token());
+    }
+}
