@@ -25,15 +25,24 @@ const WAIT_POLL_MS: u64 = 25;
 /// PostgreSQL is used again within about half a second (RFC 9110 §10.2.3).
 pub const UNAVAILABLE_RETRY_AFTER_MS: i64 = 1000;
 
+/// `Retry-After` of a 409 `contention` (the write lost too many races, or its row is
+/// locked by another transaction and as many requests as may wait for row locks already
+/// do): 1 s (RFC 9110 §10.2.3).
+pub const CONTENTION_RETRY_AFTER_MS: i64 = 1000;
+
 /// Maps a store error to its problem (503 `unavailable` with `Retry-After` when the
-/// database did not answer).
+/// database did not answer, 409 `contention` with `Retry-After`).
 pub fn store_problem(e: StoreError) -> Problem {
     match e {
         StoreError::NotFound => Problem::not_found(),
         StoreError::Complete(c) => complete_problem(c),
         StoreError::Resolve(r) => resolve_problem(r),
         StoreError::Renew(r) => renew_problem(r),
-        StoreError::Contention => Problem::new(StatusCode::CONFLICT, "contention", e.to_string()),
+        StoreError::Contention => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "contention", e.to_string());
+            p.retry_after_ms = Some(CONTENTION_RETRY_AFTER_MS);
+            p
+        }
         StoreError::Invalid(msg) => Problem::invalid(msg),
         StoreError::NotStored(_) => {
             tracing::error!(error = %e, "write not stored");

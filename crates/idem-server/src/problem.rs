@@ -221,7 +221,11 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "Resolve the step's operation (POST /v1/operations/{key}/resolve), or name the step to redo it on purpose.",
     ),
     ("too-many-reruns", "The step was re-run too often", "A step can be re-run 999 times; start a new instance."),
-    ("contention", "Too much contention on this key", "Concurrent writers kept changing the record; retry shortly."),
+    (
+        "contention",
+        "Too much contention on this key",
+        "Concurrent writers kept changing the record, or another transaction holds its row locked (PostgreSQL) and as many requests as may wait for row locks already do; retry after Retry-After.",
+    ),
     (
         "clock-uncertain",
         "This node does not know the ledger's time closely enough",

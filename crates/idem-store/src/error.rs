@@ -19,8 +19,12 @@ pub enum StoreError {
     /// The resolution was refused; nothing was written.
     #[error(transparent)]
     Resolve(#[from] ResolveError),
-    /// A conditional write kept losing to concurrent writers (after bounded retries).
-    #[error("the record kept changing under concurrent writers; try again")]
+    /// A conditional write kept losing to concurrent writers (after bounded retries), or
+    /// (PostgreSQL) its row is locked by another transaction and as many requests as may
+    /// wait for row locks (half the pool) already do.
+    #[error(
+        "the record kept changing under concurrent writers, or another transaction holds it locked and enough requests already wait for that; try again"
+    )]
     Contention,
     /// A stored row could not be read back (corrupt or foreign data).
     #[error("stored data is not readable: {0}")]

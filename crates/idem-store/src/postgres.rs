@@ -183,7 +183,7 @@ where
     let conns = conns.clone();
     batch::Batcher::spawn(BATCHES, move |items: Vec<T>| {
         let conns = conns.clone();
-        async move { write_distinct(items, key, |many| write(conns.clone(), many)).await }
+        async move { write_distinct(items, key, |many| write(conns.clone(), many), lock_timed_out).await }
     })
 }
 
@@ -192,34 +192,65 @@ where
 /// if that statement fails, they are written again one per statement; later requests for
 /// a key already in the statement are written one per statement after it. Answers are in
 /// the order of `items`.
+///
+/// The statements written again run [`RETRY_CONCURRENCY`] keys at a time, the requests
+/// of one key in order — but once one of them gave up on a row lock (`locked`, on
+/// PostgreSQL [`lock_timed_out`]) the key's other requests go at once, together: each
+/// would wait as long for the same lock. So a batch with locked rows is answered about
+/// two lock timeouts late, not one per locked request (a break-it pass: ten completions
+/// of one locked lease in a batch held an unrelated completion 1.1 s).
 async fn write_distinct<T, O, Fut>(
     items: Vec<T>,
     key: impl Fn(&T) -> (String, String),
     write: impl Fn(Vec<T>) -> Fut,
+    locked: impl Fn(&StoreError) -> bool,
 ) -> Vec<Result<O, StoreError>>
 where
     Fut: std::future::Future<Output = (Vec<T>, Result<Vec<O>, StoreError>)>,
 {
+    use futures_util::StreamExt as _;
     let n = items.len();
     let mut keyed: Vec<((String, String), usize, T)> =
         items.into_iter().enumerate().map(|(i, item)| (key(&item), i, item)).collect();
     // In key order, so that two statements that lock some of the same rows (two batches
     // in flight, or two nodes) take the locks in the same order and cannot deadlock.
     keyed.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-    let (mut first, mut first_at, mut later) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::new());
+    // The first request of each key, and the key's later ones (`later[j]` for `first[j]`).
+    let (mut first, mut first_at) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let mut later: Vec<Vec<(usize, T)>> = Vec::with_capacity(n);
     let mut last_key = None;
     for (k, i, item) in keyed {
-        if last_key.as_ref() != Some(&k) {
+        if last_key.as_ref() == Some(&k) {
+            later.last_mut().expect("a first request of this key").push((i, item));
+        } else {
             first.push(item);
             first_at.push(i);
+            later.push(Vec::new());
             last_key = Some(k);
-        } else {
-            later.push((i, item));
         }
     }
     let mut out: Vec<Option<Result<O, StoreError>>> = (0..n).map(|_| None).collect();
     let one = async |item: T| write(vec![item]).await.1.and_then(|mut v| v.pop().ok_or(StoreError::Contention));
+    // Requests of one key, in order: after one gave up on the row's lock, the rest at once.
+    let one_key = async |requests: Vec<(usize, T)>, mut lock_met: bool| {
+        let mut answered = Vec::with_capacity(requests.len());
+        let mut requests = requests.into_iter();
+        if !lock_met {
+            for (i, item) in requests.by_ref() {
+                let answer = one(item).await;
+                lock_met = answer.as_ref().err().is_some_and(&locked);
+                answered.push((i, answer));
+                if lock_met {
+                    break;
+                }
+            }
+        }
+        let rest = requests.map(async |(i, item)| (i, one(item).await));
+        answered.extend(futures_util::future::join_all(rest).await);
+        answered
+    };
     let (first, written) = write(first).await;
+    let mut again: Vec<(Vec<(usize, T)>, bool)> = Vec::new();
     match written {
         // The statement ran: never write its requests again, whatever it answered.
         Ok(answers) => {
@@ -231,20 +262,35 @@ where
                     _ => Err(StoreError::Corrupt("a batched statement answered the wrong number of rows".into())),
                 });
             }
+            again.extend(later.into_iter().map(|l| (l, false)));
         }
-        Err(e) if first.len() == 1 => out[first_at[0]] = Some(Err(e)),
-        // The statement failed as a whole (one request's bad value, say): each on its own.
+        Err(e) if first.len() == 1 => {
+            again.push((later.pop().unwrap_or_default(), locked(&e)));
+            out[first_at[0]] = Some(Err(e));
+        }
+        // The statement failed as a whole (one request's bad value, a row lock): each on
+        // its own.
         Err(_) => {
-            for (i, item) in first_at.into_iter().zip(first) {
-                out[i] = Some(one(item).await);
+            for ((i, item), mut rest) in first_at.into_iter().zip(first).zip(later) {
+                rest.insert(0, (i, item));
+                again.push((rest, false));
             }
         }
     }
-    for (i, item) in later {
-        out[i] = Some(one(item).await);
+    let keys = again.into_iter().filter(|(r, _)| !r.is_empty()).map(|(r, lock_met)| one_key(r, lock_met));
+    let mut written = futures_util::stream::iter(keys).buffer_unordered(RETRY_CONCURRENCY);
+    while let Some(answers) = written.next().await {
+        for (i, answer) in answers {
+            out[i] = Some(answer);
+        }
     }
     out.into_iter().map(|o| o.unwrap_or(Err(StoreError::Contention))).collect()
 }
+
+/// How many keys of a batch [`write_distinct`] writes again at once, one statement each
+/// on a writer connection of its own: 4 (a batch whose statement failed opens at most as
+/// many connections more).
+const RETRY_CONCURRENCY: usize = 4;
 
 /// Awaits a statement or transaction that commits on its own (an autocommit statement
 /// of the hot path, or `COMMIT`), recording its latency and a batch of one request.
@@ -353,6 +399,11 @@ fn writer_options(options: sqlx::postgres::PgConnectOptions) -> sqlx::postgres::
 /// [`writer_options`]): long enough for another transaction's ordinary commit, short
 /// against the requests it holds back.
 const WRITER_LOCK_TIMEOUT: &str = "100ms";
+
+/// The `BEGIN` of a transaction on a pooled connection that waits for a row lock at most
+/// [`WRITER_LOCK_TIMEOUT`] (`SET LOCAL`: the connection's own setting is back after the
+/// transaction), in the same round trip (see `retrying!`).
+const BEGIN_WITH_LOCK_TIMEOUT: &str = "BEGIN; SET LOCAL lock_timeout = '100ms'";
 
 /// Whether `e` is a batch writer's statement that gave up waiting for a lock
 /// (`lock_not_available`, SQLSTATE 55P03, after [`WRITER_LOCK_TIMEOUT`]): the request then
@@ -480,11 +531,28 @@ impl PgStore {
 
 /// Runs `$once` (which takes `&mut PgConnection` as `$conn`) in a fresh transaction until
 /// its conditional write wins, at most CAS_RETRIES times.
+///
+/// A row lock another transaction holds (an operator's `SELECT … FOR UPDATE`, another
+/// node's transaction, an uncommitted insert of the same key) is waited for at most
+/// [`WRITER_LOCK_TIMEOUT`] ([`BEGIN_WITH_LOCK_TIMEOUT`]); past it the request waits for
+/// the lock as long as it is held only with a place among the lock waiters
+/// ([`PgStore::lock_waiter`]; `$waiter` when the caller already holds one), else it is
+/// refused with [`StoreError::Contention`] at once. Without that, requests for one locked
+/// row (ten renewals of a lease an operator held `FOR UPDATE`, a break-it pass) each held
+/// a pooled connection for the lock's duration, and once the pool was taken every other
+/// request timed out with 503.
 macro_rules! retrying {
-    ($self:ident, |$conn:ident| $once:expr) => {{
+    ($self:ident, |$conn:ident| $once:expr) => {
+        retrying!($self, None, |$conn| $once)
+    };
+    ($self:ident, $waiter:expr, |$conn:ident| $once:expr) => {{
+        let mut waiter: Option<tokio::sync::SemaphorePermit<'_>> = $waiter;
         let mut outcome = Err(StoreError::Contention);
         for _ in 0..CAS_RETRIES {
-            let mut tx = $self.pool.begin().await?;
+            let mut tx = match waiter {
+                None => $self.pool.begin_with(BEGIN_WITH_LOCK_TIMEOUT).await?,
+                Some(_) => $self.pool.begin().await?,
+            };
             let $conn: &mut sqlx::PgConnection = &mut tx;
             match $once {
                 Ok(Some(o)) => {
@@ -493,6 +561,10 @@ macro_rules! retrying {
                     break;
                 }
                 Ok(None) => tx.rollback().await?,
+                Err(e) if waiter.is_none() && lock_timed_out(&e) => {
+                    tx.rollback().await?;
+                    waiter = Some($self.lock_waiter()?);
+                }
                 Err(e) => {
                     outcome = Err(e);
                     break;
@@ -518,8 +590,8 @@ impl PgStore {
     /// row lock (`locked`): as [`PgStore::complete_waiting`].
     async fn acquire_waiting(&self, input: &AcquireInput, locked: bool) -> Result<AcquireOutcome, StoreError> {
         self.cache.forget(&input.tenant, &input.key);
-        let _waiter = if locked { Some(self.lock_waiter()?) } else { None };
-        retrying!(self, |conn| ops::acquire_once(conn, input, self.clock.now_ms()).await)
+        let waiter = if locked { Some(self.lock_waiter()?) } else { None };
+        retrying!(self, waiter, |conn| ops::acquire_once(conn, input, self.clock.now_ms()).await)
     }
 
     /// A completion on the transactional path, on a pooled connection: after
@@ -527,8 +599,8 @@ impl PgStore {
     /// lock (`locked`, [`lock_timed_out`]); this path waits for it, if a waiter's place is
     /// free.
     async fn complete_waiting(&self, req: &CompleteRequest, locked: bool) -> Result<CompleteOutcome, StoreError> {
-        let _waiter = if locked { Some(self.lock_waiter()?) } else { None };
-        retrying!(self, |conn| {
+        let waiter = if locked { Some(self.lock_waiter()?) } else { None };
+        retrying!(self, waiter, |conn| {
             ops::complete_once(
                 conn,
                 req,
@@ -899,9 +971,16 @@ mod tests {
                 };
                 async move { (many, answer) }
             },
+            |_| false,
         )
         .await;
         (out, statements.into_inner().unwrap())
+    }
+
+    #[test]
+    fn pooled_transactions_wait_for_a_lock_as_long_as_the_batch_writers() {
+        let set = format!("lock_timeout = '{}'", super::WRITER_LOCK_TIMEOUT);
+        assert!(super::BEGIN_WITH_LOCK_TIMEOUT.ends_with(&set), "{}", super::BEGIN_WITH_LOCK_TIMEOUT);
     }
 
     fn answers(out: Vec<Result<String, StoreError>>) -> Vec<String> {
@@ -920,6 +999,46 @@ mod tests {
         let (out, statements) = run(vec!["b", "a", "b"]).await;
         assert_eq!(answers(out), ["b!", "a!", "b!"]);
         assert_eq!(statements, [vec!["a", "b"], vec!["b"]]);
+    }
+
+    /// Statements with "locked" wait 100 ms and give up, as on a row lock.
+    async fn run_locked(items: Vec<&'static str>) -> (Vec<Result<String, StoreError>>, std::time::Duration) {
+        let started = std::time::Instant::now();
+        let out = write_distinct(
+            items,
+            |k: &&str| ("t".to_owned(), (*k).to_owned()),
+            |many: Vec<&'static str>| async move {
+                if many.contains(&"locked") {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    (many, Err(StoreError::Contention))
+                } else {
+                    let answer = Ok(many.iter().map(|k| format!("{k}!")).collect());
+                    (many, answer)
+                }
+            },
+            |e| matches!(e, StoreError::Contention),
+        )
+        .await;
+        (out, started.elapsed())
+    }
+
+    #[tokio::test]
+    async fn requests_of_a_locked_row_give_up_together_not_one_after_another() {
+        // Ten requests of one locked row beside two others: the batch (100 ms), the
+        // locked row's first request alone (100 ms), its nine others at once (100 ms).
+        let mut items = vec!["a"];
+        items.extend(["locked"; 10]);
+        items.push("z");
+        let (out, took) = run_locked(items).await;
+        let out = answers(out);
+        assert_eq!((out[0].as_str(), out[11].as_str()), ("a!", "z!"));
+        assert!(out[1..11].iter().all(|o| o.starts_with("error")), "{out:?}");
+        let ms = took.as_millis();
+        assert!((300..700).contains(&ms), "{ms} ms (one after another: 1 100 ms)");
+        // Alone in its statement: its later requests go at once after it.
+        let (_, took) = run_locked(vec!["locked"; 5]).await;
+        let ms = took.as_millis();
+        assert!((200..450).contains(&ms), "{ms} ms (one after another: 500 ms)");
     }
 
     #[tokio::test]

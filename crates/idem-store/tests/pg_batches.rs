@@ -468,8 +468,9 @@ async fn a_locked_row_holds_back_only_its_own_request() {
     // More locked rows than the node lets wait (half its pool, at most 16): the others are
     // told to try again at once instead of taking every pooled connection, so reads and
     // other completions go on; after the release every one of them completes. Held
-    // longer: the batch that meets the locks writes its requests again one by one, and
-    // each locked one costs the writer's lock timeout (100 ms) before it is refused.
+    // longer: the batch that meets the locks writes its requests again one per statement,
+    // four keys at a time, and each locked one costs the writer's lock timeout (100 ms)
+    // before it leaves for the waiting path or is refused.
     const LONG_HOLD: Duration = Duration::from_secs(8);
     let keys: Vec<String> = (0..21).map(|i| format!("many-{i}")).collect();
     let tokens = acquire_all(&keys).await;
@@ -501,4 +502,70 @@ async fn a_locked_row_holds_back_only_its_own_request() {
         }
     }
     assert!(waited <= 16 && refused >= 4, "{waited} waited for their locks, {refused} were told to try again");
+}
+
+/// Renewals (and the other requests on the transactional path: resolve, reconcile, a
+/// workflow's start) of a row another transaction holds locked wait for it only with a
+/// place among the lock waiters (half the pool, at most 16); the rest are told to try
+/// again at once. Before, twenty renewals of one locked lease each held a pooled
+/// connection until the release, and every other request then waited for a connection
+/// (a break-it pass: unrelated reads answered 503 after the pool's acquire timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_of_a_locked_lease_do_not_take_the_pool() {
+    use sqlx::Connection;
+    use std::time::{Duration, Instant};
+    type Job<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+    const HOLD: Duration = Duration::from_secs(4);
+    let url = idem_store::testing::fresh_pg_database("idem_renew_lock").await;
+    let store: Arc<dyn Store> =
+        Arc::new(PgStore::connect(&url, Arc::new(SystemClock), Default::default()).await.unwrap());
+    let token = store.acquire(input("held")).await.unwrap().record.fencing_token;
+    let other = store.acquire(input("other")).await.unwrap().record.fencing_token;
+    let renew = |lease_ms: i64| idem_store::RenewRequest {
+        tenant: "t".into(),
+        key: "held".into(),
+        fencing_token: token,
+        lease_ms,
+        actor: Actor { principal: "w".into(), request_id: None },
+    };
+    let renewals: Vec<Job<Result<idem_core::OperationRecord, StoreError>>> = (0..20)
+        .map(|_| {
+            let (store, req) = (store.clone(), renew(120_000));
+            Box::pin(async move { store.renew(req).await }) as Job<_>
+        })
+        .collect();
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let start = Instant::now();
+        for _ in 0..10 {
+            assert!(store.get("t", "other").await.unwrap().is_some());
+        }
+        let done = store.complete(common::success("other", other)).await.unwrap();
+        assert_eq!(done.record.provider_ref.as_deref(), Some("ref-other"));
+        assert!(start.elapsed() < HOLD / 4, "ten reads and a completion of another row took {:?}", start.elapsed());
+    };
+    let mut holder = sqlx::PgConnection::connect(&url).await.unwrap();
+    let lock = "SELECT 1 FROM operations WHERE tenant = 't' AND op_key = 'held' FOR UPDATE";
+    let answers = under_lock(&mut holder, lock, HOLD, renewals, meanwhile).await;
+    let (mut waited, mut refused) = (0, 0);
+    for (i, answer) in answers.into_iter().enumerate() {
+        match answer {
+            (Ok(rec), took) => {
+                assert!(took >= HOLD, "renewal {i} of the locked lease answered before the release");
+                assert_eq!(rec.fencing_token, token);
+                waited += 1;
+            }
+            (Err(StoreError::Contention), took) => {
+                assert!(took < HOLD / 2, "renewal {i} was refused only after {took:?}");
+                refused += 1;
+            }
+            (Err(e), _) => panic!("renewal {i}: {e}"),
+        }
+    }
+    assert!(
+        (1..=16).contains(&waited) && refused >= 4,
+        "{waited} waited for the lock, {refused} were told to try again"
+    );
+    let after = store.renew(renew(60_000)).await.unwrap();
+    assert_eq!(after.fencing_token, token, "a renewal after the release");
 }
