@@ -268,8 +268,12 @@ async fn postgres_kill_9_while_requests_wait_for_a_row_lock() {
     while answered.load(std::sync::atomic::Ordering::SeqCst) < 28 && start.elapsed() < Duration::from_secs(20) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // Past the writers' lock timeout (100 ms): the four are on the waiting path.
+    // Past the writers' lock timeout (100 ms): the four are on the waiting path, and a
+    // fifth request for a locked row finds no place to wait: 409 contention, Retry-After.
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let fifth = s.complete("lease-3", complete_body(3, tokens[3])).await;
+    assert_eq!((fifth.status.as_u16(), fifth.problem()), (409, "contention"), "{fifth:?}");
+    assert_eq!(fifth.header("retry-after"), Some("1"));
     s.kill9();
     let mut results = Vec::new();
     for t in tasks {
