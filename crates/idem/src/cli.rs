@@ -210,7 +210,8 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     pub db_acquire_timeout_ms: u64,
     /// Secret of the admin key (tenant "default") to create on first start; without it a
-    /// key is generated and printed once. 32-256 printable characters.
+    /// key is generated and printed once. 32-256 printable ASCII characters without
+    /// spaces; a key that breaks this fails the start before anything is created.
     #[arg(long, env = "IDEM_BOOTSTRAP_KEY", hide_env_values = true)]
     pub bootstrap_key: Option<String>,
     /// Connector configuration (TOML; see the README): connectors, action defaults,

@@ -87,6 +87,10 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
         registry.add_lookup_only(idem_server::proxy::PROXY_LOOKUP, l, policy, 5);
     }
     let workflows = idem_flow::config::definitions(&connect, &registry)?;
+    if let Some(key) = &args.bootstrap_key {
+        idem_store::keys::validate_supplied_secret(key)
+            .map_err(|e| anyhow::anyhow!("bootstrap key (IDEM_BOOTSTRAP_KEY, --bootstrap-key): {e}"))?;
+    }
     // Then the socket: a port in use fails before the database file is created.
     let listener = Arc::new(idem_server::listen(&args.listen).await?.into_std()?);
     let lock = match idem_store::parse_database_url(&args.db.database_url)? {

@@ -181,9 +181,10 @@ async fn the_readmes_walkthrough_runs_as_written() {
     assert!(stdout.contains("fingerprint-mismatch") && stdout.contains("operation-in-progress"), "{stdout}");
 }
 
-/// A start that fails — the port is taken, the configuration file is missing — leaves the
-/// one-time admin key unused (the next good start prints it) and no lock file or
-/// database file behind (the socket is bound before the database is opened).
+/// A start that fails — the port is taken, the configuration file is missing, the
+/// bootstrap key breaks its rules — leaves the one-time admin key unused (the next good
+/// start prints it) and no lock file or database file behind (the configuration and the
+/// bootstrap key are checked and the socket is bound before the database is opened).
 #[test]
 fn a_failed_start_uses_up_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -205,6 +206,14 @@ fn a_failed_start_uses_up_nothing() {
     assert_eq!(out.status.code(), Some(1));
     assert!(!dir.path().join("idem.db.serve-lock").exists(), "no lock file left by a bad configuration");
     assert!(!db.exists(), "no database created by a bad configuration");
+    for bad in ["short", "a key with spaces in it, long enough to pass the length rule"] {
+        let out = serve(&["--listen", "127.0.0.1:0", "--bootstrap-key", bad]);
+        assert_eq!(out.status.code(), Some(1));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("IDEM_BOOTSTRAP_KEY") && stderr.trim_end().lines().count() == 1, "{stderr}");
+        assert!(!db.exists(), "no database created by a bad bootstrap key");
+        assert!(!dir.path().join("idem.db.serve-lock").exists(), "no lock file left by a bad bootstrap key");
+    }
     let out = serve(&["--listen", &taken.local_addr().unwrap().to_string()]);
     assert_eq!(out.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&out.stdout);
