@@ -7,7 +7,13 @@
 //!    the `Content-Length`, or the body limit when it is chunked. When the budget is
 //!    spent it waits up to [`Limits::inflight_wait`] for other requests to finish, then
 //!    answers `503 overloaded` with `Retry-After` (RFC 9110 §15.6.4) — never more in
-//!    flight than configured. A `Content-Length` over the body limit is `413` at once.
+//!    flight than configured. A `Content-Length` over the body limit is `413`, without
+//!    reserving anything: a body of at most [`DRAIN_OVERSIZED_MAX`] is first read and
+//!    dropped frame by frame (within the body deadline), so that a client still writing
+//!    it — Python's `http.client` reads no answer before its body is sent — receives the
+//!    413 instead of a reset (what nginx's lingering close is for); a larger one is
+//!    answered at once and its connection closed. A chunked body found over the limit
+//!    while it is read is answered at once too.
 //! 2. reads the whole body within [`Limits::body_read_timeout`], else `408
 //!    request-timeout` and the connection is closed (RFC 9110 §15.5.9);
 //! 3. keeps its reservation until the handler has answered: parsing, fingerprinting and
@@ -37,6 +43,10 @@ pub const DEFAULT_INFLIGHT_WAIT: Duration = Duration::from_secs(5);
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default [`Limits::header_read_timeout`]: 10 s.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest body declared over the limit that is still read (and dropped) before its
+/// 413, so its client gets the answer rather than a connection reset: 16 MiB. It costs
+/// reading, never holding: one frame at a time, no reservation.
+pub const DRAIN_OVERSIZED_MAX: usize = 16 * 1024 * 1024;
 /// Released bytes after which an idle moment returns freed memory to the OS: 4 MiB.
 const TRIM_AFTER_BYTES: usize = 4 * 1024 * 1024;
 
@@ -136,6 +146,10 @@ pub async fn guard(State(budget): State<BodyBudget>, req: Request, next: Next) -
     if let Some(n) = declared
         && n > limits.max_body_bytes
     {
+        if n <= DRAIN_OVERSIZED_MAX {
+            let (_, body) = req.into_parts();
+            let _ = tokio::time::timeout(limits.body_read_timeout, drain(body, n)).await;
+        }
         return too_large(limits.max_body_bytes);
     }
     let reserve = declared.unwrap_or(limits.max_body_bytes).max(1);
