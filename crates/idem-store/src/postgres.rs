@@ -262,7 +262,7 @@ where
                     _ => Err(StoreError::Corrupt("a batched statement answered the wrong number of rows".into())),
                 });
             }
-            again.extend(later.into_iter().map(|l| (l, false)));
+            again.extend(later.into_iter().filter(|l| !l.is_empty()).map(|l| (l, false)));
         }
         Err(e) if first.len() == 1 => {
             again.push((later.pop().unwrap_or_default(), locked(&e)));
@@ -277,11 +277,13 @@ where
             }
         }
     }
-    let keys = again.into_iter().filter(|(r, _)| !r.is_empty()).map(|(r, lock_met)| one_key(r, lock_met));
-    let mut written = futures_util::stream::iter(keys).buffer_unordered(RETRY_CONCURRENCY);
-    while let Some(answers) = written.next().await {
-        for (i, answer) in answers {
-            out[i] = Some(answer);
+    if !again.is_empty() {
+        let keys = again.into_iter().filter(|(r, _)| !r.is_empty()).map(|(r, lock_met)| one_key(r, lock_met));
+        let mut written = futures_util::stream::iter(keys).buffer_unordered(RETRY_CONCURRENCY);
+        while let Some(answers) = written.next().await {
+            for (i, answer) in answers {
+                out[i] = Some(answer);
+            }
         }
     }
     out.into_iter().map(|o| o.unwrap_or(Err(StoreError::Contention))).collect()
