@@ -13,7 +13,7 @@
 //!    it — Python's `http.client` reads no answer before its body is sent — receives the
 //!    413 instead of a reset (what nginx's lingering close is for); a larger one is
 //!    answered at once and its connection closed. A chunked body found over the limit
-//!    while it is read is answered at once too.
+//!    while it is read is drained the same way, up to the same bound, before its 413.
 //! 2. reads the whole body within [`Limits::body_read_timeout`], else `408
 //!    request-timeout` and the connection is closed (RFC 9110 §15.5.9);
 //! 3. keeps its reservation until the handler has answered: parsing, fingerprinting and
@@ -181,13 +181,18 @@ pub async fn guard(State(budget): State<BodyBudget>, req: Request, next: Next) -
     budget.in_flight.fetch_add(reserve, Ordering::AcqRel);
     let release = Release { budget: &budget, bytes: reserve };
     let (parts, body) = req.into_parts();
-    let read = axum::body::to_bytes(body, limits.max_body_bytes);
+    let started = tokio::time::Instant::now();
+    let read = read_within(body, limits.max_body_bytes);
     let bytes = match tokio::time::timeout(limits.body_read_timeout, read).await {
         Ok(Ok(b)) => b,
-        Ok(Err(e)) => {
-            if is_length_limit(&e) {
-                return too_large(limits.max_body_bytes);
-            }
+        Ok(Err(BodyError::TooLarge(rest, seen))) => {
+            // A chunked body found too large: the rest, up to the drain bound, is read and
+            // dropped before the 413 (within what is left of the body deadline).
+            let left = limits.body_read_timeout.saturating_sub(started.elapsed());
+            let _ = tokio::time::timeout(left, drain(rest, DRAIN_OVERSIZED_MAX.saturating_sub(seen))).await;
+            return too_large(limits.max_body_bytes);
+        }
+        Ok(Err(BodyError::Failed(e))) => {
             return Problem::invalid(format!("the request body could not be read: {e}")).into_response();
         }
         Err(_) => {
@@ -210,6 +215,41 @@ pub async fn guard(State(budget): State<BodyBudget>, req: Request, next: Next) -
     drop(permit);
     drop(release);
     response
+}
+
+/// Why [`read_within`] returned no body.
+enum BodyError {
+    /// Over the limit after this many bytes; the body's unread rest.
+    TooLarge(Body, usize),
+    /// The connection failed or the client broke the framing.
+    Failed(axum::Error),
+}
+
+/// Reads `body` whole if it holds at most `limit` bytes (a body sent in one frame is kept
+/// as that frame, uncopied); past `limit` it stops and hands back the rest, so the caller
+/// can drain it before answering.
+async fn read_within(mut body: Body, limit: usize) -> Result<axum::body::Bytes, BodyError> {
+    use http_body_util::BodyExt as _;
+    let mut first: Option<axum::body::Bytes> = None;
+    let mut joined: Vec<u8> = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(BodyError::Failed)?.into_data() else { continue }; // trailers
+        seen += data.len();
+        if seen > limit {
+            return Err(BodyError::TooLarge(body, seen));
+        }
+        match &first {
+            None => first = Some(data),
+            Some(f) => {
+                if joined.is_empty() {
+                    joined.extend_from_slice(f);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(if joined.is_empty() { first.unwrap_or_default() } else { joined.into() })
 }
 
 /// Reads and discards up to `limit` bytes of `body`, holding one frame at a time.
@@ -247,16 +287,4 @@ fn too_large(limit: usize) -> Response {
         format!("the request body is larger than {limit} bytes (--max-body-bytes)"),
     )
     .into_response()
-}
-
-/// Whether reading failed on the length limit (axum wraps http-body-util's error).
-fn is_length_limit(e: &axum::Error) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if err.is::<http_body_util::LengthLimitError>() {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
 }

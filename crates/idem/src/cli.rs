@@ -101,6 +101,15 @@ fn path_segment(s: &str) -> Result<String, String> {
     }
 }
 
+/// A size in bytes of at least 1 (`--max-body-bytes 0` would refuse every body with 413).
+fn at_least_one_byte(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (bytes)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e} (a number of bytes)")),
+    }
+}
+
 fn seconds_in_range(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
@@ -172,7 +181,7 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: String,
     /// Largest accepted request body, in bytes.
-    #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = idem_server::DEFAULT_MAX_BODY_BYTES)]
+    #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = idem_server::DEFAULT_MAX_BODY_BYTES, value_parser = at_least_one_byte)]
     pub max_body_bytes: usize,
     /// Request body bytes this node reads and processes at once, over all requests (a
     /// payload takes a multiple of its size while it is parsed, fingerprinted and

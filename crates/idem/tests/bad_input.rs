@@ -228,8 +228,9 @@ async fn nul_in_free_text_or_filters_is_a_400_on_postgres() {
 /// A body declared over the limit (1 MiB) but at most 16 MiB is read and dropped before
 /// its 413, so a client that writes its whole body before it reads an answer (Python's
 /// `http.client`) gets the 413 rather than a connection reset (a break-it pass: 7 of 10
-/// such 2 MiB requests ended in `BrokenPipeError`); the connection stays usable. A larger
-/// one is answered at once, before its body arrives.
+/// such 2 MiB requests ended in `BrokenPipeError`); so is a chunked body found too large
+/// while it is read; the connection stays usable. A larger one is answered at once,
+/// before its body arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_body_sent_in_full_gets_its_413() {
     use std::io::{Read, Write};
@@ -278,6 +279,17 @@ async fn an_oversized_body_sent_in_full_gets_its_413() {
             assert!(got.starts_with("HTTP/1.1 413"), "request {i}: {got}");
             assert!(got.contains("application/problem+json") && got.contains("--max-body-bytes"), "{got}");
         }
+        // The same body chunked: found too large while it is read, drained, then the 413.
+        let chunked = head(0).replace("Content-Length: 0", "Transfer-Encoding: chunked");
+        c.write_all(chunked.as_bytes()).unwrap();
+        for (n, piece) in body.chunks(64 * 1024).enumerate() {
+            let frame = [format!("{:x}\r\n", piece.len()).as_bytes(), piece, b"\r\n"].concat();
+            c.write_all(&frame).unwrap_or_else(|e| panic!("chunked: reset at piece {n} of the body: {e}"));
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        c.write_all(b"0\r\n\r\n").unwrap();
+        let got = answer(&mut c);
+        assert!(got.starts_with("HTTP/1.1 413"), "chunked: {got}");
         // 20 MiB declared, nothing of it sent: the 413 comes without waiting for it.
         let mut c = std::net::TcpStream::connect(&addr).unwrap();
         c.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
