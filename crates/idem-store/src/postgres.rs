@@ -250,6 +250,8 @@ where
         answered
     };
     let (first, written) = write(first).await;
+    // Keys to write again one request per statement (never empty), and whether a request
+    // of the key already gave up on its row's lock.
     let mut again: Vec<(Vec<(usize, T)>, bool)> = Vec::new();
     match written {
         // The statement ran: never write its requests again, whatever it answered.
@@ -265,20 +267,21 @@ where
             again.extend(later.into_iter().filter(|l| !l.is_empty()).map(|l| (l, false)));
         }
         Err(e) if first.len() == 1 => {
-            again.push((later.pop().unwrap_or_default(), locked(&e)));
+            if let Some(rest) = later.pop().filter(|l| !l.is_empty()) {
+                again.push((rest, locked(&e)));
+            }
             out[first_at[0]] = Some(Err(e));
         }
         // The statement failed as a whole (one request's bad value, a row lock): each on
         // its own.
         Err(_) => {
-            for ((i, item), mut rest) in first_at.into_iter().zip(first).zip(later) {
-                rest.insert(0, (i, item));
-                again.push((rest, false));
+            for (head, rest) in first_at.into_iter().zip(first).zip(later) {
+                again.push((std::iter::once(head).chain(rest).collect(), false));
             }
         }
     }
     if !again.is_empty() {
-        let keys = again.into_iter().filter(|(r, _)| !r.is_empty()).map(|(r, lock_met)| one_key(r, lock_met));
+        let keys = again.into_iter().map(|(requests, lock_met)| one_key(requests, lock_met));
         let mut written = futures_util::stream::iter(keys).buffer_unordered(RETRY_CONCURRENCY);
         while let Some(answers) = written.next().await {
             for (i, answer) in answers {

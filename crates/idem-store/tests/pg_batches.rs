@@ -8,6 +8,9 @@ use std::sync::Arc;
 
 mod common;
 
+/// A request to run while a lock is held ([`under_lock`]).
+type Job<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
 fn input(key: &str) -> AcquireInput {
     AcquireInput {
         tenant: "t".into(),
@@ -364,7 +367,7 @@ async fn under_lock<T: Send + 'static>(
     holder: &mut sqlx::PgConnection,
     lock: &str,
     hold: std::time::Duration,
-    jobs: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>>,
+    jobs: Vec<Job<T>>,
     meanwhile: impl std::future::Future<Output = ()>,
 ) -> Vec<(T, std::time::Duration)> {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("BEGIN; {lock}"))).execute(&mut *holder).await.unwrap();
@@ -395,7 +398,6 @@ async fn under_lock<T: Send + 'static>(
 async fn a_locked_row_holds_back_only_its_own_request() {
     use sqlx::Connection;
     use std::time::{Duration, Instant};
-    type Job<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
     const HOLD: Duration = Duration::from_secs(4);
     let url = idem_store::testing::fresh_pg_database("idem_row_lock").await;
     let store: Arc<dyn Store> =
@@ -514,7 +516,6 @@ async fn a_locked_row_holds_back_only_its_own_request() {
 async fn renewals_of_a_locked_lease_do_not_take_the_pool() {
     use sqlx::Connection;
     use std::time::{Duration, Instant};
-    type Job<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
     const HOLD: Duration = Duration::from_secs(4);
     let url = idem_store::testing::fresh_pg_database("idem_renew_lock").await;
     let store: Arc<dyn Store> =
