@@ -619,6 +619,10 @@ impl PgStore {
     }
 }
 
+// The transactional fallbacks (`acquire_waiting`, `complete_waiting`, a read again) are
+// boxed where `acquire` and `complete` call them: held inline, their futures made every
+// acquire's and completion's future several KiB, copied whole into its box on each call
+// (see `batch.rs` for the measured cost).
 #[async_trait]
 impl Store for PgStore {
     async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
@@ -646,7 +650,7 @@ impl Store for PgStore {
             // A concurrent insert or a tombstone (or a lock the batch writer would not
             // wait for): the transactional path decides.
             Ok(fast::Claim::Neither) => None,
-            Err(e) if lock_timed_out(&e) => return self.acquire_waiting(&input, true).await,
+            Err(e) if lock_timed_out(&e) => return Box::pin(self.acquire_waiting(&input, true)).await,
             Err(e) => return Err(e),
         };
         for _ in 0..CAS_RETRIES {
@@ -665,13 +669,14 @@ impl Store for PgStore {
                     return Ok(outcome);
                 }
                 Ok(false) => {}
-                Err(e) if lock_timed_out(&e) => return self.acquire_waiting(&input, true).await,
+                Err(e) if lock_timed_out(&e) => return Box::pin(self.acquire_waiting(&input, true)).await,
                 Err(e) => return Err(e),
             }
             // Another writer changed it since the read: read again.
-            existing = ops::load(&mut *self.pool.acquire().await?, &input.tenant, &input.key).await?;
+            // (`get` is boxed: the cold read does not widen this future.)
+            existing = self.get(&input.tenant, &input.key).await?;
         }
-        self.acquire_waiting(&input, false).await
+        Box::pin(self.acquire_waiting(&input, false)).await
     }
 
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
@@ -694,11 +699,11 @@ impl Store for PgStore {
             }
             self.cache.forget(&req.tenant, &req.key);
             if locked {
-                return self.complete_waiting(&req, true).await;
+                return Box::pin(self.complete_waiting(&req, true)).await;
             }
         }
         for _ in 0..CAS_RETRIES {
-            let Some(rec) = ops::load(&mut *self.pool.acquire().await?, &req.tenant, &req.key).await? else {
+            let Some(rec) = self.get(&req.tenant, &req.key).await? else {
                 return Err(StoreError::NotFound);
             };
             let plan = self.plan_completion(&rec, &req)?;
@@ -708,11 +713,11 @@ impl Store for PgStore {
             match self.write_completion(plan, rec.version).await {
                 Ok(Some(done)) => return Ok(done),
                 Ok(None) => {}
-                Err(e) if lock_timed_out(&e) => return self.complete_waiting(&req, true).await,
+                Err(e) if lock_timed_out(&e) => return Box::pin(self.complete_waiting(&req, true)).await,
                 Err(e) => return Err(e),
             }
         }
-        self.complete_waiting(&req, false).await
+        Box::pin(self.complete_waiting(&req, false)).await
     }
 
     async fn renew(&self, req: RenewRequest) -> Result<OperationRecord, StoreError> {
