@@ -17,6 +17,7 @@ use crate::keys::{ApiKeyInfo, Role, hash_secret};
 use crate::{AcquireOutcome, CompleteOutcome, CompleteRequest, ListFilter, Page, Store, StoreConfig, StoreError};
 use crate::{ReconcileOutcome, ReconcileRequest, RenewRequest, ResolveRequest};
 use async_trait::async_trait;
+use futures_util::future::BoxFuture;
 use idem_core::{AcquireInput, Clock, OperationEvent, OperationRecord};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use std::sync::Arc;
@@ -593,36 +594,48 @@ impl PgStore {
     /// found neither a record nor room for one (a tombstone, an insert not yet committed),
     /// after [`CAS_RETRIES`] lost races, or when the batch writers would not wait for a
     /// row lock (`locked`): as [`PgStore::complete_waiting`].
-    async fn acquire_waiting(&self, input: &AcquireInput, locked: bool) -> Result<AcquireOutcome, StoreError> {
-        self.cache.forget(&input.tenant, &input.key);
-        let waiter = if locked { Some(self.lock_waiter()?) } else { None };
-        retrying!(self, waiter, |conn| ops::acquire_once(conn, input, self.clock.now_ms()).await)
+    ///
+    /// Boxed, as is `complete_waiting`: held inline, this cold path's future made every
+    /// acquire's future several KiB, copied whole into its box on each call (see
+    /// `batch.rs` for the measured cost).
+    fn acquire_waiting<'a>(
+        &'a self,
+        input: &'a AcquireInput,
+        locked: bool,
+    ) -> BoxFuture<'a, Result<AcquireOutcome, StoreError>> {
+        Box::pin(async move {
+            self.cache.forget(&input.tenant, &input.key);
+            let waiter = if locked { Some(self.lock_waiter()?) } else { None };
+            retrying!(self, waiter, |conn| ops::acquire_once(conn, input, self.clock.now_ms()).await)
+        })
     }
 
     /// A completion on the transactional path, on a pooled connection: after
     /// [`CAS_RETRIES`] lost races, or when the batch writers would not wait for a row
     /// lock (`locked`, [`lock_timed_out`]); this path waits for it, if a waiter's place is
-    /// free.
-    async fn complete_waiting(&self, req: &CompleteRequest, locked: bool) -> Result<CompleteOutcome, StoreError> {
-        let waiter = if locked { Some(self.lock_waiter()?) } else { None };
-        retrying!(self, waiter, |conn| {
-            ops::complete_once(
-                conn,
-                req,
-                &self.config.retry_policy,
-                &self.config.retention,
-                crate::jitter(),
-                self.clock.now_ms(),
-            )
-            .await
+    /// free. Boxed (see `acquire_waiting`).
+    fn complete_waiting<'a>(
+        &'a self,
+        req: &'a CompleteRequest,
+        locked: bool,
+    ) -> BoxFuture<'a, Result<CompleteOutcome, StoreError>> {
+        Box::pin(async move {
+            let waiter = if locked { Some(self.lock_waiter()?) } else { None };
+            retrying!(self, waiter, |conn| {
+                ops::complete_once(
+                    conn,
+                    req,
+                    &self.config.retry_policy,
+                    &self.config.retention,
+                    crate::jitter(),
+                    self.clock.now_ms(),
+                )
+                .await
+            })
         })
     }
 }
 
-// The transactional fallbacks (`acquire_waiting`, `complete_waiting`, a read again) are
-// boxed where `acquire` and `complete` call them: held inline, their futures made every
-// acquire's and completion's future several KiB, copied whole into its box on each call
-// (see `batch.rs` for the measured cost).
 #[async_trait]
 impl Store for PgStore {
     async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
@@ -650,7 +663,7 @@ impl Store for PgStore {
             // A concurrent insert or a tombstone (or a lock the batch writer would not
             // wait for): the transactional path decides.
             Ok(fast::Claim::Neither) => None,
-            Err(e) if lock_timed_out(&e) => return Box::pin(self.acquire_waiting(&input, true)).await,
+            Err(e) if lock_timed_out(&e) => return self.acquire_waiting(&input, true).await,
             Err(e) => return Err(e),
         };
         for _ in 0..CAS_RETRIES {
@@ -669,14 +682,14 @@ impl Store for PgStore {
                     return Ok(outcome);
                 }
                 Ok(false) => {}
-                Err(e) if lock_timed_out(&e) => return Box::pin(self.acquire_waiting(&input, true)).await,
+                Err(e) if lock_timed_out(&e) => return self.acquire_waiting(&input, true).await,
                 Err(e) => return Err(e),
             }
             // Another writer changed it since the read: read again.
             // (`get` is boxed: the cold read does not widen this future.)
             existing = self.get(&input.tenant, &input.key).await?;
         }
-        Box::pin(self.acquire_waiting(&input, false)).await
+        self.acquire_waiting(&input, false).await
     }
 
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
@@ -699,7 +712,7 @@ impl Store for PgStore {
             }
             self.cache.forget(&req.tenant, &req.key);
             if locked {
-                return Box::pin(self.complete_waiting(&req, true)).await;
+                return self.complete_waiting(&req, true).await;
             }
         }
         for _ in 0..CAS_RETRIES {
@@ -713,11 +726,11 @@ impl Store for PgStore {
             match self.write_completion(plan, rec.version).await {
                 Ok(Some(done)) => return Ok(done),
                 Ok(None) => {}
-                Err(e) if lock_timed_out(&e) => return Box::pin(self.complete_waiting(&req, true)).await,
+                Err(e) if lock_timed_out(&e) => return self.complete_waiting(&req, true).await,
                 Err(e) => return Err(e),
             }
         }
-        Box::pin(self.complete_waiting(&req, false)).await
+        self.complete_waiting(&req, false).await
     }
 
     async fn renew(&self, req: RenewRequest) -> Result<OperationRecord, StoreError> {

@@ -100,8 +100,8 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     // `write_distinct`) is several KiB, and a task that holds it inline is
                     // copied whole by `spawn`, into the task's cell and again when it ends.
                     // `scripts/callgrind.sh` on PostgreSQL: ~58 000 instructions of memcpy a
-                    // batch; with this and the cold paths boxed in `PgStore::acquire` and
-                    // `complete`, 583 000 → 388 000 instructions a pair.
+                    // batch; with this and the cold fallbacks boxed (`PgStore::acquire_waiting`,
+                    // `complete_waiting`), 583 000 → 388 000 instructions a pair.
                     let answers = Box::pin(write(items)).await;
                     debug_assert_eq!(answers.len(), replies.len());
                     for (reply, answer) in replies.into_iter().zip(answers) {
