@@ -199,6 +199,15 @@ impl ConnectorConfig {
             ConnectorConfig::Nats(n) => &n.retry,
         }
     }
+
+    /// The tenants that may use it.
+    pub fn tenants(&self) -> &crate::tenants::TenantScope {
+        match self {
+            ConnectorConfig::Http(h) => &h.tenants,
+            ConnectorConfig::Smtp(s) => &s.tenants,
+            ConnectorConfig::Nats(n) => &n.tenants,
+        }
+    }
 }
 
 /// Retry policy and retry budget of a connector (DESIGN.md §4).
@@ -491,7 +500,10 @@ pub struct HttpConfig {
     #[serde(default)]
     pub retry: RetryConfig,
     /// Lease per attempt (ms); default timeout + 10 s.
-    pub lease_ms: Option<i64>,
+    pub lease_ms: Option<i64>,    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
+    /// default `["default"]` ([`crate::tenants`]).
+    #[serde(default)]
+    pub tenants: crate::tenants::TenantScope,
 }
 
 /// `provider_deduplicates`, with an error that names the field: inside `[connectors.NAME]`
@@ -537,7 +549,10 @@ pub struct NatsConfig {
     pub duplicate_window_margin_ms: i64,
     /// Retry policy and budget.
     #[serde(default)]
-    pub retry: RetryConfig,
+    pub retry: RetryConfig,    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
+    /// default `["default"]` ([`crate::tenants`]).
+    #[serde(default)]
+    pub tenants: crate::tenants::TenantScope,
 }
 
 fn default_nats_timeout() -> u64 {
@@ -587,7 +602,10 @@ pub struct SmtpConfig {
     #[serde(default)]
     pub retry: RetryConfig,
     /// Lease per attempt (ms); default 4 × timeout + 10 s.
-    pub lease_ms: Option<i64>,
+    pub lease_ms: Option<i64>,    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
+    /// default `["default"]` ([`crate::tenants`]).
+    #[serde(default)]
+    pub tenants: crate::tenants::TenantScope,
 }
 
 fn default_tls() -> TlsMode {
@@ -752,6 +770,7 @@ impl Config {
                 return Err(err(&field, "connector names are [A-Za-z0-9_-]+"));
             }
             c.retry().check(&field)?;
+            c.tenants().check(&format!("{field}.tenants"))?;
         }
         self.retention()?;
         if self.retention.sweep_interval_ms == 0 || self.retention.sweep_batch < 1 {

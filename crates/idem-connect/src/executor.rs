@@ -74,6 +74,20 @@ impl Executor {
         let (outcome, policy) = match self.registry.get(&name) {
             // Too little of the lease is left for a whole call (it waited for a free slot):
             // do not start; nothing was sent, so a retry is safe.
+            // The configuration no longer lets this tenant use the connector (changed since
+            // the operation was made): nothing is sent, as when the connector is gone.
+            Some(entry) if !entry.allows(&granted.tenant) => (
+                crate::connector::retryable(
+                    "not_allowed",
+                    format!(
+                        "connector {name:?} does not serve tenant {:?} (connectors.{name}.tenants = {})",
+                        granted.tenant,
+                        entry.tenants.describe()
+                    ),
+                    Some(60_000),
+                ),
+                Some(entry.policy.clone()),
+            ),
             Some(entry) if granted.lease_expires_at.is_some_and(|end| end - now < entry.connector.max_call_ms()) => (
                 crate::connector::retryable("not_started", "the lease ran short before the call could start", Some(0)),
                 Some(entry.policy.clone()),

@@ -6,7 +6,7 @@
 //!   JetStream connectors; [`nats::publish`] is also the relay's NATS sink.
 //! - [`http_status`]: what an HTTP status proves about a side effect (connector and proxy).
 //! - [`budget`]: per-connector retry budgets (token buckets).
-//! - [`registry`]: the configured connectors by name.
+//! - [`registry`]: the configured connectors by name; [`tenants`]: which tenants each serves.
 //! - [`executor`]: runs attempts and the durable retry loop.
 //! - [`reconciler`]: settles UNKNOWN operations by lookup.
 //! - [`labels`]: bounded metric label values chosen by clients.
@@ -27,6 +27,7 @@ pub mod nats;
 pub mod reconciler;
 pub mod registry;
 pub mod smtp;
+pub mod tenants;
 
 pub use config::{Config, ConfigError};
 pub use connector::{Connector, OperationCtx};

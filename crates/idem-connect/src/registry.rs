@@ -27,6 +27,16 @@ pub struct Entry {
     /// operations and triggers cannot name them; the caller performs the effect and the
     /// reconciler may still ask.
     pub executes: bool,
+    /// The tenants whose operations it may perform (`tenants = [...]`; lookup-only
+    /// entries serve every tenant of the proxy that made them).
+    pub tenants: crate::tenants::TenantScope,
+}
+
+impl Entry {
+    /// Whether operations of `tenant` may run on it.
+    pub fn allows(&self, tenant: &str) -> bool {
+        self.tenants.allows(tenant)
+    }
 }
 
 /// All connectors and the action → connector defaults.
@@ -60,6 +70,7 @@ impl Registry {
                     budget: RetryBudget::new(r.budget_per_s, r.budget_burst),
                     max_lookups: r.max_lookups,
                     executes: true,
+                    tenants: c.tenants().clone(),
                 }),
             );
         }
@@ -85,6 +96,7 @@ impl Registry {
             budget: RetryBudget::new(1.0, 1.0),
             max_lookups,
             executes: false,
+            tenants: crate::tenants::TenantScope::All,
         };
         self.entries.insert(name.to_owned(), Arc::new(entry));
     }

@@ -106,8 +106,8 @@ pub struct AcquireInput {
     /// Connector that executes the side effect (server-side execution); `None` = the
     /// caller performs it. Part of the intent, like the action.
     pub connector: Option<String>,
-    /// The lease holder identity the trigger names (1–128 characters of
-    /// `[A-Za-z0-9._:-]`, [`crate::lease::validate_holder`]), scoped to `actor.principal`;
+    /// The lease holder identity the trigger names (one attempt's UUID, checked at the
+    /// entry points by [`crate::holder::validate_holder`]), scoped to `actor.principal`;
     /// `None` = anonymous (every other trigger is another worker). Kept on a grant of an
     /// operation the caller performs (no connector); see [`crate::lease`].
     pub holder: Option<String>,

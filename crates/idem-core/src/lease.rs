@@ -1,7 +1,8 @@
 //! Leases: who holds one (the holder identity) and how a holder keeps it (renewal).
 //!
-//! - **Holder identity** (the term of etcd and Kubernetes leases): a worker names itself
-//!   when it acquires, and the record keeps the name ([`OperationRecord::lease_holder`])
+//! - **Holder identity** (the term of etcd and Kubernetes leases): an attempt names itself
+//!   when it acquires — a UUID made for that attempt ([`crate::holder`]) — and the record
+//!   keeps it ([`OperationRecord::lease_holder`])
 //!   beside the principal that was granted the lease ([`OperationRecord::lease_owner`]).
 //!   A holder is scoped to its principal: the same string sent by another principal is
 //!   another holder. While the lease is valid, a trigger from the same principal and
@@ -23,29 +24,7 @@ use crate::State;
 use crate::decision::{MAX_LEASE_MS, MIN_LEASE_MS};
 use crate::record::{Actor, EventKind, OperationEvent, OperationRecord};
 
-/// Longest holder identity, in bytes.
-pub const MAX_HOLDER_LEN: usize = 128;
-
-/// Whether `holder` is a valid holder identity: 1–[`MAX_HOLDER_LEN`] characters of
-/// `[A-Za-z0-9._:-]`. The same rule as a client's `X-Request-Id` that idem keeps, so a
-/// request id can serve as the holder.
-pub fn is_valid_holder(holder: &[u8]) -> bool {
-    !holder.is_empty()
-        && holder.len() <= MAX_HOLDER_LEN
-        && holder.iter().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
-}
-
-/// Checks a holder identity named by a caller.
-///
-/// # Errors
-/// A one-line reason when it is not 1–128 characters of `[A-Za-z0-9._:-]`.
-pub fn validate_holder(holder: &str) -> Result<(), String> {
-    if is_valid_holder(holder.as_bytes()) {
-        Ok(())
-    } else {
-        Err(format!("holder must be 1-{MAX_HOLDER_LEN} characters of [A-Za-z0-9._:-]"))
-    }
-}
+pub use crate::holder::{HOLDER_LEN, HolderError, validate_holder};
 
 /// A worker as a lease knows it: the authenticated principal and the holder identity it
 /// names. Two triggers are the same holder only if both parts are equal.
@@ -178,16 +157,6 @@ mod tests {
             connector: None,
             holder: holder.map(str::to_owned),
             actor: Actor { principal: principal.into(), request_id: holder.map(str::to_owned) },
-        }
-    }
-
-    #[test]
-    fn holder_identities_follow_the_request_id_rule() {
-        for ok in ["w7-attempt-1", "a", "x.y:z_0-9", &"h".repeat(128)] {
-            assert!(validate_holder(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "has space", "quote\"", "ü", &"h".repeat(129), "a/b", "nul\0"] {
-            assert!(validate_holder(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -7,7 +7,10 @@
 //! - [`state`]: the states and their legal transitions (DESIGN.md §2).
 //! - [`decision`]: the decision table of DESIGN.md §3 ([`decide`]) and acquire plans.
 //! - [`completion`]: fenced completions and their plans.
-//! - [`lease`]: lease holder identities and lease renewal (heartbeats).
+//! - [`lease`]: lease holder identities and lease renewal (heartbeats); [`holder`]: what a
+//!   holder identity may be (one attempt's UUID).
+//! - [`ident`]: the one rule every stored identifier follows (not empty, not blank, not
+//!   padded, no control characters).
 //! - [`reconcile`]: settling UNKNOWN by lookup evidence or operator resolution.
 //! - [`retention`]: retention windows, tombstones, late arrivals.
 //! - [`retry`]: the durable backoff schedule (full jitter).
@@ -24,6 +27,8 @@ pub mod completion;
 pub mod decision;
 pub mod fingerprint;
 pub mod flow;
+pub mod holder;
+pub mod ident;
 pub mod inbox;
 pub mod json_number;
 pub mod key;

@@ -22,6 +22,7 @@
 //! (`{ action, connector, input }`). Every error names its field, e.g.
 //! `workflows.order-intake.steps[1].policy: …`.
 
+use idem_connect::tenants::TenantScope;
 use idem_connect::{Config, ConfigError, Registry};
 use idem_core::flow::definition::ConnectorCaps;
 use idem_core::flow::{CompensationDef, Definition, RecoveryPolicy, StepDef};
@@ -33,6 +34,18 @@ use std::collections::BTreeMap;
 #[serde(deny_unknown_fields)]
 struct WorkflowConfig {
     steps: Vec<toml::Value>,
+    #[serde(default)]
+    tenants: TenantScope,
+}
+
+/// A workflow declared in the configuration: its definition, and the tenants that may
+/// start it (`tenants = [...]`, default `["default"]`, `idem_connect::tenants`).
+#[derive(Debug, Clone)]
+pub struct Declared {
+    /// The validated definition.
+    pub definition: Definition,
+    /// Who may start it.
+    pub tenants: TenantScope,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,11 +73,15 @@ pub fn caps(registry: &Registry, name: &str) -> Option<ConnectorCaps> {
     registry.get(name).filter(|e| e.executes).map(|e| ConnectorCaps { has_lookup: e.connector.can_look_up() })
 }
 
-/// Every `[workflows.NAME]` of `config` as a validated definition, by name.
+/// Every `[workflows.NAME]` of `config` as a validated definition with its tenants, by
+/// name. A workflow may serve only tenants that every connector of its steps (and their
+/// compensations) serves, so that a start it accepts never runs a step for a tenant the
+/// connector refuses.
 ///
 /// # Errors
-/// The first [`ConfigError`], naming its field (`workflows.NAME.steps[i].policy`).
-pub fn definitions(config: &Config, registry: &Registry) -> Result<BTreeMap<String, Definition>, ConfigError> {
+/// The first [`ConfigError`], naming its field (`workflows.NAME.steps[i].policy`,
+/// `workflows.NAME.tenants`).
+pub fn definitions(config: &Config, registry: &Registry) -> Result<BTreeMap<String, Declared>, ConfigError> {
     let mut out = BTreeMap::new();
     for (name, raw) in &config.workflows {
         let prefix = format!("workflows.{name}");
@@ -94,7 +111,26 @@ pub fn definitions(config: &Config, registry: &Registry) -> Result<BTreeMap<Stri
         }
         let def = Definition { name: name.clone(), steps };
         def.validate(&prefix, &|c| caps(registry, c)).map_err(|e| bad(e.field, e.message))?;
-        out.insert(name.clone(), def);
+        let field = format!("{prefix}.tenants");
+        wf.tenants.check(&field)?;
+        let connectors = def.steps.iter().flat_map(|s| {
+            s.connector.iter().chain(s.compensation.as_ref().and_then(|c| c.connector.as_ref()))
+        });
+        for c in connectors {
+            if let Some(e) = registry.get(c)
+                && !wf.tenants.within(&e.tenants)
+            {
+                return Err(bad(
+                    field,
+                    format!(
+                        "the workflow serves {} but its connector {c:?} serves only {} (connectors.{c}.tenants)",
+                        wf.tenants.describe(),
+                        e.tenants.describe()
+                    ),
+                ));
+            }
+        }
+        out.insert(name.clone(), Declared { definition: def, tenants: wf.tenants });
     }
     Ok(out)
 }
@@ -107,7 +143,7 @@ fn one_line(s: &str) -> String {
 mod tests {
     use super::*;
 
-    fn load(workflows: &str) -> Result<BTreeMap<String, Definition>, ConfigError> {
+    fn load(workflows: &str) -> Result<BTreeMap<String, Declared>, ConfigError> {
         let text = format!(
             r#"
 [actions.notify]
@@ -140,7 +176,8 @@ steps = [
 ]"#,
         )
         .unwrap();
-        let d = &defs["intake"];
+        assert_eq!(defs["intake"].tenants, TenantScope::default(), "the default tenant alone");
+        let d = &defs["intake"].definition;
         assert_eq!(d.steps[0].policy, RecoveryPolicy::LookupBeforeRedo, "the connector has a lookup");
         assert_eq!((d.steps[1].connector.as_deref(), d.steps[1].policy), (Some("hook"), RecoveryPolicy::Manual));
         assert_eq!(d.steps[1].action, "notify");
@@ -179,6 +216,18 @@ steps = []"#,
                 r#"[workflows."bad name"]
 steps = [{ name = "a" }]"#,
                 "workflows.bad name.name",
+            ),
+            (
+                r#"[workflows.w]
+tenants = ["default", "acme"]
+steps = [{ name = "a", connector = "hook" }]"#,
+                "workflows.w.tenants",
+            ),
+            (
+                r#"[workflows.w]
+tenants = []
+steps = [{ name = "a" }]"#,
+                "workflows.w.tenants",
             ),
         ];
         for (toml, field) in cases {

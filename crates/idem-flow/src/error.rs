@@ -26,6 +26,18 @@ pub enum FlowError {
     /// The request gave steps for a workflow idem's configuration declares.
     #[error("workflow {0:?} is declared in idem's configuration, which defines its steps; leave out \"steps\"")]
     DeclaredWorkflow(String),
+    /// The declared workflow does not serve the caller's tenant (`tenants = [...]`).
+    #[error(
+        "workflow {workflow:?} does not serve tenant {tenant:?} (it serves {tenants}; workflows.{workflow}.tenants in idem's configuration); nothing was written"
+    )]
+    WorkflowNotAllowed {
+        /// The workflow.
+        workflow: String,
+        /// The caller's tenant.
+        tenant: String,
+        /// The tenants it serves, as configured.
+        tenants: String,
+    },
     /// No such instance (or another tenant's).
     #[error("no workflow instance {0:?}")]
     InstanceNotFound(String),

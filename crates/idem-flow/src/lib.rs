@@ -42,6 +42,8 @@ pub struct Flows {
     registry: Arc<Registry>,
     clock: Arc<dyn Clock>,
     declared: BTreeMap<String, Arc<Definition>>,
+    /// Who may start each declared workflow.
+    tenants: BTreeMap<String, idem_connect::tenants::TenantScope>,
     /// Pinned definitions read back from the store, by (tenant, name, version): they never
     /// change once written.
     pinned: Mutex<HashMap<(String, String, String), Arc<Definition>>>,
@@ -77,9 +79,10 @@ impl Flows {
         reconciler: Arc<Reconciler>,
         registry: Arc<Registry>,
         clock: Arc<dyn Clock>,
-        declared: BTreeMap<String, Definition>,
+        declared: BTreeMap<String, config::Declared>,
     ) -> Arc<Self> {
-        let declared = declared.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        let tenants = declared.iter().map(|(k, v)| (k.clone(), v.tenants.clone())).collect();
+        let declared = declared.into_iter().map(|(k, v)| (k, Arc::new(v.definition))).collect();
         Arc::new_cyclic(|me| Flows {
             store,
             executor,
@@ -87,6 +90,7 @@ impl Flows {
             registry,
             clock,
             declared,
+            tenants,
             pinned: Mutex::new(HashMap::new()),
             me: me.clone(),
         })

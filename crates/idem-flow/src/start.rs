@@ -121,6 +121,13 @@ impl Flows {
             c.is_ascii_alphanumeric() || "._:-".contains(c)
         })?;
         let definition = self.definition_for(&call.workflow, call.steps.as_deref())?;
+        if let Some(scope) = self.tenants.get(&call.workflow).filter(|t| !t.allows(&call.tenant)) {
+            return Err(FlowError::WorkflowNotAllowed {
+                workflow: call.workflow,
+                tenant: call.tenant,
+                tenants: scope.describe(),
+            });
+        }
         let input_fingerprint =
             idem_core::fingerprint(&call.input, None).map_err(|e| FlowError::Invalid(e.to_string()))?.0;
         let input = StartInput {

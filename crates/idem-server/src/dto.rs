@@ -48,17 +48,22 @@ pub struct AcquireBody {
     pub redo_safe: Option<bool>,
     /// Name of a configured connector that performs the side effect (the payload is its
     /// input); default: the action's connector in the config, else none (the caller
-    /// performs it). With a connector, idem executes on a grant and answers 201 with the
-    /// result if it finishes within `wait_ms`, else 202 with `Location`.
+    /// performs it). With a connector, idem executes on a grant and answers 200 with the
+    /// result and `Idem-Performed-By: connector` if it finishes within `wait_ms`, else 202
+    /// with `Location` — never 201, which only ever hands the effect to the caller.
     pub connector: Option<String>,
-    /// The worker's lease holder identity (the etcd/Kubernetes term): 1-128 characters of
-    /// `[A-Za-z0-9._:-]`, scoped to the caller's principal. Default: the request's own
-    /// `X-Request-Id`, if the client sent one that idem kept (never one idem generated).
-    /// While the lease is valid, a trigger of the same principal and holder with the same
-    /// intent gets its grant back unchanged (201: same fencing token, lease end and
-    /// attempt), e.g. a request resent after its reply was lost; anyone else gets 409.
-    /// Ignored for connector operations (idem's executor holds their lease).
-    #[schema(example = "worker-7")]
+    /// The attempt's lease holder identity (the etcd/Kubernetes term): a UUID (RFC 9562,
+    /// version 4 or 7; 1, 6 also) generated for this one attempt, scoped to the caller's
+    /// principal. While the lease is valid, a trigger of the same principal and holder with
+    /// the same intent gets its grant back unchanged (201: same fencing token, lease end
+    /// and attempt) — the resend of a request whose reply was lost; anyone else gets 409.
+    /// Send it only on that attempt's resends: never a worker name, an event id, a
+    /// request id or a constant, which other attempts share (refused where idem can tell:
+    /// not a UUID, a name-based or Nil UUID, a time-based one over an hour old, part of the
+    /// key, equal to `X-Request-Id` — 400 `invalid-holder`). Default: none (a resend gets
+    /// 409 like anyone else's trigger). Ignored for connector operations (idem's executor
+    /// holds their lease). DESIGN.md §3 "Holders".
+    #[schema(example = "0b6f7a1e-3c2d-4e5f-8a9b-0c1d2e3f4a5b")]
     pub holder: Option<String>,
 }
 
@@ -106,7 +111,7 @@ pub struct OperationView {
     /// Principal holding (or last holding) the lease.
     pub lease_owner: Option<String>,
     /// Holder identity (within `lease_owner`) holding or last holding the lease, when the
-    /// trigger named one (`holder`, or its `X-Request-Id`).
+    /// trigger named one (`holder`, lowercase).
     pub lease_holder: Option<String>,
     /// End of the current lease.
     pub lease_expires_at: Option<String>,

@@ -88,7 +88,7 @@ impl AppState {
         clock: Arc<dyn Clock>,
         registry: Arc<Registry>,
         config: &idem_connect::Config,
-        workflows: std::collections::BTreeMap<String, idem_core::flow::Definition>,
+        workflows: std::collections::BTreeMap<String, idem_flow::config::Declared>,
     ) -> Self {
         let store: Arc<dyn Store> = Arc::new(metrics::MeteredStore(store));
         let executor = Arc::new(Executor::new(
@@ -172,7 +172,7 @@ pub struct ServerConfig {
     pub database_clock: Option<Arc<DatabaseClock>>,
     /// The workflows declared in `connect` (`[workflows.NAME]`), validated against
     /// `registry` before start-up.
-    pub workflows: std::collections::BTreeMap<String, idem_core::flow::Definition>,
+    pub workflows: std::collections::BTreeMap<String, idem_flow::config::Declared>,
     /// `[outbox]` of `connect`, checked: the admin page shows that outbox, and with
     /// `in_serve = true` this server runs its relay.
     pub outbox: Option<idem_outbox::relay::config::RelayConfig>,

@@ -109,7 +109,7 @@ pub fn proxied_trace_layer() -> ProxiedTraceLayer {
 }
 
 /// Longest client-supplied request id kept, in bytes.
-pub const MAX_REQUEST_ID_LEN: usize = idem_core::lease::MAX_HOLDER_LEN;
+pub const MAX_REQUEST_ID_LEN: usize = 128;
 
 /// Request extension: the `x-request-id` is the client's own (kept by
 /// [`sanitize_request_id`]), not one idem generated.
@@ -117,9 +117,10 @@ pub const MAX_REQUEST_ID_LEN: usize = idem_core::lease::MAX_HOLDER_LEN;
 pub struct ClientRequestId;
 
 /// Middleware (outermost): drops an `x-request-id` that is empty, longer than
-/// [`MAX_REQUEST_ID_LEN`] or has a character outside `[A-Za-z0-9._:-]` (the rule of a
-/// lease holder identity, `idem_core::lease::is_valid_holder`); the request-id layer then
-/// generates a UUID for it. A kept one is marked with [`ClientRequestId`].
+/// [`MAX_REQUEST_ID_LEN`] or has a character outside `[A-Za-z0-9._:-]`; the request-id
+/// layer then generates a UUID for it. A kept one is marked with [`ClientRequestId`]. A
+/// request id correlates logs and answers; it never names a lease holder (frameworks and
+/// gateways propagate one id along a chain of calls, so several attempts would share it).
 pub async fn sanitize_request_id(
     mut req: axum::extract::Request,
     next: axum::middleware::Next,
@@ -127,7 +128,7 @@ pub async fn sanitize_request_id(
     let headers = req.headers_mut();
     let mut values = headers.get_all("x-request-id").iter();
     let kept = match (values.next(), values.next()) {
-        (Some(v), None) => idem_core::lease::is_valid_holder(v.as_bytes()),
+        (Some(v), None) => is_kept_request_id(v.as_bytes()),
         _ => false,
     };
     if kept {
@@ -136,6 +137,12 @@ pub async fn sanitize_request_id(
         req.headers_mut().remove("x-request-id");
     }
     next.run(req).await
+}
+
+/// Whether a client's `x-request-id` is kept: 1–[`MAX_REQUEST_ID_LEN`] bytes of
+/// `[A-Za-z0-9._:-]` (safe in logs and headers as it is).
+pub fn is_kept_request_id(id: &[u8]) -> bool {
+    !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && id.iter().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
 }
 
 /// Makes the `x-request-id` of a request that came without a usable one: a random UUID

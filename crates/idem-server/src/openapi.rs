@@ -13,11 +13,13 @@ use utoipa::{Modify, OpenApi};
     info(
         title = "idem",
         description = "idem makes side effects safe to retry. Acquire an idempotency key before a side effect, \
-perform it only when granted (201), then complete with the fencing token. Repeated triggers get the recorded \
-result (200 + `Idempotent-Replayed: true`), 409 while another worker holds the lease, 202 while the outcome is \
-UNKNOWN, and 422 when the key is reused with another payload. A lease has a holder identity (`holder`, by \
-default the request's `X-Request-Id`): the holder re-acquiring during its lease gets its own grant back (201), \
-and renews the lease with its fencing token (`POST /v1/operations/{key}/renew`, a heartbeat). Leases, retries \
+perform it only when granted (201: the one answer that hands the effect to the caller), then complete with \
+the fencing token. Repeated triggers get the recorded result (200 + `Idempotent-Replayed: true`), 409 while \
+another worker holds the lease, 202 while the outcome is UNKNOWN, and 422 when the key is reused with another \
+payload. When a connector of idem's performs the effect, the trigger gets 200 + `Idem-Performed-By: connector` \
+with the outcome (or 202 while it runs), never 201. A lease has a holder identity (`holder`: a UUID generated \
+for one attempt, never a worker name or request id): that attempt's resend during its lease gets its own grant \
+back (201), and it renews the lease with its fencing token (`POST /v1/operations/{key}/renew`, a heartbeat). Leases, retries \
 and retention are judged on one clock per ledger (on PostgreSQL, the database's). Status codes follow the IETF httpapi \
 Idempotency-Key draft; errors are RFC 9457 problem+json whose `type` is `/problems/<slug>`. Instants are \
 RFC 3339 UTC, durations milliseconds. Every /v1 call needs `Authorization: Bearer <api key>` and sees only \

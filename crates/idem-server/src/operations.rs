@@ -250,14 +250,15 @@ pub(crate) fn with_rid(p: Problem, caller: &Caller) -> Problem {
     request_body = AcquireBody,
     params(
         ("Idempotency-Key" = Option<String>, Header, description = "The key, if not in the body"),
-        ("X-Request-Id" = Option<String>, Header, description = "The request's id (1-128 characters of `[A-Za-z0-9._:-]`; others are replaced by a generated one): unique per request, kept when the same request is resent. Recorded on the trigger's event, and the lease holder identity when the body names no `holder`"),
+        ("X-Request-Id" = Option<String>, Header, description = "The request's id (1-128 characters of `[A-Za-z0-9._:-]`; others are replaced by a generated one), recorded on the trigger's event and in the logs. Never a lease holder: name the attempt in the body's `holder`"),
     ),
     responses(
-        (status = 201, description = "Lease granted: perform the side effect, then complete with the fencing token. Also the answer to the lease's own holder (same principal and `holder`, by default the same `X-Request-Id`) while its lease is valid: the same grant, unchanged (same fencing token, `lease_expires_at` and attempt), e.g. for a request resent after its reply was lost", body = OperationView),
-        (status = 200, description = "Replay of a SUCCEEDED or FAILED operation; header `Idempotent-Replayed: true`", body = OperationView),
-        (status = 202, description = "Outcome UNKNOWN: reconciliation pending, nothing executed", body = OperationView),
-        (status = 400, description = "Malformed request, missing or invalid key, a payload with duplicate member names (also after NFC) or a number an IEEE 754 double does not carry exactly", body = Problem, content_type = "application/problem+json"),
+        (status = 201, description = "Lease granted to this caller: perform the side effect, then complete with the fencing token. Only ever for an operation the caller performs (never when a connector performs it). Also the answer to the lease's own attempt (same principal and `holder`) while its lease is valid: the same grant, unchanged (same fencing token, `lease_expires_at` and attempt), for a request resent after its reply was lost", body = OperationView),
+        (status = 200, description = "Final (SUCCEEDED or FAILED): do not perform the side effect; the outcome is in the body. Either a replay of a finished operation (header `Idempotent-Replayed: true`) or the outcome of the attempt a connector of idem's just made during this request (header `Idem-Performed-By: connector`)", body = OperationView),
+        (status = 202, description = "Not final, and not this caller's to perform: do not perform the side effect. UNKNOWN — a worker's lease ended while it may have acted, or a call's outcome was lost — until the reconciler's lookup or an operator settles it (`needs_review`, `last_error` say which); or, for an operation a connector performs, idem's attempt still running or its retry scheduled (header `Location` to poll)", body = OperationView),
+        (status = 400, description = "Malformed request, missing or invalid key, a payload with duplicate member names (also after NFC) or a number an IEEE 754 double does not carry exactly, or a `holder` that does not identify one attempt (`invalid-holder`)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The connector (named, or the action's default) does not serve the caller's tenant (`connector-not-allowed`); nothing was recorded", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "In progress (another worker's lease), or the next attempt is not due; header `Retry-After`", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Late arrival: the key's operation completed and its record was removed after its retention window (default 24 h after completion); a tombstone remembers it (default 30 days after completion) and nothing executes. After the tombstone is gone the key is new again.", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
@@ -272,7 +273,8 @@ pub async fn acquire(
     ApiJson(mut body): ApiJson<AcquireBody>,
 ) -> Result<Response, Problem> {
     let payload = body.payload.take().map_or(serde_json::Value::Null, |p| p.0);
-    let input = acquire_input(&caller, &headers, body.key.as_deref(), &body, payload, state.executor.registry())
+    let now_ms = state.clock.now_ms();
+    let input = acquire_input(&caller, &headers, body.key.as_deref(), &body, payload, state.executor.registry(), now_ms)
         .map_err(|p| with_rid(p, &caller))?;
     let wait_ms = in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
@@ -437,10 +439,16 @@ async fn wait_for_change(state: &AppState, input: &AcquireInput, deadline: tokio
     }
 }
 
+/// The header that marks a `200` whose outcome a connector of idem's produced during the
+/// request (beside `Idempotent-Replayed: true`, which marks a replay).
+pub const PERFORMED_BY_HEADER: &str = "idem-performed-by";
+
 /// Runs the attempt idem was just granted for a connector-backed operation, in its own
 /// task so it finishes even if the caller goes away, and waits for it until `deadline`.
-/// Finished (SUCCEEDED or FAILED) in time ⇒ 201 with the result; otherwise (still running,
-/// retry scheduled, or UNKNOWN) ⇒ 202 with `Location` to poll.
+/// Finished (SUCCEEDED or FAILED) in time ⇒ 200 with the result and
+/// `Idem-Performed-By: connector`; otherwise (still running, retry scheduled, or UNKNOWN)
+/// ⇒ 202 with `Location` to poll. Never 201: that means "you hold the lease, perform the
+/// effect" (DESIGN.md §3 "One answer, one meaning"), and idem performed it.
 async fn run_connector_attempt(
     state: &AppState,
     granted: idem_core::OperationRecord,
@@ -458,11 +466,11 @@ async fn run_connector_attempt(
         }
         Err(_) => granted,
     };
-    let status = if record.state.is_final() { StatusCode::CREATED } else { StatusCode::ACCEPTED };
+    let status = if record.state.is_final() { StatusCode::OK } else { StatusCode::ACCEPTED };
     let mut resp = (status, axum::Json(OperationView::of(record))).into_response();
-    if status == StatusCode::ACCEPTED
-        && let Ok(v) = HeaderValue::from_str(&location)
-    {
+    if status == StatusCode::OK {
+        resp.headers_mut().insert(PERFORMED_BY_HEADER, HeaderValue::from_static("connector"));
+    } else if let Ok(v) = HeaderValue::from_str(&location) {
         resp.headers_mut().insert(axum::http::header::LOCATION, v);
     }
     Ok(resp)
@@ -488,16 +496,22 @@ fn acquire_input(
     body: &AcquireBody,
     payload: serde_json::Value,
     registry: &idem_connect::Registry,
+    now_ms: i64,
 ) -> Result<AcquireInput, Problem> {
     let key = key_of(key, headers)?;
     check_action(&body.action)?;
 
     let connector = match body.connector.as_deref().or_else(|| registry.for_action(&body.action)) {
         None => None,
-        Some(name) if registry.get(name).is_some_and(|e| e.executes) => Some(name.to_owned()),
-        Some(name) => {
-            return Err(Problem::invalid(format!("unknown connector {name:?}: it is not configured on this server")));
-        }
+        Some(name) => match registry.get(name).filter(|e| e.executes) {
+            Some(e) if e.allows(&caller.tenant) => Some(name.to_owned()),
+            Some(e) => return Err(connector_not_allowed(name, &body, &caller.tenant, &e.tenants)),
+            None => {
+                return Err(Problem::invalid(format!(
+                    "unknown connector {name:?}: it is not configured on this server"
+                )));
+            }
+        },
     };
     // A connector's attempt gets at least the connector's lease (longer than its
     // timeouts): a shorter one could expire under a live call and invite a second one.
@@ -509,7 +523,7 @@ fn acquire_input(
     };
     let fp = fingerprint(&payload, body.fingerprint_fields.as_deref()).map_err(|e| Problem::invalid(e.to_string()))?;
     Ok(AcquireInput {
-        holder: holder_of(caller, body.holder.as_deref())?,
+        holder: holder_of(caller, body.holder.as_deref(), key.as_str(), now_ms)?,
         tenant: caller.tenant.clone(),
         key: key.to_string(),
         action: body.action.clone(),
@@ -522,20 +536,50 @@ fn acquire_input(
     })
 }
 
-/// The trigger's lease holder identity: the body's `holder` (validated), else the
-/// client's own `X-Request-Id` (never one idem generated), else none.
+/// 403 `connector-not-allowed`: the caller's tenant is not among the connector's
+/// `tenants` (issue 28 §4: a client key of another tenant sent mail through the default
+/// tenant's SMTP account). Nothing was recorded. Says whether the connector came from
+/// the request or from the action's default.
+fn connector_not_allowed(
+    name: &str,
+    body: &AcquireBody,
+    tenant: &str,
+    allowed: &idem_connect::tenants::TenantScope,
+) -> Problem {
+    let how = if body.connector.is_some() {
+        format!("this request names connector {name:?}")
+    } else {
+        format!("action {:?} runs on connector {name:?} by default", body.action)
+    };
+    Problem::new(
+        StatusCode::FORBIDDEN,
+        "connector-not-allowed",
+        format!(
+            "{how}, which does not serve tenant {tenant:?} (it serves {}; connectors.{name}.tenants in the server's configuration); nothing was recorded",
+            allowed.describe()
+        ),
+    )
+}
+
+/// The trigger's lease holder identity: the body's `holder`, checked by
+/// [`idem_core::holder::validate_holder`] against the operation's `key` at the ledger's
+/// `now_ms`; `None` when the body names none. A request id never serves as a holder
+/// (gateways and frameworks propagate one along a chain of calls, DESIGN.md §3
+/// "Holders"), and a holder that *is* this request's own `X-Request-Id` is refused for
+/// the same reason.
 ///
 /// # Errors
-/// 400 `invalid-request` for a `holder` that is not 1-128 characters of `[A-Za-z0-9._:-]`.
-pub(crate) fn holder_of(caller: &Caller, holder: Option<&str>) -> Result<Option<String>, Problem> {
-    match holder {
-        Some(h) => {
-            idem_core::lease::validate_holder(h).map_err(Problem::invalid)?;
-            Ok(Some(h.to_owned()))
-        }
-        None if caller.request_id_from_client => Ok(caller.request_id.clone()),
-        None => Ok(None),
+/// 400 `invalid-holder`, saying what to send instead.
+pub(crate) fn holder_of(caller: &Caller, holder: Option<&str>, key: &str, now_ms: i64) -> Result<Option<String>, Problem> {
+    let Some(h) = holder else { return Ok(None) };
+    let invalid = |detail: String| Problem::new(StatusCode::BAD_REQUEST, "invalid-holder", detail);
+    idem_core::holder::validate_holder(h, key, now_ms).map_err(|e| invalid(e.to_string()))?;
+    if caller.request_id_from_client && caller.request_id.as_deref().is_some_and(|rid| rid.eq_ignore_ascii_case(h)) {
+        return Err(invalid(
+            "holder is this request's X-Request-Id; request ids are propagated along a chain of calls, so another attempt could present the same one: generate a new UUID (version 4 or 7) for each attempt as its holder".into(),
+        ));
     }
+    Ok(Some(h.to_ascii_lowercase()))
 }
 
 pub(crate) fn outcome_of(b: CompleteBody) -> Result<Outcome, Problem> {

@@ -65,7 +65,22 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "operation-in-progress",
         "The operation is in progress",
-        "Another worker holds the lease (another principal, another holder identity, or a trigger that names none). Retry after `Retry-After` seconds, or pass `wait_ms`. The lease's own holder (same principal and `holder`, or the same `X-Request-Id`) gets its grant back instead. IETF httpapi Idempotency-Key draft §2.7: 409.",
+        "Another worker holds the lease (another principal, another holder identity, or a trigger that names none). Retry after `Retry-After` seconds, or pass `wait_ms`. The lease's own attempt (same principal and `holder`, a UUID made for that attempt) gets its grant back instead. IETF httpapi Idempotency-Key draft §2.7: 409.",
+    ),
+    (
+        "invalid-holder",
+        "The holder does not identify one attempt",
+        "A lease's holder gets the grant back while the lease is valid, so whoever presents it acts: it must be a UUID generated for one attempt (version 4 or 7; 1 and 6 too) and sent again only to resend that attempt's request. Refused: anything but a UUID (a worker name, an event id), a name-based (version 3, 5), Nil or Max UUID, a time-based one made over an hour ago, one that is part of the idempotency key, one equal to the request's X-Request-Id. Generate a new one per attempt, or send none. Nothing was recorded. DESIGN.md §3 \"Holders\".",
+    ),
+    (
+        "connector-not-allowed",
+        "The connector does not serve this tenant",
+        "The trigger names a connector, or its action has one by default, whose configuration does not list the caller's tenant (`tenants = [...]` of `[connectors.NAME]`; default `[\"default\"]`): a connector acts with the operator's credentials, so it serves only the tenants listed. Nothing was recorded. Ask the operator to add the tenant, or perform the effect yourself under another action.",
+    ),
+    (
+        "workflow-not-allowed",
+        "The workflow does not serve this tenant",
+        "The workflow is declared in the server's configuration for other tenants only (`tenants = [...]` of `[workflows.NAME]`; default `[\"default\"]`): its steps run on the operator's connectors. Nothing was written.",
     ),
     (
         "retry-not-due",

@@ -247,6 +247,7 @@ impl ProxyLookup {
             provider_deduplicates: false,
             retry: Default::default(),
             lease_ms: None,
+            tenants: idem_connect::tenants::TenantScope::All,
         };
         let inner =
             idem_connect::http::HttpConnector::new("proxy", &config).map_err(|e| idem_connect::ConfigError {

@@ -51,16 +51,21 @@ pub enum Command {
     Wf(WfCommand),
     /// Trigger an operation: acquire its lease, or learn its recorded outcome.
     ///
-    /// Exit status: 0 = lease granted (201: do the side effect, then `idem complete`);
-    /// 10 = replay of a SUCCEEDED/FAILED operation (200: do nothing);
-    /// 11 = outcome UNKNOWN, reconciliation pending (202: do nothing);
+    /// Exit status — one meaning each, whatever performs the effect:
+    /// 0 = lease granted to you (201: do the side effect, then `idem complete`); only ever
+    /// for an operation you perform, never when a connector of idem's performs it;
+    /// 10 = replay of an operation that finished before (200: do nothing);
+    /// 14 = idem performed it during this call, with a connector (yours or the action's
+    /// default), and it finished: SUCCEEDED or FAILED, printed (200: do nothing);
+    /// 11 = not final and not yours: UNKNOWN, or idem's attempt still running or its retry
+    /// scheduled (202: do nothing; `idem ops get` shows how it ends);
     /// 12 = in progress or retry not due (409: try later);
     /// 13 = late arrival: finished long ago, only its tombstone is left (410: do nothing,
     /// never retry);
     /// 1 = error (bad input, 422 key reused with another payload, server unreachable).
-    /// With a connector idem performs the effect itself: 0 = it succeeded, 1 = it failed
-    /// finally, 11 = not finished yet (running, retry scheduled or UNKNOWN; poll with
-    /// `idem ops get`).
+    ///
+    /// Each call is one attempt with a holder of its own (a new UUID, or --holder): a
+    /// reply lost on the way is resent with it, and gets the same grant back.
     Acquire(AcquireArgs),
     /// Renew the lease of a fencing token (a heartbeat): it then ends --lease-ms from now.
     ///
@@ -670,9 +675,11 @@ pub struct AcquireArgs {
     /// Let idem perform the side effect with this configured connector.
     #[arg(long)]
     pub connector: Option<String>,
-    /// This worker's lease holder identity (1-128 of [A-Za-z0-9._:-], scoped to the API
-    /// key's principal): acquiring again with it while the lease is valid returns the same
-    /// grant (same token) instead of 409, e.g. after a lost reply.
+    /// This attempt's lease holder identity: a UUID (version 4 or 7) made for this one
+    /// attempt; default: a new one per call (printed with --json as `lease_holder`). Pass
+    /// the same one only to resend this attempt after its answer was lost (the resend gets
+    /// the same grant back while the lease is valid); never a worker name, an event id or
+    /// a constant, which another run would share (refused).
     #[arg(long)]
     pub holder: Option<String>,
 }

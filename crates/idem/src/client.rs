@@ -19,6 +19,14 @@ pub const EXIT_BUSY: u8 = 12;
 /// script that retried on exit 1 kept retrying until the tombstone expired, and then the
 /// key was new and the effect ran again (break-it finding).
 pub const EXIT_LATE: u8 = 13;
+/// 200 with `Idem-Performed-By: connector`: a connector of idem's performed the effect
+/// during this call and it finished (SUCCEEDED or FAILED). Not 0, which only ever means
+/// "the lease is yours: perform it" (issue 28: a default connector's success was exit 0,
+/// and a script that followed the table sent the e-mail a second time).
+pub const EXIT_PERFORMED: u8 = 14;
+/// How often `idem acquire` resends its request when no answer came back (the reply was
+/// lost): the same attempt, the same holder, so a grant already made is given back.
+const ACQUIRE_RESENDS: usize = 3;
 
 pub(crate) struct Api {
     http: reqwest::Client,
@@ -26,11 +34,13 @@ pub(crate) struct Api {
     key: String,
 }
 
-/// A server answer: status, body (JSON or text), and whether it was a replay.
+/// A server answer: status, body (JSON or text), whether it was a replay, and whether a
+/// connector performed the effect during the request (`Idem-Performed-By`).
 pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) body: Value,
     pub(crate) replayed: bool,
+    pub(crate) performed: bool,
 }
 
 impl Api {
@@ -64,6 +74,7 @@ impl Api {
         let resp = req.send().await.with_context(|| format!("cannot reach the idem server at {}", self.base))?;
         let status = resp.status();
         let replayed = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
+        let performed = resp.headers().get("idem-performed-by").is_some();
         let text = resp.text().await.context("the server's answer was cut off")?;
         // A success that is not JSON the CLI can read must not print as an empty table.
         let body = match serde_json::from_str(&text) {
@@ -73,7 +84,7 @@ impl Api {
             }
             Err(_) => Value::String(text),
         };
-        Ok(Answer { status, body, replayed })
+        Ok(Answer { status, body, replayed, performed })
     }
 }
 
@@ -223,31 +234,70 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     if let Some(c) = &args.connector {
         body["connector"] = json!(c);
     }
-    if let Some(h) = &args.holder {
-        body["holder"] = json!(h);
-    }
-    let a = api.call(Method::POST, api.url(&["v1", "operations"])?, Some(body)).await?;
-    let performed_by_idem = a.body.get("connector").is_some_and(Value::is_string);
-    let code = match a.status.as_u16() {
-        201 if performed_by_idem && a.body["state"] == "FAILED" => 1,
-        201 => 0,
-        200 if a.replayed => EXIT_REPLAY,
-        202 => EXIT_UNKNOWN,
-        409 => EXIT_BUSY,
-        410 => EXIT_LATE,
-        _ => {
-            check(&a)?;
-            bail!("unexpected answer {} from the server", a.status)
+    let holder = match &args.holder {
+        Some(h) => {
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            idem_core::holder::validate_holder(h, &args.key, now_ms).map_err(|e| anyhow::anyhow!("--holder: {e}"))?;
+            h.to_ascii_lowercase()
         }
+        None => uuid::Uuid::now_v7().to_string(),
     };
+    body["holder"] = json!(holder);
+    let url = api.url(&["v1", "operations"])?;
+    let a = resend_until_answered(|| api.call(Method::POST, url.clone(), Some(body.clone()))).await?;
+    let code = acquire_exit(&a)?;
     if args.server.json {
         crate::out!("{}", a.body);
     } else if matches!(a.status.as_u16(), 409 | 410) {
         crate::out!("{}", output::problem_line(a.status.as_u16(), &a.body));
     } else {
-        crate::out!("{}", output::acquire_summary(a.status.as_u16(), &output::printable(&a.body)));
+        crate::out!("{}", output::acquire_summary(a.status.as_u16(), a.performed, &output::printable(&a.body)));
     }
     Ok(ExitCode::from(code))
+}
+
+/// Sends a request again when no answer came back (connection refused, reset, timed
+/// out), up to [`ACQUIRE_RESENDS`] times 250 ms apart; an answer of any status ends it.
+/// Only for requests whose resend is the same attempt (an acquire with its holder).
+async fn resend_until_answered<F, Fut>(send: F) -> anyhow::Result<Answer>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Answer>>,
+{
+    let mut tries = 0;
+    loop {
+        match send().await {
+            Err(e) if tries < ACQUIRE_RESENDS && e.chain().any(|c| c.downcast_ref::<reqwest::Error>().is_some()) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The exit status of an acquire's answer (see `idem acquire --help`): 0 only for a grant
+/// of an operation the caller performs — a 201 naming a connector (an older server) is
+/// read by its state, never as "perform it".
+fn acquire_exit(a: &Answer) -> anyhow::Result<u8> {
+    let by_connector = a.body.get("connector").is_some_and(Value::is_string);
+    let is_final = matches!(a.body["state"].as_str(), Some("SUCCEEDED" | "FAILED"));
+    Ok(match a.status.as_u16() {
+        201 if !by_connector && a.body["state"] == "EXECUTING" => 0,
+        201 | 200 if by_connector && is_final && !a.replayed => EXIT_PERFORMED,
+        201 if by_connector => EXIT_UNKNOWN,
+        200 if a.performed => EXIT_PERFORMED,
+        200 => EXIT_REPLAY,
+        202 => EXIT_UNKNOWN,
+        409 => EXIT_BUSY,
+        410 => EXIT_LATE,
+        _ => {
+            check(a)?;
+            bail!("unexpected answer {} from the server", a.status)
+        }
+    })
 }
 
 pub async fn renew(args: RenewArgs) -> anyhow::Result<ExitCode> {

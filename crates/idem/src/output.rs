@@ -68,20 +68,25 @@ pub fn problem_line(status: u16, body: &Value) -> String {
     line
 }
 
-/// One line per answer of `idem acquire`.
-pub fn acquire_summary(status: u16, v: &Value) -> String {
+/// One line per answer of `idem acquire` (`performed`: the answer's `Idem-Performed-By`).
+pub fn acquire_summary(status: u16, performed: bool, v: &Value) -> String {
     let by_connector = v.get("connector").and_then(Value::as_str);
     match status {
-        201 | 202 if by_connector.is_some() => format!(
-            "{} {}: {} by connector {} {}",
-            if status == 201 { "performed" } else { "accepted" },
+        200 | 201 if by_connector.is_some() && (performed || status == 201) => format!(
+            "performed {}: {} by connector {} {} — idem did it; do nothing",
             s(v, "key"),
             s(v, "state"),
             by_connector.unwrap_or("-"),
             evidence(v)
-        )
-        .trim_end()
-        .to_owned(),
+        ),
+        202 if by_connector.is_some() => format!(
+            "accepted {}: {} by connector {} {} — idem is on it; do nothing (`idem ops get {}` shows how it ends)",
+            s(v, "key"),
+            s(v, "state"),
+            by_connector.unwrap_or("-"),
+            evidence(v),
+            s(v, "key"),
+        ),
         201 => format!(
             "acquired {}: attempt {}, fencing token {}, lease until {} — perform the side effect, then `idem complete {} --token {} …`",
             s(v, "key"),
@@ -92,10 +97,24 @@ pub fn acquire_summary(status: u16, v: &Value) -> String {
             n(v, "fencing_token"),
         ),
         200 => format!("replay {}: {} {} — already done, nothing to do", s(v, "key"), s(v, "state"), evidence(v)),
-        202 => {
-            format!("unknown {}: outcome UNKNOWN, reconciliation pending — do not redo the side effect", s(v, "key"))
-        }
+        202 => format!("unknown {}: outcome UNKNOWN — do not redo the side effect; {}", s(v, "key"), unknown_cause(v)),
         _ => operation_summary(v),
+    }
+}
+
+/// Why an operation is UNKNOWN and what settles it, in words for a person on call: its
+/// last error's message (the cause idem recorded: a lease that ended while the worker may
+/// have acted, a call whose answer was lost) and whether it waits for review.
+pub fn unknown_cause(v: &Value) -> String {
+    let cause = v.get("error").and_then(|e| e.get("message")).and_then(Value::as_str);
+    let settle = if v.get("needs_review").and_then(Value::as_bool) == Some(true) {
+        "it waits for a person: `idem ops resolve` once you know what happened"
+    } else {
+        "idem asks the provider (reconciliation), or a person resolves it"
+    };
+    match cause {
+        Some(c) => format!("{c}; {settle}"),
+        None => settle.to_owned(),
     }
 }
 

@@ -98,7 +98,10 @@ async fn s5_validation_failure_is_final_and_replayed() {
     let db = Db::new(Backend::Sqlite).await;
     let s = Server::start_with_config(&db.url, &orders_config(addr, ""));
     let t0 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"to": "bad"}), 5_000)).await;
-    assert_eq!(t0.status, 201, "{t0:?}");
+    // idem performed it and it failed finally: 200 with idem's own marker, never 201
+    // (which would tell a caller to perform it; issue 28 §1).
+    assert_eq!((t0.status.as_u16(), t0.header("idem-performed-by")), (200, Some("connector")), "{t0:?}");
+    assert_eq!(t0.header("idempotent-replayed"), None);
     assert_eq!(t0.body["state"], "FAILED");
     assert_eq!(t0.body["error"]["class"], "validation");
     let t1 = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({"to": "bad"}), 0)).await;
@@ -248,7 +251,8 @@ async fn a_provider_that_deduplicates_is_retried_and_proven_statuses_keep_their_
     let key = "DD-501:create-order";
     provider.script(key, vec![Step::Status(501, None), Step::Ok]);
     let r = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "orders", json!({}), 3_000)).await;
-    assert_eq!((r.status.as_u16(), r.body["state"].as_str()), (201, Some("FAILED")), "{r:?}");
+    assert_eq!((r.status.as_u16(), r.body["state"].as_str()), (200, Some("FAILED")), "{r:?}");
+    assert_eq!(r.header("idem-performed-by"), Some("connector"));
     assert_eq!(r.body["error"]["class"], "server_error");
     assert_eq!(provider.calls(key), 1, "501: not retried");
 }
@@ -316,7 +320,7 @@ async fn an_outage_does_not_become_a_retry_storm() {
     for i in 0..200 {
         let r =
             s.post(ADMIN_KEY, "/v1/operations", &trigger(&format!("storm-{i}"), "orders", json!({"i": i}), 0)).await;
-        assert!(r.status == 201 || r.status == 202, "{r:?}");
+        assert!(r.status == 200 || r.status == 202, "{r:?}");
     }
     tokio::time::sleep(outage.saturating_sub(started.elapsed()) + Duration::from_millis(200)).await;
     let during = provider.outage_calls();
@@ -457,7 +461,8 @@ async fn nothing_a_caller_or_a_bad_lookup_does_causes_a_second_effect() {
     let mut t = trigger("short-lease", "orders", json!({}), 5_000);
     t["lease_ms"] = json!(100);
     let r = s.post(ADMIN_KEY, "/v1/operations", &t).await;
-    assert_eq!((r.status.as_u16(), r.body["state"].as_str()), (201, Some("SUCCEEDED")), "{r:?}");
+    assert_eq!((r.status.as_u16(), r.body["state"].as_str()), (200, Some("SUCCEEDED")), "{r:?}");
+    assert_eq!(r.header("idem-performed-by"), Some("connector"));
     assert_eq!((provider.calls("short-lease"), provider.effects("short-lease")), (1, 1));
 
     // Callers cannot complete what idem's connector is performing.
@@ -580,7 +585,7 @@ async fn provider_answers_of_any_shape_leave_every_read_working() {
     let s = Server::start_with_config(&db.url, &config);
     for (key, _, kept) in &cases {
         let t = s.post(ADMIN_KEY, "/v1/operations", &trigger(key, "answers", json!({"k": key}), 8_000)).await;
-        assert_eq!((t.status.as_u16(), t.body["state"].as_str()), (201, Some("SUCCEEDED")), "{key}: {t:?}");
+        assert_eq!((t.status.as_u16(), t.body["state"].as_str()), (200, Some("SUCCEEDED")), "{key}: {t:?}");
         let rec = s.record(key).await;
         assert_eq!(rec.status, 200, "{key}: {rec:?}");
         let body = &rec.body["result"]["body"];

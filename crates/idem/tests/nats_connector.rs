@@ -32,7 +32,8 @@ async fn a_publish_is_replayed_not_repeated_and_its_evidence_is_stream_and_seque
     let db = Db::new(Backend::Sqlite).await;
     let s = Server::start_with_config(&db.url, &config(NATS_URL, &stream, ""));
     let first = s.post(ADMIN_KEY, "/v1/operations", &trigger("ORD-1:publish", json!({"order": 1}))).await;
-    assert_eq!((first.status.as_u16(), first.body["state"].as_str()), (201, Some("SUCCEEDED")), "{first:?}");
+    assert_eq!((first.status.as_u16(), first.body["state"].as_str()), (200, Some("SUCCEEDED")), "{first:?}");
+    assert_eq!(first.header("idem-performed-by"), Some("connector"));
     assert_eq!(first.body["provider_ref"], json!(format!("{}:1", stream.name)));
     let again = s.post(ADMIN_KEY, "/v1/operations", &trigger("ORD-1:publish", json!({"order": 1}))).await;
     assert_eq!((again.status.as_u16(), again.header("idempotent-replayed")), (200, Some("true")));

@@ -61,9 +61,9 @@ pub struct StepAcquireBody {
     pub fingerprint_fields: Option<Vec<String>>,
     /// Lease length in ms (100-3600000, default 30000).
     pub lease_ms: Option<i64>,
-    /// The lease holder identity (1-128 characters of `[A-Za-z0-9._:-]`; default: the
-    /// request's own `X-Request-Id`): a resend by the same holder during its lease gets its
-    /// grant back instead of 409.
+    /// The attempt's lease holder identity: a UUID generated for this attempt (the rules of
+    /// `holder` in `POST /v1/operations`; default none): a resend by the same holder
+    /// during its lease gets its grant back instead of 409.
     pub holder: Option<String>,
 }
 

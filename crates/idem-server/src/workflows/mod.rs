@@ -36,6 +36,7 @@ pub fn flow_problem(e: FlowError) -> Problem {
         FlowError::Invalid(_) | FlowError::DeclaredWorkflow(_) => Problem::invalid(detail),
         FlowError::Definition(_) => Problem::new(StatusCode::BAD_REQUEST, "invalid-definition", detail),
         FlowError::UnknownWorkflow(_) => Problem::new(StatusCode::BAD_REQUEST, "unknown-workflow", detail),
+        FlowError::WorkflowNotAllowed { .. } => Problem::new(StatusCode::FORBIDDEN, "workflow-not-allowed", detail),
         FlowError::InstanceNotFound(_) => Problem::new(StatusCode::NOT_FOUND, "not-found", detail),
         FlowError::Late { state, .. } => {
             let mut p = Problem::new(StatusCode::GONE, "late-arrival", detail);
@@ -115,6 +116,7 @@ fn segment<'a>(name: &str, raw: &'a str) -> Result<&'a str, Problem> {
         (status = 201, description = "A new instance; a declared workflow's steps start at once", body = InstanceView),
         (status = 200, description = "The instance exists with the same workflow and input: the same instance, as it stands now; header `Idempotent-Replayed: true`", body = InstanceView),
         (status = 400, description = "Malformed request, unknown workflow, or steps that cannot run; nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The declared workflow does not serve the caller's tenant (`workflow-not-allowed`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The instance finished and was removed after its retention window; nothing runs again", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The instance id was used with another workflow, input or steps; nothing changed", body = Problem, content_type = "application/problem+json"),
@@ -283,14 +285,18 @@ pub async fn acquire_step(
     let fingerprint = idem_core::fingerprint(&payload, body.fingerprint_fields.as_deref())
         .map_err(|e| rid(Problem::invalid(e.to_string())))?
         .0;
+    let instance_id = segment("the instance id", &instance).map_err(rid)?.to_owned();
+    let step = segment("the step name", &step).map_err(rid)?.to_owned();
+    let op_key = idem_core::flow::step_key(&instance_id, &step);
+    let holder = holder_of(&caller, body.holder.as_deref(), &op_key, state.clock.now_ms()).map_err(rid)?;
     let call = StepAcquire {
         tenant: caller.tenant.clone(),
-        instance_id: segment("the instance id", &instance).map_err(rid)?.to_owned(),
-        step: segment("the step name", &step).map_err(rid)?.to_owned(),
+        instance_id,
+        step,
         payload,
         fingerprint,
         lease_ms: in_range("lease_ms", body.lease_ms, MIN_LEASE_MS, MAX_LEASE_MS, DEFAULT_LEASE_MS).map_err(rid)?,
-        holder: holder_of(&caller, body.holder.as_deref()).map_err(rid)?,
+        holder,
         actor: caller.actor(),
     };
     if idem_core::flow::validate_instance_id(&call.instance_id).is_ok() {
