@@ -78,7 +78,12 @@ pub fn decide_inbox(existing: Option<&InboxRecord>, fingerprint: &str) -> InboxD
 /// Why a consumer name, message id or fingerprint was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InboxError {
-    /// Empty, longer than [`MAX_MESSAGE_ID_LEN`], or not printable ASCII.
+    /// Breaks the rule every stored identifier follows ([`crate::ident`]): empty, longer
+    /// than [`MAX_MESSAGE_ID_LEN`] bytes, blank, padded with whitespace, a control
+    /// character.
+    #[error("{0}")]
+    Id(crate::ident::IdError),
+    /// A character outside printable ASCII.
     #[error("{0} must be 1-255 printable ASCII characters")]
     BadId(&'static str),
     /// A consumer name starting with `idem.`: idem's own (the claimed idempotency keys).
@@ -91,7 +96,8 @@ pub enum InboxError {
 /// # Errors
 /// [`InboxError::BadId`].
 pub fn check_id(what: &'static str, id: &str) -> Result<(), InboxError> {
-    if id.is_empty() || id.len() > MAX_MESSAGE_ID_LEN || !id.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+    crate::ident::check_identifier(what, id, MAX_MESSAGE_ID_LEN).map_err(InboxError::Id)?;
+    if !id.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
         return Err(InboxError::BadId(what));
     }
     Ok(())
@@ -128,9 +134,12 @@ mod tests {
     fn ids_are_bounded_printable_ascii() {
         assert!(check_id("message id", "evt-1").is_ok());
         assert!(check_id("message id", &"x".repeat(255)).is_ok());
-        for bad in ["", "\u{7f}", "é", "a\nb"] {
-            assert_eq!(check_id("message id", bad), Err(InboxError::BadId("message id")), "{bad:?}");
+        assert_eq!(check_id("message id", "é"), Err(InboxError::BadId("message id")));
+        for (bad, _) in crate::ident::BAD_IDS {
+            assert!(matches!(check_id("message id", bad), Err(InboxError::Id(_))), "{bad:?}");
         }
         assert!(check_id("consumer", &"x".repeat(256)).is_err());
+        // Issue 28 §3, as reported: a blank id, and a padded one that named another message.
+        assert!(check_id("message id", "    ").is_err() && check_id("message id", " evt-7").is_err());
     }
 }

@@ -107,6 +107,11 @@ pub enum EventError {
     /// An aggregate type or id over [`MAX_AGGREGATE_LEN`] bytes or with a control character.
     #[error("aggregate_type and aggregate_id must be at most 255 bytes without control characters")]
     BadAggregate,
+    /// An aggregate type or id that is blank or starts or ends with whitespace
+    /// ([`crate::ident`]): `" 42"` and `"42"` would be two aggregates, ordered apart.
+    /// Checked before every other rule.
+    #[error("aggregate_type and aggregate_id must not be blank or start or end with whitespace")]
+    PaddedAggregate,
     /// No topic.
     #[error("topic is missing")]
     MissingTopic,
@@ -150,6 +155,12 @@ impl NewEvent {
     /// # Errors
     /// An [`EventError`] naming the field.
     pub fn validate(&self) -> Result<(), EventError> {
+        // First (schema version 2 of idem.outbox_append checks them before version 1's rules).
+        for a in [&self.aggregate_type, &self.aggregate_id] {
+            if a.starts_with(crate::ident::is_padding) || a.ends_with(crate::ident::is_padding) {
+                return Err(EventError::PaddedAggregate);
+            }
+        }
         if self.id.is_empty() {
             return Err(EventError::MissingId);
         }
@@ -167,6 +178,7 @@ impl NewEvent {
                 return Err(EventError::BadAggregate);
             }
         }
+
         if self.topic.is_empty() {
             return Err(EventError::MissingTopic);
         }

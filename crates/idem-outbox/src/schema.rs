@@ -23,12 +23,14 @@ use idem_core::outbox::{
 use sqlx::{Connection, PgConnection, SqliteConnection};
 
 /// The PostgreSQL scripts, by version (1-based, in order).
-const POSTGRES: &[&str] = &[include_str!("schema/postgres/0001_init.sql")];
+const POSTGRES: &[&str] =
+    &[include_str!("schema/postgres/0001_init.sql"), include_str!("schema/postgres/0002_identifiers.sql")];
 /// The SQLite scripts, by version.
-const SQLITE: &[&str] = &[include_str!("schema/sqlite/0001_init.sql")];
+const SQLITE: &[&str] =
+    &[include_str!("schema/sqlite/0001_init.sql"), include_str!("schema/sqlite/0002_identifiers.sql")];
 
 /// The schema version this library writes and needs.
-pub const VERSION: i64 = 1;
+pub const VERSION: i64 = 2;
 
 /// What an install did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +97,7 @@ macro_rules! install_in {
             sqlx::query(sqlx::AssertSqlSafe($record)).bind(i as i64 + 1).execute(&mut *tx).await.map_err(db)?;
         }
         tx.commit().await.map_err(db)?;
-        Ok(Installed { from, to: VERSION })
+        Ok(Installed { from, to: from.max($scripts.len() as i64) })
     }};
 }
 
@@ -104,12 +106,23 @@ macro_rules! install_in {
 /// # Errors
 /// As [`install`].
 pub async fn install_postgres(c: &mut PgConnection) -> Result<Installed, OutboxError> {
+    install_postgres_up_to(c, VERSION).await
+}
+
+/// [`install_postgres`], but only up to `version` (1..=[`VERSION`]): the tests' way to make
+/// a database of an earlier version and upgrade it.
+///
+/// # Errors
+/// As [`install`].
+#[doc(hidden)]
+pub async fn install_postgres_up_to(c: &mut PgConnection, version: i64) -> Result<Installed, OutboxError> {
+    let scripts = &POSTGRES[..(version.clamp(1, VERSION) as usize)];
     install_in!(
         c.begin().await,
         "SELECT pg_advisory_xact_lock(hashtext('idem.schema')); CREATE SCHEMA IF NOT EXISTS idem; \
          CREATE TABLE IF NOT EXISTS idem.schema_version (version bigint PRIMARY KEY, installed_at bigint NOT NULL)",
         "SELECT coalesce(max(version), 0)::bigint FROM idem.schema_version",
-        POSTGRES,
+        scripts,
         "INSERT INTO idem.schema_version VALUES ($1, (extract(epoch FROM now()) * 1000)::bigint)".to_owned()
     )
 }

@@ -29,8 +29,8 @@ async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library(
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains(expect), "{text}");
     };
-    install("installed the idem schema, version 1 (was 0)");
-    install("already at version 1");
+    install("installed the idem schema, version 2 (was 0)");
+    install("already at version 2");
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     sqlx::raw_sql(
         "CREATE TABLE jobs (id text PRIMARY KEY, batch text NOT NULL); \

@@ -43,6 +43,14 @@ impl AppDb {
         }
     }
 
+    /// The pool of the PostgreSQL database, for the SQL functions; `None` on SQLite.
+    pub fn pg_pool(&self) -> Option<&PgPool> {
+        match self {
+            AppDb::Postgres(p, _) => Some(p),
+            AppDb::Sqlite(..) => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             AppDb::Postgres(..) => "postgres",
