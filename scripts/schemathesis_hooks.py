@@ -15,7 +15,10 @@ served document (crates/idem-server/src/openapi_contract.rs). Each hook keeps ge
 - the test server declares no workflow: a start must bring its `steps`, named once each;
 - a key in the body and in the `Idempotency-Key` header must be the same, and one of them
   must be there;
-- client JSON (`payload`, `result`, `input`) holds I-JSON numbers (within ±2^53).
+- client JSON (`payload`, `result`, `input`) holds I-JSON numbers (within ±2^53);
+- a lease `holder` is a UUID made for one attempt: one of a time-based version must be
+  recent, and none may be part of the key (idem_core::holder), so a generated holder is
+  replaced by a fresh random one.
 """
 
 import itertools
@@ -93,6 +96,8 @@ def before_call(ctx, case, kwargs):
                 body["key"] = _unique(body["key"], 255)
             if isinstance(body.get("instance_id"), str) and body["instance_id"].strip():
                 body["instance_id"] = _unique(body["instance_id"], 192)
+            if isinstance(body.get("holder"), str):
+                body["holder"] = str(uuid.uuid4())
             for name in _CLIENT_JSON & body.keys():
                 body[name] = _exact_numbers(body[name])
             if isinstance(body.get("steps"), list):
