@@ -220,14 +220,14 @@ pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, no
             true
         }
         Decision::ExpireToUnknown => {
-            record.state = State::Unknown;
-            record.lease_expires_at = None;
+            expire_into_unknown(&mut record);
             let mut e = ev(EventKind::LeaseExpired, &record);
-            e.reason = Some("lease expired while EXECUTING: the worker may have acted, outcome unknown".into());
+            e.error_class = record.error_class.clone();
+            e.reason = record.error_message.clone();
             events.push(e);
             let mut t = ev(EventKind::UnknownPending, &record);
             t.from_state = Some(State::Unknown);
-            t.reason = Some("outcome unknown: reconciliation pending, nothing executed".into());
+            t.reason = Some(UNKNOWN_TRIGGER.into());
             events.push(t);
             true
         }
@@ -263,7 +263,7 @@ pub fn plan_acquire(existing: Option<&OperationRecord>, input: &AcquireInput, no
         }
         Decision::Unknown => {
             let mut e = ev(EventKind::UnknownPending, &record);
-            e.reason = Some("outcome unknown: reconciliation pending, nothing executed".into());
+            e.reason = Some(UNKNOWN_TRIGGER.into());
             events.push(e);
             false
         }
@@ -293,16 +293,43 @@ pub fn plan_lease_expiry(rec: &OperationRecord, now_ms: i64) -> Option<(Operatio
         return None;
     }
     let mut next = rec.clone();
-    next.state = State::Unknown;
-    next.lease_expires_at = None;
+    expire_into_unknown(&mut next);
     next.updated_at = now_ms;
     next.version += 1;
     let mut e = Actor::system().event(&next, EventKind::LeaseExpired, now_ms);
     e.from_state = Some(State::Executing);
     e.to_state = Some(State::Unknown);
     e.fencing_token = Some(rec.fencing_token);
-    e.reason = Some("lease expired while EXECUTING: the worker may have acted, outcome unknown".into());
+    e.error_class = next.error_class.clone();
+    e.reason = next.error_message.clone();
     Some((next, e))
+}
+
+/// The error class of an operation whose lease ended while it was EXECUTING.
+pub const LEASE_EXPIRED_CLASS: &str = "lease_expired";
+
+/// What a trigger of an UNKNOWN operation is told (and its event records): it performs
+/// nothing, and what will settle it.
+pub const UNKNOWN_TRIGGER: &str = "the outcome is unknown (the effect may have happened): this trigger performs nothing; it waits for the provider's lookup or a person's resolution";
+
+/// Turns an EXECUTING record whose lease ended into UNKNOWN and records the cause as its
+/// last error, in words for a person on call (issue 28 §6: the answer and the admin page
+/// gave "reconciliation pending, nothing executed" and an empty error, so the reason —
+/// the worker may have acted — was only in the timeline).
+fn expire_into_unknown(rec: &mut OperationRecord) {
+    rec.state = State::Unknown;
+    rec.lease_expires_at = None;
+    rec.error_class = Some(LEASE_EXPIRED_CLASS.into());
+    rec.error_message = Some(match &rec.connector {
+        Some(c) => format!(
+            "idem's attempt {} on connector {c:?} did not report before its lease ended (the node stopped?): the call may have reached the provider, so it is not sent again until the lookup answers or a person resolves it",
+            rec.attempt_count
+        ),
+        None => format!(
+            "the worker's lease (attempt {}, fencing token {}) ended before it reported: it may have performed the effect, so idem does not hand it out again; the worker may still complete with its token, or a person who knows resolves it",
+            rec.attempt_count, rec.fencing_token
+        ),
+    });
 }
 
 #[cfg(test)]

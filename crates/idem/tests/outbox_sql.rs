@@ -19,9 +19,59 @@ fn readme_block(name: &str) -> String {
     body[..body.find("\n```").unwrap()].to_owned()
 }
 
+/// Runs the README's setup block as written in bash — `createdb`, `idem schema install`,
+/// the tables — with the database's name `app` made unique for this run, on the test
+/// server's host and role; `idem` is this build's binary on `PATH`. Returns the database's
+/// URL as the block exports it.
+fn run_readme_setup(name: &str) -> String {
+    let admin = reqwest::Url::parse(&idem_store::testing::pg_admin_url()).unwrap();
+    let block = readme_block("setup").replace(" app\n", &format!(" {name}\n")).replace("/app\n", &format!("/{name}\n"));
+    assert!(block.contains(name), "the setup block names the database `app`: {block}");
+    let bin_dir = common::idem_bin().parent().unwrap().to_owned();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &format!("{block}\necho \"$DATABASE_URL\"")])
+        .env("PATH", path)
+        .env("PGPASSWORD", admin.password().unwrap_or_default())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "the README's setup block failed:\n{block}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("installed the idem schema, version 2 (was 0)"), "{stdout}");
+    stdout.lines().last().unwrap().to_owned()
+}
+
+/// Drops the setup block's database when the test ends, also when it fails.
+struct DropDatabase(String);
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([
+                &idem_store::testing::pg_admin_url(),
+                "-qc",
+                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.0),
+            ])
+            .output();
+    }
+}
+
 #[tokio::test]
 async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library() {
-    let url = idem_store::testing::fresh_pg_database("idem_app").await;
+    // A fresh machine after the README's two commands: the setup block as written, then
+    // the SQL block through psql and the Python block as a file under Debian's python3.
+    let name = format!("idem_app_{}", uuid::Uuid::now_v7().simple());
+    let _drop = DropDatabase(name.clone());
+    let exported = run_readme_setup(&name);
+    let admin = reqwest::Url::parse(&idem_store::testing::pg_admin_url()).unwrap();
+    let mut url = admin.clone();
+    url.set_path(&format!("/{name}"));
+    let url = url.to_string();
+    assert_eq!(exported.rsplit('/').next(), Some(name.as_str()), "{exported}");
     let install = |expect: &str| {
         let out =
             Command::new(common::idem_bin()).args(["schema", "install", "--database-url", &url]).output().unwrap();
@@ -29,16 +79,8 @@ async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library(
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(text.contains(expect), "{text}");
     };
-    install("installed the idem schema, version 2 (was 0)");
     install("already at version 2");
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    sqlx::raw_sql(
-        "CREATE TABLE jobs (id text PRIMARY KEY, batch text NOT NULL); \
-         CREATE TABLE accounts (id integer PRIMARY KEY, balance integer NOT NULL); INSERT INTO accounts VALUES (7, 0)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
 
     let psql = Command::new("psql")
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &url, "-c", &readme_block("sql")])
@@ -46,9 +88,12 @@ async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library(
         .expect("psql (Debian postgresql-client, installed by scripts/test.sh)");
     assert!(psql.status.success(), "{}", String::from_utf8_lossy(&psql.stderr));
 
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("outbox_example.py");
+    std::fs::write(&file, readme_block("python")).unwrap();
     let py = Command::new("/usr/bin/python3")
-        .args(["-c", &readme_block("python")])
-        .env("DATABASE_URL", &url.url)
+        .arg(&file)
+        .env("DATABASE_URL", &url)
         .output()
         .expect("python3 with psycopg (Debian python3-psycopg, installed by scripts/test.sh)");
     assert!(py.status.success(), "{}", String::from_utf8_lossy(&py.stderr));

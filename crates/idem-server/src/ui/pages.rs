@@ -298,6 +298,9 @@ struct OpRow {
     error: String,
     /// Time since the last change, in words ("4 min"), for the review queue.
     age: String,
+    /// The caller's code performs it (no connector): resolving it PENDING runs nothing
+    /// until its next trigger.
+    caller_performs: bool,
 }
 
 /// A duration in the largest whole unit: "45 s", "4 min", "3 h", "2 d".
@@ -326,6 +329,7 @@ impl OpRow {
         OpRow {
             error: error_line(r),
             age: age_words(now_ms - r.updated_at),
+            caller_performs: r.connector.is_none(),
             key: r.key.clone(),
             href: op_href(&r.key),
             action: r.action.clone(),
