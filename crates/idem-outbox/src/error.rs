@@ -47,6 +47,23 @@ pub enum OutboxError {
     Database(#[source] sqlx::Error),
 }
 
+impl OutboxError {
+    /// The error in idem's own words, for the admin page: a database's own message (table
+    /// and constraint names, its text in the server's language) is replaced by the kind of
+    /// failure and its SQLSTATE; the log keeps the whole. Other errors are idem's already.
+    #[must_use]
+    pub fn in_idems_words(&self) -> String {
+        match self {
+            OutboxError::Database(sqlx::Error::Database(db)) => format!(
+                "the outbox's database answered with an error (SQLSTATE {}); the server's log has its message",
+                db.code().unwrap_or_default()
+            ),
+            OutboxError::Database(_) => "the outbox's database did not answer; the server's log has why".into(),
+            other => other.to_string(),
+        }
+    }
+}
+
 /// For an error the database server returned, its own message: sqlx's text adds "error
 /// returned from database: " and, on PostgreSQL, " at line N" of the server's C source,
 /// which read as if the user's config or query were at fault. (idem-store's

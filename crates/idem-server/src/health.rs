@@ -6,7 +6,7 @@
 //! acquire timeout and a health checker with a shorter time-out would see a time-out
 //! instead of a 503.
 
-use idem_store::Store;
+use idem_store::{Store, StoreError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,15 +26,33 @@ pub struct Health {
 #[derive(Debug, Clone)]
 struct Probe {
     at: Instant,
-    /// `None`: the database answered. `Some((since, error))`: it has not answered since.
-    down: Option<(Instant, String)>,
+    /// `None`: the database answered. `Some((since, failure))`: it has not since.
+    down: Option<(Instant, Failure)>,
+}
+
+/// A failed probe, in idem's words (a client is never shown the database's own message:
+/// the log has it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The database answers but idem's tables are gone ([`StoreError::SchemaMissing`]):
+    /// the node cannot serve until the database is restored or the node restarted.
+    pub schema_missing: bool,
+    /// What failed, in one line of idem's own.
+    pub words: String,
+}
+
+impl Failure {
+    /// `e` (a failed ping) in idem's words.
+    pub fn of(e: &StoreError) -> Failure {
+        Failure { schema_missing: e.schema_missing(), words: e.in_idems_words() }
+    }
 }
 
 /// Why the database is not usable, for `/readyz`'s problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotReady {
     /// The last probe failed; down for `for_ms` ms (since the first failed probe).
-    Down { for_ms: u64, error: String },
+    Down { for_ms: u64, failure: Failure },
     /// No probe for `ms` ms: the prober is stuck, so nothing is known.
     Stale { ms: u64 },
     /// No probe has run yet.
@@ -56,19 +74,37 @@ impl Health {
         }
         match p.down {
             None => Ok(()),
-            Some((since, error)) => Err(NotReady::Down { for_ms: since.elapsed().as_millis() as u64, error }),
+            Some((since, failure)) => Err(NotReady::Down { for_ms: since.elapsed().as_millis() as u64, failure }),
         }
     }
 
-    /// Records one probe's result.
-    pub fn record(&self, result: Result<(), String>) {
+    /// Whether the last probe found idem's tables missing (for `/healthz`: the node
+    /// cannot serve anything until the database is restored or the node restarted).
+    pub fn schema_missing(&self) -> Option<Failure> {
+        let last = self.last.lock().expect("health lock");
+        last.as_ref().and_then(|p| p.down.as_ref()).map(|(_, f)| f.clone()).filter(|f| f.schema_missing)
+    }
+
+    /// Records one probe's result; `error` is what the log gets on a change.
+    pub fn record(&self, result: Result<(), (Failure, String)>) {
         let mut last = self.last.lock().expect("health lock");
         let since = last.as_ref().and_then(|p| p.down.as_ref()).map(|(s, _)| *s);
-        let down = result.err().map(|e| (since.unwrap_or_else(Instant::now), e));
-        match (&down, last.as_ref().map(|p| p.down.is_some())) {
-            (Some((_, e)), Some(false) | None) => tracing::warn!(error = %e, "the database does not answer"),
-            (None, Some(true)) => tracing::info!("the database answers again"),
-            _ => {}
+        let was = last.as_ref().and_then(|p| p.down.as_ref()).map(|(_, f)| f.clone());
+        let down = match result {
+            Ok(()) => None,
+            Err((failure, error)) => {
+                if was.as_ref().is_none_or(|w| w.schema_missing != failure.schema_missing) {
+                    if failure.schema_missing {
+                        tracing::error!(error = %error, "idem's tables are missing from the database: it was dropped or replaced under this node; nothing can be served");
+                    } else {
+                        tracing::warn!(error = %error, "the database does not answer");
+                    }
+                }
+                Some((since.unwrap_or_else(Instant::now), failure))
+            }
+        };
+        if down.is_none() && was.is_some() {
+            tracing::info!("the database answers again");
         }
         *last = Some(Probe { at: Instant::now(), down });
     }
@@ -77,8 +113,11 @@ impl Health {
     pub async fn probe(&self, store: &dyn Store) {
         let result = match tokio::time::timeout(PROBE_TIMEOUT, store.ping()).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {} ms", PROBE_TIMEOUT.as_millis())),
+            Ok(Err(e)) => Err((Failure::of(&e), e.to_string())),
+            Err(_) => {
+                let words = format!("no answer within {} ms", PROBE_TIMEOUT.as_millis());
+                Err((Failure { schema_missing: false, words: words.clone() }, words))
+            }
         };
         self.record(result);
     }

@@ -135,6 +135,7 @@ pub async fn revoke(
     let rid = caller.request_id.clone();
     let fail = |p: Problem| p.with_request_id(rid.as_deref());
     caller.require(Role::Admin).map_err(fail)?;
+    idem_core::ident::check_identifier("the key id", &id, 255).map_err(|e| fail(Problem::invalid(e.to_string())))?;
     use idem_store::keys::Revocation;
     match state.store.revoke_api_key_keeping_an_admin(&caller.tenant, &id).await.map_err(|e| fail(store_problem(e)))? {
         Revocation::Revoked => {}

@@ -246,29 +246,68 @@ async fn method_not_allowed(uri: axum::http::Uri) -> Response {
     if is_ui(&uri) {
         return ui::error_page(None, StatusCode::METHOD_NOT_ALLOWED, "This page does not take that method.");
     }
-    problem::Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "this route does not take that method")
-        .into_response()
+    let detail = format!("this route does not take that method{}", slash_hint(&uri));
+    problem::Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", detail).into_response()
 }
 
 async fn not_found(uri: axum::http::Uri) -> Response {
     if is_ui(&uri) {
         return ui::error_page(None, StatusCode::NOT_FOUND, "No such page.");
     }
-    problem::Problem::new(StatusCode::NOT_FOUND, "not-found", "no such route").into_response()
+    let detail = format!("no such route{}", slash_hint(&uri));
+    problem::Problem::new(StatusCode::NOT_FOUND, "not-found", detail).into_response()
+}
+
+/// A hint for a path that reads as a key or id holding a raw `/` (issue 28 §6: `GET
+/// /v1/operations/order/7` got a bare 404): such ids travel as one percent-encoded path
+/// segment (RFC 3986 §2.1), `order%2F7`. "" for other paths.
+fn slash_hint(uri: &axum::http::Uri) -> String {
+    for base in ["/v1/operations/", "/v1/workflows/"] {
+        if let Some(rest) = uri.path().strip_prefix(base)
+            && rest.contains('/')
+        {
+            let (first, _) = rest.split_once('/').unwrap_or((rest, ""));
+            let whole = rest.trim_end_matches(['/']);
+            return format!(
+                ": a key or id that holds '/' goes into the path percent-encoded as one segment ({base}{}, not {base}{whole}); if {first:?} is the whole id, check the route in /openapi.json",
+                whole.replace('/', "%2F"),
+            );
+        }
+    }
+    String::new()
 }
 
 /// Liveness: the process answers, and nothing only a restart ends has happened to it: a
 /// failed fsync of the SQLite write-ahead log ([`idem_store::StoreError::NotDurable`])
-/// makes it 503 `not-durable`, so a supervisor that restarts on liveness restarts it.
+/// makes it 503 `not-durable`, so a supervisor that restarts on liveness restarts it; the
+/// last probe finding idem's tables gone (the database was dropped and created again under
+/// the node) makes it 503 `schema-missing`.
 #[utoipa::path(get, path = "/healthz", tag = "health", responses(
     (status = 200, description = "alive", content_type = "text/plain", body = String),
-    (status = 503, description = "this node must be restarted: the SQLite write-ahead log could not be synced (`not-durable`, with `Retry-After`)", body = problem::Problem, content_type = "application/problem+json")
+    (status = 503, description = "this node cannot serve: the SQLite write-ahead log could not be synced (`not-durable`, with `Retry-After`: restart it), or idem's tables are gone from the database, which was dropped or replaced under it (`schema-missing`, with `Retry-After`: restore the database)", body = problem::Problem, content_type = "application/problem+json")
 ))]
 pub async fn healthz(State(state): State<AppState>) -> Response {
-    match state.store.fatal() {
-        Some(e) => operations::not_durable(&e).into_response(),
-        None => "ok\n".into_response(),
+    if let Some(e) = state.store.fatal() {
+        return operations::not_durable(&e).into_response();
     }
+    if let Some(f) = state.health.schema_missing() {
+        return schema_missing(&f).into_response();
+    }
+    "ok\n".into_response()
+}
+
+/// 503 `schema-missing`: the database answers but idem's tables are gone (issue 28 §7).
+fn schema_missing(f: &health::Failure) -> problem::Problem {
+    let mut p = problem::Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "schema-missing",
+        format!(
+            "{}: every request fails; restore the database from a backup, then restart this node (a restart on an empty database starts an empty ledger that has forgotten every key)",
+            f.words
+        ),
+    );
+    p.retry_after_ms = Some(operations::UNAVAILABLE_RETRY_AFTER_MS);
+    p
 }
 
 /// Readiness: the database answered this node's last probe (every 250 ms, see
@@ -277,7 +316,7 @@ pub async fn healthz(State(state): State<AppState>) -> Response {
 /// for the database.
 #[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", responses(
     (status = 200, description = "ready", content_type = "text/plain", body = String),
-    (status = 503, description = "the database did not answer the last probe (`unavailable`, with `Retry-After`), this node must be restarted because the SQLite write-ahead log could not be synced (`not-durable`, with `Retry-After`), or this node cannot tell the database's time closely enough (`clock-uncertain`)", body = problem::Problem, content_type = "application/problem+json")
+    (status = 503, description = "the database did not answer the last probe (`unavailable`, with `Retry-After`), this node must be restarted because the SQLite write-ahead log could not be synced (`not-durable`, with `Retry-After`), idem's tables are gone from the database (`schema-missing`, with `Retry-After`), or this node cannot tell the database's time closely enough (`clock-uncertain`)", body = problem::Problem, content_type = "application/problem+json")
 ))]
 pub async fn readyz(State(state): State<AppState>) -> Response {
     if let Some(e) = state.store.fatal() {
@@ -289,8 +328,11 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     }
     if let Err(why) = state.health.database() {
         let detail = match why {
-            health::NotReady::Down { for_ms, error } => {
-                format!("the database has not answered for {for_ms} ms ({error})")
+            health::NotReady::Down { failure, .. } if failure.schema_missing => {
+                return schema_missing(&failure).into_response();
+            }
+            health::NotReady::Down { for_ms, failure } => {
+                format!("the database has not answered for {for_ms} ms ({})", failure.words)
             }
             health::NotReady::Stale { ms } => format!("the database has not been checked for {ms} ms"),
             health::NotReady::Unknown => "the database has not been checked yet".to_owned(),

@@ -33,6 +33,16 @@ pub const CONTENTION_RETRY_AFTER_MS: i64 = 1000;
 /// Maps a store error to its problem (503 `unavailable` with `Retry-After` when the
 /// database did not answer, 409 `contention` with `Retry-After`).
 pub fn store_problem(e: StoreError) -> Problem {
+    if e.schema_missing() {
+        tracing::error!(error = %e, "idem's tables are missing from the database");
+        let mut p = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "schema-missing",
+            "idem's tables are missing from the database (dropped or replaced under this node): nothing was recorded",
+        );
+        p.retry_after_ms = Some(UNAVAILABLE_RETRY_AFTER_MS);
+        return p;
+    }
     match e {
         StoreError::NotFound => Problem::not_found(),
         StoreError::Complete(c) => complete_problem(c),
@@ -49,13 +59,14 @@ pub fn store_problem(e: StoreError) -> Problem {
             Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "write-not-stored", e.to_string())
         }
         StoreError::Refused(_) | StoreError::Database(_) if e.refusal().is_some() => {
-            // A constraint or a trigger said no: trying again gets the same answer.
+            // A constraint or a trigger said no: trying again gets the same answer. Its
+            // message (table and constraint names, a trigger's text) stays in the server's
+            // log: a client is never shown the database's own words.
             tracing::error!(error = %e, "write refused by the database");
-            let why = e.refusal().unwrap_or_default();
             Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "write-refused",
-                format!("the database refused the write: {why}"),
+                "the database refused the write (an integrity constraint or a trigger on idem's tables); its message is in the server's log under this request id",
             )
         }
         StoreError::NotDurable(_) => not_durable(&e),
@@ -65,6 +76,7 @@ pub fn store_problem(e: StoreError) -> Problem {
             p.retry_after_ms = Some(UNAVAILABLE_RETRY_AFTER_MS);
             p
         }
+        StoreError::SchemaMissing(_) => unreachable!("answered above"),
         StoreError::Corrupt(_) | StoreError::Migrate(_) | StoreError::Refused(_) => {
             tracing::error!(error = %e, "store error");
             Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error")
@@ -274,8 +286,9 @@ pub async fn acquire(
 ) -> Result<Response, Problem> {
     let payload = body.payload.take().map_or(serde_json::Value::Null, |p| p.0);
     let now_ms = state.clock.now_ms();
-    let input = acquire_input(&caller, &headers, body.key.as_deref(), &body, payload, state.executor.registry(), now_ms)
-        .map_err(|p| with_rid(p, &caller))?;
+    let input =
+        acquire_input(&caller, &headers, body.key.as_deref(), &body, payload, state.executor.registry(), now_ms)
+            .map_err(|p| with_rid(p, &caller))?;
     let wait_ms = in_range("wait_ms", body.wait_ms, 0, MAX_WAIT_MS, 0).map_err(|p| with_rid(p, &caller))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64);
     if let Some(p) = retry_budget_refusal(&state, &input).await {
@@ -570,7 +583,12 @@ fn connector_not_allowed(
 ///
 /// # Errors
 /// 400 `invalid-holder`, saying what to send instead.
-pub(crate) fn holder_of(caller: &Caller, holder: Option<&str>, key: &str, now_ms: i64) -> Result<Option<String>, Problem> {
+pub(crate) fn holder_of(
+    caller: &Caller,
+    holder: Option<&str>,
+    key: &str,
+    now_ms: i64,
+) -> Result<Option<String>, Problem> {
     let Some(h) = holder else { return Ok(None) };
     let invalid = |detail: String| Problem::new(StatusCode::BAD_REQUEST, "invalid-holder", detail);
     idem_core::holder::validate_holder(h, key, now_ms).map_err(|e| invalid(e.to_string()))?;

@@ -257,9 +257,14 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
         "The fsync of the SQLite write-ahead log failed. What this node committed since the fsync before may or may not survive (after a failed fsync the OS may have dropped it), so this request's outcome is unknown, and the node takes no more writes, answers no reads, and fails `/healthz` and `/readyz` until it is restarted. Send the same request again after the restart: its answer then says what was recorded.",
     ),
     (
+        "schema-missing",
+        "idem's tables are missing from the database",
+        "The database answers, but the tables idem keeps its ledger in are gone: it was dropped and created again, or replaced, under the running node. Nothing can be read or recorded; this request changed nothing. `/healthz` and `/readyz` answer 503 too. Restore the database from a backup, then restart the node. A restart on an empty database migrates it and serves an empty ledger that has forgotten every key, so a retried trigger would perform its effect again.",
+    ),
+    (
         "write-refused",
         "The database refused the write",
-        "An integrity constraint or a trigger on idem's tables refused this request's write (the detail has the database's message). Nothing of the request was recorded; sending it again gets the same answer until the constraint or trigger changes.",
+        "An integrity constraint or a trigger on idem's tables refused this request's write; the database's message is in the server's log under the request id (a client is never shown it). Nothing of the request was recorded; sending it again gets the same answer until the constraint or trigger changes.",
     ),
     (
         "write-not-stored",

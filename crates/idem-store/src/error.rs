@@ -58,9 +58,50 @@ pub enum StoreError {
     /// The store's writer stopped (the process is shutting down).
     #[error("the store is shutting down")]
     Closed,
+    /// The database answers, but idem's tables are not there (or are older than this
+    /// binary): it was dropped and created again, or replaced, under the running node
+    /// (issue 28 §7). Nothing can be served from it; a restart migrates it, empty.
+    #[error("idem's tables are missing from the database ({0}): it was dropped or replaced under this node")]
+    SchemaMissing(String),
 }
 
 impl StoreError {
+    /// The error in idem's own words, for a client or a health check: a database's own
+    /// message (table and constraint names, its text in the server's language) is
+    /// replaced by what kind of failure it was and its SQLSTATE; the log keeps the whole.
+    #[must_use]
+    pub fn in_idems_words(&self) -> String {
+        match self {
+            StoreError::Database(sqlx::Error::Database(db)) => format!(
+                "the database answered with an error (SQLSTATE {}); the server's log has its message",
+                db.code().unwrap_or_default()
+            ),
+            StoreError::Database(sqlx::Error::Io(_)) => "cannot reach the database (the connection failed)".into(),
+            StoreError::Database(sqlx::Error::PoolTimedOut) => {
+                "no database connection within the pool's timeout".into()
+            }
+            StoreError::Database(sqlx::Error::Tls(_)) => "TLS to the database failed".into(),
+            StoreError::Database(_) => "the database connection failed; the server's log has why".into(),
+            StoreError::Refused(_) => "the database refused the write; the server's log has its message".into(),
+            StoreError::Migrate(_) => "the database's migrations failed; the server's log has why".into(),
+            other => other.to_string(),
+        }
+    }
+
+    /// Whether the database says the tables or schema idem uses do not exist (PostgreSQL
+    /// SQLSTATE 42P01 `undefined_table`, 3F000 `invalid_schema_name`; SQLite "no such
+    /// table"), or a probe found them missing ([`StoreError::SchemaMissing`]).
+    #[must_use]
+    pub fn schema_missing(&self) -> bool {
+        match self {
+            StoreError::SchemaMissing(_) => true,
+            StoreError::Database(sqlx::Error::Database(db)) => {
+                matches!(db.code().as_deref(), Some("42P01" | "3F000")) || db.message().starts_with("no such table")
+            }
+            _ => false,
+        }
+    }
+
     /// The database's message when this is a refusal that repeats on retry rather than an
     /// outage: an integrity constraint or a trigger's `RAISE` (SQLite's primary result code
     /// `SQLITE_CONSTRAINT`, 19, <https://www.sqlite.org/rescode.html#constraint>;

@@ -356,7 +356,12 @@ pub trait Store: Send + Sync + 'static {
     /// Number of keys ever created (revoked ones included): 0 means a first start.
     async fn count_api_keys(&self) -> Result<i64, StoreError>;
 
-    /// Checks the database answers (for `/readyz`).
+    /// Checks the database answers and still holds idem's tables (for `/readyz` and
+    /// `/healthz`).
+    ///
+    /// # Errors
+    /// [`StoreError::SchemaMissing`] when the tables are gone (the database was dropped
+    /// and created again under the node), else the database's error.
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// A failure only a restart of this process ends ([`StoreError::NotDurable`]: the
@@ -366,6 +371,26 @@ pub trait Store: Send + Sync + 'static {
 
     /// The workflow tables of the same database ([`flow::WorkflowStore`]).
     fn flows(&self) -> &dyn flow::WorkflowStore;
+}
+
+/// A ping's verdict from the highest migration the database has applied: the database
+/// answered and holds at least every migration `migrator` has, or
+/// [`StoreError::SchemaMissing`] when the migrations table or a migration is gone (the
+/// database was dropped and created again under the node), or the database's error.
+pub(crate) fn schema_check(
+    applied: Result<Option<i64>, StoreError>,
+    migrator: &sqlx::migrate::Migrator,
+) -> Result<(), StoreError> {
+    let latest = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+    match applied {
+        Ok(Some(v)) if v >= latest => Ok(()),
+        Ok(v) => Err(StoreError::SchemaMissing(format!(
+            "its highest migration is {}, this binary's is {latest}",
+            v.map_or_else(|| "none".to_owned(), |v| v.to_string())
+        ))),
+        Err(e) if e.schema_missing() => Err(StoreError::SchemaMissing("no migrations table".into())),
+        Err(e) => Err(e),
+    }
 }
 
 /// Validates the names and builds the info of a new key (shared by both stores).

@@ -858,8 +858,9 @@ impl Store for PgStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        let applied: Result<Option<i64>, sqlx::Error> =
+            sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations").fetch_one(&self.pool).await;
+        crate::schema_check(applied.map_err(StoreError::from), &MIGRATOR)
     }
 
     /// PostgreSQL keeps its own WAL: nothing here needs a restart of idem.

@@ -862,8 +862,9 @@ impl Store for SqliteStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         let mut conn = self.readers.acquire().await?;
-        conn.ping().await?;
-        Ok(())
+        let applied: Result<Option<i64>, sqlx::Error> =
+            sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations").fetch_one(&mut *conn).await;
+        crate::schema_check(applied.map_err(StoreError::from), &MIGRATOR)
     }
 
     fn fatal(&self) -> Option<StoreError> {

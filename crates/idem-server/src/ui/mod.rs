@@ -170,6 +170,28 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for UiKey {
     }
 }
 
+/// The `{instance}` path segment of the workflow pages, percent-decoded and checked by the
+/// one identifier rule (idem_core::ident) before it reaches a query: an id no instance
+/// can have (a NUL, padding, over 255 bytes) is an HTML 400 page, never a database error
+/// (issue 28 §7).
+pub struct UiInstance(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for UiInstance {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => match idem_core::ident::check_identifier("the instance id", &v, 255) {
+                Ok(()) => Ok(UiInstance(v)),
+                Err(e) => {
+                    Err(error_page(None, StatusCode::BAD_REQUEST, &format!("No instance can have this id: {e}.")))
+                }
+            },
+            Err(_) => Err(error_page(None, StatusCode::BAD_REQUEST, "The instance id in the address is not valid.")),
+        }
+    }
+}
+
 /// An HTML error page with `status` and `message`.
 pub fn error_page(user: Option<&UiUser>, status: StatusCode, message: &str) -> Response {
     html(status, &pages::ErrorPage { nav: pages::Nav::of(user), status: status.as_u16(), message: message.into() })

@@ -87,6 +87,12 @@ pub struct Done {
     done: String,
 }
 
+/// `e` for the page, in idem's words (the log gets the database's own).
+fn words(e: &idem_outbox::OutboxError) -> String {
+    tracing::warn!(error = %e, "the outbox's database failed");
+    e.in_idems_words()
+}
+
 async fn page(store: Option<&OutboxStore>, user: &UiUser, done: String, error: String) -> Result<OutboxPage, String> {
     let mut p = OutboxPage {
         nav: Nav::of(Some(user)),
@@ -99,15 +105,15 @@ async fn page(store: Option<&OutboxStore>, user: &UiUser, done: String, error: S
         error,
     };
     if let Some(store) = store {
-        let stats = store.stats().await.map_err(|e| e.to_string())?;
+        let stats = store.stats().await.map_err(|e| words(&e))?;
         p.counts = OutboxState::ALL
             .iter()
             .map(|s| (s.as_str(), stats.by_state.get(s.as_str()).copied().unwrap_or(0)))
             .collect();
         p.lag_s = format!("{:.1}", stats.lag_ms as f64 / 1000.0);
-        let dead = store.list(Some(OutboxState::Dead), LIST, None).await.map_err(|e| e.to_string())?;
+        let dead = store.list(Some(OutboxState::Dead), LIST, None).await.map_err(|e| words(&e))?;
         p.dead = dead.into_iter().map(EventView::from).collect();
-        let latest = store.list(None, LIST, None).await.map_err(|e| e.to_string())?;
+        let latest = store.list(None, LIST, None).await.map_err(|e| words(&e))?;
         p.latest = latest.into_iter().map(EventView::from).collect();
     }
     Ok(p)
@@ -154,11 +160,15 @@ pub async fn act(
         "skip" => OperatorAction::Skip,
         _ => return error_page(Some(&user), StatusCode::NOT_FOUND, "Unknown outbox action."),
     };
+    // An id no event can have (a NUL, padding, too long) never reaches a query (issue 28 §7).
+    if let Err(e) = idem_core::ident::check_identifier("the event id", &id, idem_core::outbox::MAX_EVENT_ID_LEN) {
+        return error_page(Some(&user), StatusCode::BAD_REQUEST, &format!("No event can have this id: {e}."));
+    }
     let operator = format!("{}/{}", user.caller.tenant, user.caller.principal);
     let refused = match store.operator_action(&id, action, &f.reason, &operator).await {
         Ok(Ok(_)) => return Redirect::to(&format!("/ui/outbox?done={}", action.as_str())).into_response(),
         Ok(Err(refusal)) => refusal.to_string(),
-        Err(e) => e.to_string(),
+        Err(e) => words(&e),
     };
     match page(Some(store), &user, String::new(), format!("{} of {id} refused: {refused}", action.as_str())).await {
         Ok(p) => html(StatusCode::UNPROCESSABLE_ENTITY, &p),

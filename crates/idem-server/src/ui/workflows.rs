@@ -249,7 +249,7 @@ pub struct DoneParams {
 pub async fn one(
     State(state): State<AppState>,
     user: UiUser,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    super::UiInstance(id): super::UiInstance,
     super::UiQuery(q): super::UiQuery<DoneParams>,
 ) -> Response {
     let message = match q.done.as_str() {
@@ -289,7 +289,7 @@ fn operator_form(user: &UiUser, csrf: &str) -> Result<(), Response> {
 pub async fn rerun(
     State(state): State<AppState>,
     user: UiUser,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    super::UiInstance(id): super::UiInstance,
     super::UiForm(f): super::UiForm<RerunForm>,
 ) -> Response {
     if let Err(r) = operator_form(&user, &f.csrf) {
@@ -343,7 +343,7 @@ pub struct CompensateForm {
 pub async fn compensate(
     State(state): State<AppState>,
     user: UiUser,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    super::UiInstance(id): super::UiInstance,
     super::UiForm(f): super::UiForm<CompensateForm>,
 ) -> Response {
     if let Err(r) = operator_form(&user, &f.csrf) {

@@ -102,9 +102,9 @@ fn rerun_problem(r: idem_core::flow::RerunRefusal, detail: String) -> Problem {
 
 /// A path segment (instance id or step name), percent-decoded by the extractor.
 fn segment<'a>(name: &str, raw: &'a str) -> Result<&'a str, Problem> {
-    if raw.is_empty() || raw.len() > 255 {
-        return Err(Problem::invalid(format!("{name} must be 1-255 characters")));
-    }
+    // The one identifier rule (idem_core::ident), before anything reaches a query: a NUL
+    // reached PostgreSQL and came back as a 503 that told the client to retry (issue 28 §7).
+    idem_core::ident::check_identifier(name, raw, 255).map_err(|e| Problem::invalid(e.to_string()))?;
     Ok(raw)
 }
 
