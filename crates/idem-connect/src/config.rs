@@ -500,7 +500,8 @@ pub struct HttpConfig {
     #[serde(default)]
     pub retry: RetryConfig,
     /// Lease per attempt (ms); default timeout + 10 s.
-    pub lease_ms: Option<i64>,    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
+    pub lease_ms: Option<i64>,
+    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
     /// default `["default"]` ([`crate::tenants`]).
     #[serde(default)]
     pub tenants: crate::tenants::TenantScope,
@@ -549,7 +550,8 @@ pub struct NatsConfig {
     pub duplicate_window_margin_ms: i64,
     /// Retry policy and budget.
     #[serde(default)]
-    pub retry: RetryConfig,    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
+    pub retry: RetryConfig,
+    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
     /// default `["default"]` ([`crate::tenants`]).
     #[serde(default)]
     pub tenants: crate::tenants::TenantScope,
@@ -602,7 +604,8 @@ pub struct SmtpConfig {
     #[serde(default)]
     pub retry: RetryConfig,
     /// Lease per attempt (ms); default 4 × timeout + 10 s.
-    pub lease_ms: Option<i64>,    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
+    pub lease_ms: Option<i64>,
+    /// Tenants whose triggers may use it (`["default", "acme"]`, `["*"]` for all);
     /// default `["default"]` ([`crate::tenants`]).
     #[serde(default)]
     pub tenants: crate::tenants::TenantScope,

@@ -34,7 +34,11 @@ impl Default for TenantScope {
 
 impl From<Vec<String>> for TenantScope {
     fn from(v: Vec<String>) -> Self {
-        if v.iter().any(|t| t == "*") && v.len() == 1 { TenantScope::All } else { TenantScope::Only(v.into_iter().collect()) }
+        if v.iter().any(|t| t == "*") && v.len() == 1 {
+            TenantScope::All
+        } else {
+            TenantScope::Only(v.into_iter().collect())
+        }
     }
 }
 

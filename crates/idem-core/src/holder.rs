@@ -53,7 +53,8 @@ pub enum HolderError {
 
 impl fmt::Display for HolderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const FIX: &str = "generate a new UUID (version 4 or 7) for each attempt and reuse it only to resend that attempt's request";
+        const FIX: &str =
+            "generate a new UUID (version 4 or 7) for each attempt and reuse it only to resend that attempt's request";
         match self {
             HolderError::NotUuid => write!(
                 f,
@@ -223,7 +224,11 @@ mod tests {
             validate_holder("1ec9414c-232a-6b00-b3c8-9f6bdeced846", "k", NOW),
             Err(HolderError::OutOfWindow(1_645_557_742_000))
         );
-        for h in ["c232ab00-9414-11ec-b3c8-9f6bdeced846", "1ec9414c-232a-6b00-b3c8-9f6bdeced846", "017f22e2-79b0-7cc3-98c4-dc0c0c07398f"] {
+        for h in [
+            "c232ab00-9414-11ec-b3c8-9f6bdeced846",
+            "1ec9414c-232a-6b00-b3c8-9f6bdeced846",
+            "017f22e2-79b0-7cc3-98c4-dc0c0c07398f",
+        ] {
             assert_eq!(validate_holder(h, "k", 1_645_557_742_000), Ok(()), "{h}");
         }
     }
@@ -232,7 +237,10 @@ mod tests {
     fn a_holder_taken_from_the_key_is_refused() {
         let h = "0b6f7a1e-3c2d-4e5f-8a9b-0c1d2e3f4a5b";
         assert_eq!(validate_holder(h, h, NOW), Err(HolderError::PartOfKey));
-        assert_eq!(validate_holder(h, &format!("evt-{}:confirmation", h.to_uppercase()), NOW), Err(HolderError::PartOfKey));
+        assert_eq!(
+            validate_holder(h, &format!("evt-{}:confirmation", h.to_uppercase()), NOW),
+            Err(HolderError::PartOfKey)
+        );
         assert!(validate_holder(h, "INV-88:send", NOW).is_ok());
     }
 

@@ -148,14 +148,23 @@ mod tests {
         for id in GOOD_IDS {
             assert_eq!(check_identifier("message id", id, 255), Ok(()), "{id:?}");
         }
-        assert_eq!(check_identifier("x", &"a".repeat(256), 255).map_err(|e| e.kind), Err(IdErrorKind::TooLong(256, 255)));
-        assert_eq!(check_identifier("x", &"é".repeat(128), 255).map_err(|e| e.kind), Err(IdErrorKind::TooLong(256, 255)));
+        assert_eq!(
+            check_identifier("x", &"a".repeat(256), 255).map_err(|e| e.kind),
+            Err(IdErrorKind::TooLong(256, 255))
+        );
+        assert_eq!(
+            check_identifier("x", &"é".repeat(128), 255).map_err(|e| e.kind),
+            Err(IdErrorKind::TooLong(256, 255))
+        );
     }
 
     #[test]
     fn messages_name_the_kind_and_the_fix() {
         let e = check_identifier("message id", "    ", 255).unwrap_err();
-        assert_eq!(e.to_string(), "message id is blank: it has only whitespace (a lost or unset id?); send the real id");
+        assert_eq!(
+            e.to_string(),
+            "message id is blank: it has only whitespace (a lost or unset id?); send the real id"
+        );
         let e = check_identifier("consumer", " billing", 255).unwrap_err();
         assert!(e.to_string().starts_with("consumer starts or ends with whitespace"), "{e}");
     }

@@ -113,9 +113,10 @@ pub fn definitions(config: &Config, registry: &Registry) -> Result<BTreeMap<Stri
         def.validate(&prefix, &|c| caps(registry, c)).map_err(|e| bad(e.field, e.message))?;
         let field = format!("{prefix}.tenants");
         wf.tenants.check(&field)?;
-        let connectors = def.steps.iter().flat_map(|s| {
-            s.connector.iter().chain(s.compensation.as_ref().and_then(|c| c.connector.as_ref()))
-        });
+        let connectors = def
+            .steps
+            .iter()
+            .flat_map(|s| s.connector.iter().chain(s.compensation.as_ref().and_then(|c| c.connector.as_ref())));
         for c in connectors {
             if let Some(e) = registry.get(c)
                 && !wf.tenants.within(&e.tenants)

@@ -47,7 +47,8 @@ async fn every_entry_point_refuses_the_same_bad_ids() {
             let Some(pool) = db.pg_pool() else { continue };
             // The SQL functions: the same refusal, the same words (SQLSTATE 22023).
             let rust = idem_core::inbox::check_id("message id", bad).unwrap_err().to_string();
-            let sql = sqlx::query("SELECT * FROM idem.inbox_claim('payments', $1, 'fp-1')").bind(bad).execute(pool).await;
+            let sql =
+                sqlx::query("SELECT * FROM idem.inbox_claim('payments', $1, 'fp-1')").bind(bad).execute(pool).await;
             assert_eq!(db_message(sql.unwrap_err()), ("22023".into(), rust), "message id {bad:?}");
             let rust = idem_core::inbox::check_id("consumer", bad).unwrap_err().to_string();
             let sql = sqlx::query("SELECT * FROM idem.inbox_claim($1, 'evt-7', 'fp-1')").bind(bad).execute(pool).await;
@@ -84,8 +85,32 @@ impl Ids {
     /// non-ASCII characters.
     fn id(&mut self) -> String {
         const ASCII: &[&str] = &[
-            "a", "Zq", "0", "555", "1234", "@", ".", "%40", "+", "(", ")", "-", " ", ":", "_", "%", "com", "x86",
-            "..", "e2", "+49", "/", "123-4567", "(555) ", "jane@example.", "io",
+            "a",
+            "Zq",
+            "0",
+            "555",
+            "1234",
+            "@",
+            ".",
+            "%40",
+            "+",
+            "(",
+            ")",
+            "-",
+            " ",
+            ":",
+            "_",
+            "%",
+            "com",
+            "x86",
+            "..",
+            "e2",
+            "+49",
+            "/",
+            "123-4567",
+            "(555) ",
+            "jane@example.",
+            "io",
         ];
         const OTHER: &[&str] = &["\u{a0}", "é", "\t", "\u{feff}", "\u{7}", "\u{85}", "\u{3000}", "\u{200b}"];
         let wild = self.next() % 4 == 0;
@@ -93,7 +118,11 @@ impl Ids {
         (0..n)
             .map(|_| {
                 let r = self.next();
-                if wild && r % 5 == 0 { OTHER[(r / 5 % OTHER.len() as u64) as usize] } else { ASCII[(r % ASCII.len() as u64) as usize] }
+                if wild && r % 5 == 0 {
+                    OTHER[(r / 5 % OTHER.len() as u64) as usize]
+                } else {
+                    ASCII[(r % ASCII.len() as u64) as usize]
+                }
             })
             .collect()
     }
@@ -108,13 +137,17 @@ async fn the_sql_rules_are_the_rust_rules() {
     let mut ids_of = Ids(0x9E37_79B9_7F4A_7C15);
     let mut ids: Vec<String> = (0..8000).map(|_| ids_of.id()).collect();
     ids.extend(BAD_IDS.iter().map(|(b, _)| (*b).to_owned()));
-    ids.extend(["welcome:jane.doe@example.com", "sms:555-123-4567:v1", "call:+1 (555) 123-4567", "x@y.c0m", "a@b..com."].map(String::from));
-    let rows: Vec<(Option<String>, Option<String>)> =
-        sqlx::query_as("SELECT idem.key_error(x), idem.identifier_error('message id', x, 255) FROM unnest($1::text[]) AS x")
-            .bind(&ids)
-            .fetch_all(pool)
-            .await
-            .unwrap();
+    ids.extend(
+        ["welcome:jane.doe@example.com", "sms:555-123-4567:v1", "call:+1 (555) 123-4567", "x@y.c0m", "a@b..com."]
+            .map(String::from),
+    );
+    let rows: Vec<(Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT idem.key_error(x), idem.identifier_error('message id', x, 255) FROM unnest($1::text[]) AS x",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await
+    .unwrap();
     let (mut keys_refused, mut emails, mut phones) = (0, 0, 0);
     for (id, (key_sql, ident_sql)) in ids.iter().zip(rows) {
         let key_rust = idem_core::IdempotencyKey::parse(id).err();
@@ -127,7 +160,10 @@ async fn the_sql_rules_are_the_rust_rules() {
     }
     // The generator reaches every rule, so agreement means something.
     eprintln!("{emails} e-mails, {phones} phones, {keys_refused} refused of {}", ids.len());
-    assert!(emails > 20 && phones > 20 && keys_refused < ids.len(), "{emails} e-mails, {phones} phones, {keys_refused} refused");
+    assert!(
+        emails > 20 && phones > 20 && keys_refused < ids.len(),
+        "{emails} e-mails, {phones} phones, {keys_refused} refused"
+    );
 }
 
 /// A database whose schema is version 1 took the inputs; `idem schema install`

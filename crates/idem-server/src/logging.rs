@@ -142,7 +142,9 @@ pub async fn sanitize_request_id(
 /// Whether a client's `x-request-id` is kept: 1–[`MAX_REQUEST_ID_LEN`] bytes of
 /// `[A-Za-z0-9._:-]` (safe in logs and headers as it is).
 pub fn is_kept_request_id(id: &[u8]) -> bool {
-    !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && id.iter().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
+    !id.is_empty()
+        && id.len() <= MAX_REQUEST_ID_LEN
+        && id.iter().all(|c| c.is_ascii_alphanumeric() || b"._:-".contains(c))
 }
 
 /// Makes the `x-request-id` of a request that came without a usable one: a random UUID

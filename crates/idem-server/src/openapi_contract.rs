@@ -29,7 +29,8 @@ const NO_CONTROL_NOT_BLANK: &str =
     "^[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\s\\u0000-\\u001f\\u007f-\\u009f][^\\u0000-\\u001f\\u007f-\\u009f]*$";
 /// A lease holder: a UUID of version 1, 4, 6 or 7 with the RFC 9562 variant
 /// (`idem_core::holder`; the age and key rules JSON Schema cannot state).
-const HOLDER_PATTERN: &str = "^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[1467][0-9A-Fa-f]{3}-[89ABab][0-9A-Fa-f]{3}-[0-9A-Fa-f]{12}$";
+const HOLDER_PATTERN: &str =
+    "^[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[1467][0-9A-Fa-f]{3}-[89ABab][0-9A-Fa-f]{3}-[0-9A-Fa-f]{12}$";
 
 /// (schema, property, rules merged into the property's schema).
 fn field_rules() -> Vec<(&'static str, &'static str, Value)> {

@@ -236,9 +236,8 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
     }
     let holder = match &args.holder {
         Some(h) => {
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64);
+            let now_ms =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
             idem_core::holder::validate_holder(h, &args.key, now_ms).map_err(|e| anyhow::anyhow!("--holder: {e}"))?;
             h.to_ascii_lowercase()
         }

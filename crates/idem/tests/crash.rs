@@ -247,7 +247,8 @@ async fn postgres_kill_9_while_requests_wait_for_a_row_lock() {
     let complete_body = |i: usize, token: i64| json!({"fencing_token": token, "outcome": "succeeded", "provider_ref": format!("ref-lease-{i}")});
     // One attempt per new key, its holder kept for the retry after the restart.
     let holders: Vec<String> = (0..16).map(|_| uuid::Uuid::now_v7().to_string()).collect();
-    let acquire_body = |i: usize| json!({"key": format!("new-{i}"), "action": "send", "payload": {"n": i}, "holder": holders[i]});
+    let acquire_body =
+        |i: usize| json!({"key": format!("new-{i}"), "action": "send", "payload": {"n": i}, "holder": holders[i]});
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for (i, &token) in tokens.iter().enumerate() {

@@ -14,7 +14,13 @@ use std::process::Command;
 /// Percent-encodes every byte but unreserved ones, so the id reaches the route as it is.
 fn path(id: &str) -> String {
     id.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect()
 }
 

@@ -151,13 +151,10 @@ async fn request_ids_names_and_event_ids_never_act_as_holders() {
         // The same rules for a workflow step the caller's code performs.
         let start = json!({"workflow": "intake", "instance_id": "ORD-2004:intake", "steps": [{"name": "notify"}]});
         assert_eq!(s.post(ADMIN_KEY, "/v1/workflows", &start).await.status, 201);
-        let step = s
-            .post(ADMIN_KEY, "/v1/workflows/ORD-2004:intake/steps/notify", &json!({"holder": "worker-7"}))
-            .await;
+        let step =
+            s.post(ADMIN_KEY, "/v1/workflows/ORD-2004:intake/steps/notify", &json!({"holder": "worker-7"})).await;
         assert_eq!((step.status, step.problem()), (StatusCode::BAD_REQUEST, "invalid-holder"), "{:?}", step.body);
-        let step = s
-            .post(ADMIN_KEY, "/v1/workflows/ORD-2004:intake/steps/notify", &json!({"holder": attempt()}))
-            .await;
+        let step = s.post(ADMIN_KEY, "/v1/workflows/ORD-2004:intake/steps/notify", &json!({"holder": attempt()})).await;
         assert_eq!(step.status, StatusCode::CREATED, "{:?}", step.body);
     }
 }
@@ -260,7 +257,8 @@ async fn the_cli_acquires_with_a_holder_and_renews() {
         Command::new(idem_bin()).args(args).env("IDEM_URL", &s.base).env("IDEM_API_KEY", ADMIN_KEY).output().unwrap()
     };
     let holder = attempt();
-    let acquire = ["acquire", "RPT-1:render", "--action", "render", "--holder", &holder, "--lease-ms", "2000", "--json"];
+    let acquire =
+        ["acquire", "RPT-1:render", "--action", "render", "--holder", &holder, "--lease-ms", "2000", "--json"];
     let first = idem(&acquire);
     assert_eq!(first.status.code(), Some(0), "{}", String::from_utf8_lossy(&first.stderr));
     let again = idem(&acquire);
@@ -307,7 +305,10 @@ async fn two_runs_of_one_script_never_share_a_grant() {
     for out in [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()] {
         assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.starts_with("idem: --holder: holder must be a UUID") && err.trim_end().lines().count() == 1, "{err}");
+        assert!(
+            err.starts_with("idem: --holder: holder must be a UUID") && err.trim_end().lines().count() == 1,
+            "{err}"
+        );
     }
     assert_eq!(s.record("INQ-2002:confirmation:v1").await.status, 404, "refused before anything was sent");
     for round in 0..4 {

@@ -34,10 +34,23 @@ async fn a_default_connectors_effect_is_never_handed_to_the_caller() {
     let db = Db::new(Backend::Sqlite).await;
     let s = Server::start_with_config(&db.url, &config);
     let payload = r#"{"to":"customer-1007@example.org","subject":"Your inquiry","text":"Thank you."}"#;
-    let acquire = ["acquire", "INQ-1007:confirmation:v1", "--action", "send_confirmation", "--payload", payload, "--wait-ms", "8000"];
+    let acquire = [
+        "acquire",
+        "INQ-1007:confirmation:v1",
+        "--action",
+        "send_confirmation",
+        "--payload",
+        payload,
+        "--wait-ms",
+        "8000",
+    ];
     let first = cli(&s, ADMIN_KEY, &acquire);
     assert_eq!(first.status.code(), Some(14), "idem performed it: {}", text(&first));
-    assert!(text(&first).starts_with("performed INQ-1007:confirmation:v1: SUCCEEDED by connector mail"), "{}", text(&first));
+    assert!(
+        text(&first).starts_with("performed INQ-1007:confirmation:v1: SUCCEEDED by connector mail"),
+        "{}",
+        text(&first)
+    );
     assert!(text(&first).contains("do nothing"), "{}", text(&first));
     let again = cli(&s, ADMIN_KEY, &acquire);
     assert_eq!(again.status.code(), Some(10), "a replay: {}", text(&again));
@@ -86,7 +99,9 @@ async fn no_path_of_a_connector_operation_answers_201() {
     assert!(text(&o).contains("idem is on it"), "{}", text(&o));
     // A retry scheduled (503), then the caller re-triggers: 409 until due, never 201.
     provider.script("ORD-4:create", vec![Step::Status(503, None), Step::Ok]);
-    let r = s.post(ADMIN_KEY, "/v1/operations", &json!({"key": "ORD-4:create", "action": "create_order", "wait_ms": 3000})).await;
+    let r = s
+        .post(ADMIN_KEY, "/v1/operations", &json!({"key": "ORD-4:create", "action": "create_order", "wait_ms": 3000}))
+        .await;
     assert_eq!((r.status.as_u16(), r.body["state"].as_str()), (202, Some("PENDING")), "{r:?}");
     let again = s.post(ADMIN_KEY, "/v1/operations", &json!({"key": "ORD-4:create", "action": "create_order"})).await;
     assert_eq!(again.status, 409, "{again:?}");
@@ -124,11 +139,15 @@ async fn connectors_and_declared_workflows_serve_only_their_tenants() {
         }
         b
     };
-    for (body, how) in [(trigger("ACME-1", Some("orders")), "names connector"), (trigger("ACME-2", None), "by default")] {
+    for (body, how) in [(trigger("ACME-1", Some("orders")), "names connector"), (trigger("ACME-2", None), "by default")]
+    {
         let r = s.post(&acme, "/v1/operations", &body).await;
         assert_eq!((r.status.as_u16(), r.problem()), (403, "connector-not-allowed"), "{r:?}");
         let detail = r.body["detail"].as_str().unwrap();
-        assert!(detail.contains(how) && detail.contains("\"acme\"") && detail.contains("connectors.orders.tenants"), "{detail}");
+        assert!(
+            detail.contains(how) && detail.contains("\"acme\"") && detail.contains("connectors.orders.tenants"),
+            "{detail}"
+        );
         let key = body["key"].as_str().unwrap();
         assert_eq!(s.get(&acme, &format!("/v1/operations/{key}")).await.status, 404, "nothing recorded");
     }
@@ -151,13 +170,19 @@ async fn connectors_and_declared_workflows_serve_only_their_tenants() {
     // An operation made while a tenant was served waits for its retry; the operator then
     // takes the tenant off: the retry sends nothing, and says why.
     provider.script("ACME-6", vec![Step::Status(503, None), Step::Ok]);
-    let shared_fast = base.replace("tenants = [\"default\", \"acme\"]\n", "tenants = [\"default\", \"acme\"]\nretry = { base_ms = 300, cap_ms = 300, max_attempts = 3 }\n");
+    let shared_fast = base.replace(
+        "tenants = [\"default\", \"acme\"]\n",
+        "tenants = [\"default\", \"acme\"]\nretry = { base_ms = 300, cap_ms = 300, max_attempts = 3 }\n",
+    );
     drop(s);
     let s = Server::start_with_config(&db.url, &shared_fast);
     let r = s.post(&acme, "/v1/operations", &trigger("ACME-6", Some("shared"))).await;
     assert_eq!(r.body["state"], "PENDING", "{r:?}");
     drop(s);
-    let s = Server::start_with_config(&db.url, &shared_fast.replace("tenants = [\"default\", \"acme\"]", "tenants = [\"default\"]"));
+    let s = Server::start_with_config(
+        &db.url,
+        &shared_fast.replace("tenants = [\"default\", \"acme\"]", "tenants = [\"default\"]"),
+    );
     let mut rec = Value::Null;
     for _ in 0..100 {
         rec = s.get(&acme, "/v1/operations/ACME-6").await.body;

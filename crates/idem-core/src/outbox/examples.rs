@@ -35,8 +35,16 @@ pub fn bad_events() -> Vec<(&'static str, NewEvent, EventError)> {
         ("aggregate type a newline", with(&|e| e.aggregate_type = "\n".into()), EventError::PaddedAggregate),
         ("blank aggregate id", with(&|e| e.aggregate_id = "   ".into()), EventError::PaddedAggregate),
         ("padded aggregate id", with(&|e| e.aggregate_id = " 42".into()), EventError::PaddedAggregate),
-        ("aggregate type ending in a no-break space", with(&|e| e.aggregate_type = "order\u{a0}".into()), EventError::PaddedAggregate),
-        ("aggregate id starting with a BOM", with(&|e| e.aggregate_id = "\u{feff}42".into()), EventError::PaddedAggregate),
+        (
+            "aggregate type ending in a no-break space",
+            with(&|e| e.aggregate_type = "order\u{a0}".into()),
+            EventError::PaddedAggregate,
+        ),
+        (
+            "aggregate id starting with a BOM",
+            with(&|e| e.aggregate_id = "\u{feff}42".into()),
+            EventError::PaddedAggregate,
+        ),
         ("no topic", with(&|e| e.topic.clear()), EventError::MissingTopic),
         ("topic with a wildcard", with(&|e| e.topic = "orders.*".into()), EventError::BadTopic),
         ("topic with an empty token", with(&|e| e.topic = "orders..created".into()), EventError::BadTopic),

@@ -280,7 +280,13 @@ impl Run {
         Ok(r.json().await?)
     }
 
-    async fn trigger(&self, key: &str, action: &str, payload: &Value, wait_ms: u64) -> anyhow::Result<(u16, Value, bool)> {
+    async fn trigger(
+        &self,
+        key: &str,
+        action: &str,
+        payload: &Value,
+        wait_ms: u64,
+    ) -> anyhow::Result<(u16, Value, bool)> {
         let body = json!({"key": self.key(key), "action": action, "connector": self.connector, "payload": payload, "wait_ms": wait_ms});
         self.post(&["v1", "operations"], &body).await
     }
