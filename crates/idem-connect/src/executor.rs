@@ -126,7 +126,7 @@ impl Executor {
             tenant: granted.tenant.clone(),
             key: granted.key.clone(),
             fencing_token: granted.fencing_token,
-            outcome,
+            outcome: outcome.into_storable(),
             actor: Actor::executor(),
             policy,
         };

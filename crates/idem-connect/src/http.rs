@@ -225,7 +225,7 @@ pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 /// Reads at most `cap` bytes of `resp`'s body: the bytes, and whether that was all of it (a
 /// body that fails midway counts as not whole).
-async fn read_capped(mut resp: reqwest::Response, cap: usize) -> (Vec<u8>, bool) {
+pub async fn read_capped(mut resp: reqwest::Response, cap: usize) -> (Vec<u8>, bool) {
     let mut out = Vec::new();
     loop {
         match resp.chunk().await {
@@ -285,7 +285,7 @@ impl Connector for HttpConnector {
         // The status decides; a body we cannot read (cut off, not JSON, too large) does not
         // undo it.
         let (bytes, whole) = read_capped(resp, MAX_ANSWER_BYTES).await;
-        let snippet = || String::from_utf8_lossy(&bytes).chars().take(300).collect::<String>();
+        let snippet = || idem_core::text::snippet(&bytes, idem_core::text::SNIPPET_CHARS);
         match classify(status.as_u16(), self.provider_deduplicates) {
             Answer::Succeeded => {
                 let parsed = match (whole, bytes.is_empty()) {

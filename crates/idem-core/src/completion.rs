@@ -78,6 +78,35 @@ impl Outcome {
         }
     }
 
+    /// The outcome with the text a provider sent made storable ([`crate::text::storable`]:
+    /// control characters escaped in `provider_ref` and `message`), for an outcome a
+    /// connector reports: what a provider answers must not make its completion invalid, or
+    /// a refusal would end UNKNOWN instead of FAILED (issue 28 §8). A client's completion
+    /// over the API is validated as sent instead.
+    #[must_use]
+    pub fn into_storable(self) -> Outcome {
+        let text = |s: String| match crate::text::storable(&s) {
+            std::borrow::Cow::Borrowed(_) => s,
+            std::borrow::Cow::Owned(escaped) => escaped,
+        };
+        let msg = |m: Option<String>| m.map(text);
+        match self {
+            Outcome::Succeeded { provider_ref, result } => {
+                Outcome::Succeeded { provider_ref: text(provider_ref), result }
+            }
+            Outcome::RetryableFailure { error_class, message, retry_after_ms } => {
+                Outcome::RetryableFailure { error_class, message: msg(message), retry_after_ms }
+            }
+            Outcome::AmbiguousRetryable { error_class, message, retry_after_ms } => {
+                Outcome::AmbiguousRetryable { error_class, message: msg(message), retry_after_ms }
+            }
+            Outcome::FinalFailure { error_class, message, result } => {
+                Outcome::FinalFailure { error_class, message: msg(message), result }
+            }
+            Outcome::Unknown { message } => Outcome::Unknown { message: msg(message) },
+        }
+    }
+
     /// Checks the outcome's own fields.
     ///
     /// # Errors
@@ -316,6 +345,25 @@ pub fn plan_completion(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_connectors_outcome_is_made_storable_and_then_valid() {
+        let o = Outcome::FinalFailure {
+            error_class: "rejected".into(),
+            message: Some("HTTP 400: \u{1f}\u{8b}\0\0".into()),
+            result: None,
+        };
+        assert!(o.validate().is_err(), "NUL is refused as sent");
+        let s = o.into_storable();
+        assert!(s.validate().is_ok(), "{s:?}");
+        assert!(
+            matches!(&s, Outcome::FinalFailure { message: Some(m), .. } if m == "HTTP 400: \\u{1f}\\u{8b}\\u{0}\\u{0}"),
+            "{s:?}"
+        );
+        let ok = Outcome::Succeeded { provider_ref: "ref\u{7}1".into(), result: None }.into_storable();
+        assert_eq!(ok, Outcome::Succeeded { provider_ref: "ref\\u{7}1".into(), result: None });
+        assert!(ok.validate().is_ok());
+    }
+
     #[test]
     fn a_message_with_nul_is_refused() {
         let o = super::Outcome::Unknown { message: Some("a\0b".into()) };

@@ -19,6 +19,7 @@
 //! - [`flow`]: workflows — instances, steps, checkpoints, recovery policies, and their plans.
 //! - [`outbox`]: outbox events — their limits, the plan after a delivery attempt, dead letters.
 //! - [`inbox`]: a consumer's claim of a message id — apply, duplicate or conflict.
+//! - [`text`]: what a provider or receiver sent, as text every store accepts (error snippets).
 //!
 //! Stores persist the plans these functions return; they do not decide anything.
 
@@ -40,6 +41,7 @@ pub mod record;
 pub mod retention;
 pub mod retry;
 pub mod state;
+pub mod text;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use completion::{CompleteError, CompletionPlan, Outcome, plan_completion};

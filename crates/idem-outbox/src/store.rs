@@ -21,6 +21,7 @@
 use crate::conn::SQLITE_NOW_MS;
 use crate::error::OutboxError;
 use idem_core::outbox::{DeliveryPlan, OperatorAction, OperatorRefusal, OutboxState, Trigger, plan_operator_action};
+use idem_core::text::storable;
 use sqlx::{PgPool, SqlitePool};
 use std::collections::BTreeMap;
 
@@ -151,15 +152,16 @@ struct RecordRow {
 
 impl RecordRow {
     fn of(r: &Recorded<'_>) -> Self {
+        // What sinks report comes from outside (a receiver's body, a broker's error): kept as
+        // text every database accepts, so no row can fail the batch (issue 28 §8).
+        let text = |s: &String| Some(storable(s).into_owned());
         let (state, next_at, evidence, class, message, result) = match r.plan {
-            DeliveryPlan::Delivered { evidence } => {
-                ("DELIVERED", None, Some(evidence.clone()), None, None, "delivered")
-            }
+            DeliveryPlan::Delivered { evidence } => ("DELIVERED", None, text(evidence), None, None, "delivered"),
             DeliveryPlan::RetryAt { at_ms, error_class, message } => {
-                ("PENDING", Some(*at_ms), None, Some(error_class.clone()), Some(message.clone()), "retry")
+                ("PENDING", Some(*at_ms), None, text(error_class), text(message), "retry")
             }
             DeliveryPlan::Dead { error_class, message } => {
-                ("DEAD", None, None, Some(error_class.clone()), Some(message.clone()), "dead")
+                ("DEAD", None, None, text(error_class), text(message), "dead")
             }
         };
         RecordRow {

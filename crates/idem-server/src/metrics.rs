@@ -23,7 +23,7 @@
 //! | `idem_unknown_stale` | gauge | | UNKNOWN records unchanged for 15 minutes or more |
 //! | `idem_clock_offset_ms` | gauge | | PostgreSQL: the database's clock minus this node's wall clock at the last reading |
 //! | `idem_clock_uncertainty_ms` | gauge | | PostgreSQL: how far this node's idea of the database's time may be off now |
-//! | `idem_outbox_delivered_total`, `idem_outbox_retried_total`, `idem_outbox_dead_total` | counter | `sink` | the relay's attempts (idem-outbox), in `idem serve` with `[outbox] in_serve` or `idem relay --listen` |
+//! | `idem_outbox_delivered_total`, `idem_outbox_retried_total`, `idem_outbox_dead_total`, `idem_outbox_unrecorded_total` | counter | `sink` | the relay's attempts (idem-outbox), in `idem serve` with `[outbox] in_serve` or `idem relay --listen` |
 //! | `idem_outbox_lag_ms` | gauge | | age of the oldest undelivered outbox event (refreshed every 2 s by the relay) |
 //! | `idem_outbox_events` | gauge | `state` | outbox events per state |
 //!
@@ -138,6 +138,10 @@ fn describe() {
         "Outbox delivery attempts that failed and were scheduled again, by sink"
     );
     describe_counter!("idem_outbox_dead_total", "Outbox events that became dead letters, by sink");
+    describe_counter!(
+        "idem_outbox_unrecorded_total",
+        "Outbox delivery outcomes the database refused to record (the event is attempted again after its lease), by sink"
+    );
     describe_gauge!("idem_outbox_lag_ms", "Age of the oldest undelivered (PENDING) outbox event (ms); 0 when none");
     describe_gauge!("idem_outbox_events", "Outbox events per state (PENDING, DELIVERED, DEAD, SKIPPED)");
 }

@@ -68,6 +68,9 @@ pub struct TickReport {
     pub deferred: usize,
     /// Outcomes not recorded: the lease had been lost (another relay holds the event).
     pub fenced_out: usize,
+    /// Outcomes the database refused even on their own (logged with the event's id): the
+    /// event is attempted again after its lease.
+    pub unrecorded: usize,
 }
 
 /// Longest a stopping relay waits for its deliveries in flight.
@@ -167,9 +170,14 @@ impl Relay {
         if outcomes.is_empty() {
             return Ok(report);
         }
-        let applied = self.store.record_all(&outcomes, &self.id).await?;
+        let applied = self.record_outcomes(&outcomes).await?;
         for (o, applied) in outcomes.iter().zip(applied) {
             let labels = [("sink", o.sink.to_owned())];
+            let Some(applied) = applied else {
+                report.unrecorded += 1;
+                metrics::counter!("idem_outbox_unrecorded_total", &labels).increment(1);
+                continue;
+            };
             if !applied {
                 tracing::warn!(event = %o.claimed.row.id, "the lease was lost before the outcome was recorded; another relay holds the event");
                 report.fenced_out += 1;
@@ -233,6 +241,39 @@ impl Relay {
         let attempt = AttemptRow { attempts: row.attempts, created_at: row.created_at, trigger };
         let plan = plan_delivery(&attempt, result, &policy, now(start), rand::random::<f64>());
         Ok(Attempt::Made { plan, sink })
+    }
+
+    /// Records a pass's outcomes in one statement; if the database refuses it, each outcome
+    /// on its own, so one outcome it cannot take never costs the others theirs (issue 28
+    /// §8: one receiver's binary error body lost every delivery of the pass, again and
+    /// again). Per outcome: `Some(applied)` as [`OutboxStore::record_all`] says, `None`
+    /// when even its own statement failed (logged; the event is attempted again after its
+    /// lease).
+    ///
+    /// # Errors
+    /// The batch's error when there is only one outcome, or when no outcome could be
+    /// recorded on its own either (the database is down, not one row).
+    async fn record_outcomes(&self, outcomes: &[Recorded<'_>]) -> Result<Vec<Option<bool>>, OutboxError> {
+        let batch_error = match self.store.record_all(outcomes, &self.id).await {
+            Ok(applied) => return Ok(applied.into_iter().map(Some).collect()),
+            Err(e) if outcomes.len() == 1 => return Err(e),
+            Err(e) => e,
+        };
+        tracing::warn!(error = %batch_error, "recording the pass's outcomes together failed; recording them one by one");
+        let mut each = Vec::with_capacity(outcomes.len());
+        for o in outcomes {
+            match self.store.record_all(std::slice::from_ref(o), &self.id).await {
+                Ok(applied) => each.push(applied.first().copied()),
+                Err(e) => {
+                    tracing::error!(event = %o.claimed.row.id, error = %e, "the outcome of this attempt could not be recorded; the event is attempted again after its lease");
+                    each.push(None);
+                }
+            }
+        }
+        if each.iter().all(Option::is_none) {
+            return Err(batch_error);
+        }
+        Ok(each)
     }
 
     /// Runs passes until the process ends: again at once after a pass that claimed

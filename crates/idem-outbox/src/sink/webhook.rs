@@ -15,10 +15,14 @@ use crate::relay::config::WebhookSinkConfig;
 use crate::signature::{WebhookSecret, signature_header};
 use async_trait::async_trait;
 use idem_connect::config::ConfigError;
-use idem_connect::http::{classify_error, retry_after_ms};
+use idem_connect::http::{classify_error, read_capped, retry_after_ms};
 use idem_connect::http_status::{Answer, classify};
 use idem_core::Outcome;
 use idem_core::outbox::DeliveryResult;
+
+/// Bytes of a receiver's answer read, at most: enough for [`idem_core::text::SNIPPET_CHARS`]
+/// characters of any encoding; the rest is not read.
+const SNIPPET_BYTES: usize = 4 * idem_core::text::SNIPPET_CHARS;
 
 /// A configured webhook endpoint.
 #[derive(Debug)]
@@ -93,8 +97,10 @@ impl Sink for WebhookSink {
         };
         let status = resp.status();
         let retry_after = retry_after_ms(resp.headers());
-        let body = resp.bytes().await.unwrap_or_default();
-        let snippet = String::from_utf8_lossy(&body).chars().take(200).collect::<String>();
+        // Only the start of the answer is kept, as text every store accepts (a receiver's
+        // error page may be gzip, UTF-16 or hold a zero byte: issue 28 §8).
+        let (body, _) = read_capped(resp, SNIPPET_BYTES).await;
+        let snippet = idem_core::text::snippet(&body, idem_core::text::SNIPPET_CHARS);
         match classify(status.as_u16(), true) {
             Answer::Succeeded => DeliveryResult::Delivered { evidence: format!("HTTP {}", status.as_u16()) },
             Answer::NotProcessed { class } => DeliveryResult::Retryable {
