@@ -23,6 +23,10 @@ const KEY_PATTERN: &str = "^[!-~]([ -~]{0,253}[!-~])?$";
 /// The `Idempotency-Key` header (IETF httpapi Idempotency-Key draft §2.1: an RFC 8941
 /// string): a key bare (without spaces, quotes or backslashes) or quoted.
 const KEY_HEADER_PATTERN: &str = "^([!#-\\[\\]-~]{1,255}|\"[!#-\\[\\]-~]([ !#-\\[\\]-~]{0,253}[!#-\\[\\]-~])?\")$";
+/// A workflow instance id (`idem_core::flow::validate_instance_id`: the key rules, no `/`).
+const INSTANCE_PATTERN: &str = "^[!-.0-~]([ -.0-~]{0,190}[!-.0-~])?$";
+/// A step name (`idem_core::flow::validate_step_name`).
+const STEP_PATTERN: &str = "^[A-Za-z0-9_.-]{1,48}$";
 /// Text without control characters (C0, DEL, C1) that is not blank: evidence, provider
 /// references.
 const NO_CONTROL_NOT_BLANK: &str =
@@ -72,12 +76,12 @@ fn field_rules() -> Vec<(&'static str, &'static str, Value)> {
             "expected_state",
             json!({"enum": ["PENDING", "EXECUTING", "SUCCEEDED", "FAILED", "UNKNOWN", null]}),
         ),
-        ("StartBody", "instance_id", json!({"pattern": "^[!-.0-~]([ -.0-~]{0,190}[!-.0-~])?$"})),
+        ("StartBody", "instance_id", json!({"pattern": INSTANCE_PATTERN})),
         ("StartBody", "workflow", json!({"pattern": "^[A-Za-z0-9_.-]{1,64}$"})),
         ("StartBody", "trace_id", json!({"pattern": "^[A-Za-z0-9._:-]{1,128}$"})),
         ("StartBody", "source_event", json!({"pattern": "^[^\\s\\u0000-\\u001f\\u007f-\\u009f]{1,255}$"})),
         ("StartBody", "steps", json!({"minItems": 1, "maxItems": 64})),
-        ("StepDeclBody", "name", json!({"pattern": "^[A-Za-z0-9_.-]{1,48}$"})),
+        ("StepDeclBody", "name", json!({"pattern": STEP_PATTERN})),
         ("StepDeclBody", "action", json!({"pattern": "^[A-Za-z0-9_.:-]{1,128}$"})),
         // Steps declared in the request are performed by the caller's code: idem cannot
         // look them up, and a request cannot give a compensation.
@@ -311,6 +315,14 @@ pub fn complete(mut doc: Value, connectors: &[String]) -> Value {
                 for param in op.get_mut("parameters").and_then(Value::as_array_mut).into_iter().flatten() {
                     if param["in"] == "path" && param["name"] == "key" {
                         merge(&mut param["schema"], &json!({"pattern": KEY_PATTERN, "minLength": 1, "maxLength": 255}));
+                    }
+                    // Only ids a start could have stored name an instance or a step; any
+                    // other (a control character, padding) is 400 before a query.
+                    if param["in"] == "path" && param["name"] == "instance" {
+                        merge(&mut param["schema"], &json!({"pattern": INSTANCE_PATTERN}));
+                    }
+                    if param["in"] == "path" && param["name"] == "step" {
+                        merge(&mut param["schema"], &json!({"pattern": STEP_PATTERN}));
                     }
                     if param["in"] == "header" && param["name"] == "Idempotency-Key" {
                         merge(&mut param["schema"], &json!({"pattern": KEY_HEADER_PATTERN}));
