@@ -48,6 +48,13 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod lookup;
+mod routes;
+
+pub use lookup::{PROXY_LOOKUP, ProxyLookup};
+pub use routes::OutcomeUnknownStatuses;
+use routes::{UpstreamAnswer, upstream_answer};
+
 /// How the proxy tells clients apart.
 #[derive(Debug, Clone)]
 pub enum ClientAuth {
@@ -84,106 +91,6 @@ pub struct ProxyConfig {
     pub outcome_unknown: OutcomeUnknownStatuses,
 }
 
-/// Which upstream statuses leave a request's outcome unknown, per route (path prefix).
-///
-/// Default for every route: the 5xx that do not prove the upstream did nothing, i.e. all
-/// but 501, 503, 505 and 511 ([`idem_connect::http_status::ambiguous_server_errors`];
-/// DESIGN.md §4). 500 is among them: an application's 500 is as often thrown after its
-/// write as before it, and a second charge costs more than a key held until the lookup or
-/// an operator settles it. A route may narrow or widen the list (e.g. to `502,504`, or
-/// `none` for the old behaviour: every 5xx passed on and released for a retry).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutcomeUnknownStatuses {
-    /// The statuses of every path no route names.
-    pub default: Vec<u16>,
-    /// `(path prefix, statuses)`; the longest prefix a path starts with wins.
-    pub routes: Vec<(String, Vec<u16>)>,
-}
-
-impl Default for OutcomeUnknownStatuses {
-    fn default() -> Self {
-        OutcomeUnknownStatuses { default: idem_connect::http_status::ambiguous_server_errors(), routes: Vec::new() }
-    }
-}
-
-impl OutcomeUnknownStatuses {
-    /// The statuses that leave the outcome of a request to `path` unknown.
-    pub fn for_path(&self, path: &str) -> &[u16] {
-        self.routes
-            .iter()
-            .filter(|(prefix, _)| path.starts_with(prefix.as_str()))
-            .max_by_key(|(prefix, _)| prefix.len())
-            .map_or(&self.default, |(_, statuses)| statuses)
-    }
-
-    /// Parses the values of `--outcome-unknown-statuses`: each `LIST` (for every route) or
-    /// `PREFIX=LIST` (for paths starting with `PREFIX`, which starts with `/`), where `LIST`
-    /// is comma-separated statuses in 500–599, or `none`. No values: the default.
-    ///
-    /// # Errors
-    /// A one-line message naming the bad value.
-    pub fn parse(values: &[String]) -> Result<Self, String> {
-        let mut out = OutcomeUnknownStatuses::default();
-        let mut default_given = false;
-        for value in values {
-            let (prefix, list) = match value.split_once('=') {
-                Some((p, l)) => (Some(p.trim()), l),
-                None => (None, value.as_str()),
-            };
-            let statuses = if list.trim() == "none" {
-                Vec::new()
-            } else {
-                list.split(',')
-                    .map(|s| match s.trim().parse::<u16>() {
-                        Ok(code) if (500..=599).contains(&code) => Ok(code),
-                        _ => Err(format!(
-                            "{value:?}: {:?} is not a 5xx status (only a server or gateway error can leave the outcome unknown; `none` for no status)",
-                            s.trim()
-                        )),
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-            };
-            match prefix {
-                None if default_given => return Err(format!("{value:?}: the list for every route is given twice")),
-                None => {
-                    default_given = true;
-                    out.default = statuses;
-                }
-                Some(p) if !p.starts_with('/') => {
-                    return Err(format!("{value:?}: a route is a path prefix starting with /, e.g. /payments=502,504"));
-                }
-                Some(p) if out.routes.iter().any(|(q, _)| q == p) => {
-                    return Err(format!("{value:?}: route {p} is given twice"));
-                }
-                Some(p) => out.routes.push((p.to_owned(), statuses)),
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// What the proxy does with an upstream answer (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum UpstreamAnswer {
-    /// Final: stored and replayed.
-    Store,
-    /// Proves nothing happened (or the route says to treat it so): passed on, key released.
-    Release,
-    /// The upstream may have acted: UNKNOWN, never forwarded again on its own.
-    Unknown,
-}
-
-/// Classifies an upstream status under a route's outcome-unknown statuses.
-fn upstream_answer(status: StatusCode, outcome_unknown: &[u16]) -> UpstreamAnswer {
-    if outcome_unknown.contains(&status.as_u16()) {
-        UpstreamAnswer::Unknown
-    } else if matches!(status.as_u16(), 408 | 425 | 429) || status.is_server_error() {
-        UpstreamAnswer::Release
-    } else {
-        UpstreamAnswer::Store
-    }
-}
-
 /// The answer to a request whose outcome became unknown: problem `outcome-unknown` with
 /// `status`, saying `what` happened and that the request will not be forwarded again.
 fn unknown_outcome_problem(status: StatusCode, what: &str) -> Response {
@@ -206,85 +113,6 @@ pub fn proxy_tenant(t: &str) -> String {
 
 /// The tenant of clients named by `--principal-header`.
 pub const PROXY_TRUSTED_TENANT: &str = "proxy";
-
-/// The registry name of the proxy's lookup (lookup-only: never executed).
-pub const PROXY_LOOKUP: &str = "lookup:proxy";
-
-/// Asks the upstream whether a request with a client's Idempotency-Key took effect:
-/// `GET` a URL template where `{key}` is the client's key, as the HTTP connector's lookup
-/// does (a reference at the pointer ⇒ Found; 404, `[]` or `null` ⇒ Absent once
-/// `absent_after` has passed since the request; anything else ⇒ Inconclusive).
-#[derive(Debug)]
-pub struct ProxyLookup {
-    inner: idem_connect::http::HttpConnector,
-}
-
-impl ProxyLookup {
-    /// A lookup GETting `url_template` and reading the reference at `found_pointer`.
-    ///
-    /// # Errors
-    /// A config error naming `--lookup-url` or `--lookup-found-pointer`.
-    pub fn new(
-        url_template: &str,
-        found_pointer: &str,
-        absent_after: Duration,
-        timeout: Duration,
-    ) -> Result<Self, idem_connect::ConfigError> {
-        let ms = timeout.as_millis() as u64;
-        let config = idem_connect::config::HttpConfig {
-            url: "http://lookup-only.invalid/".into(),
-            method: "GET".into(),
-            headers: Default::default(),
-            timeout_ms: ms.max(1),
-            connect_timeout_ms: ms.clamp(1, 5_000),
-            provider_ref: None,
-            lookup: Some(idem_connect::config::HttpLookupConfig {
-                url: url_template.into(),
-                found_pointer: found_pointer.into(),
-                absent_statuses: vec![404],
-                absent_after_ms: absent_after.as_millis() as i64,
-            }),
-            provider_deduplicates: false,
-            retry: Default::default(),
-            lease_ms: None,
-            tenants: idem_connect::tenants::TenantScope::All,
-        };
-        let inner =
-            idem_connect::http::HttpConnector::new("proxy", &config).map_err(|e| idem_connect::ConfigError {
-                field: if e.field.contains("pointer") {
-                    "--lookup-found-pointer".into()
-                } else {
-                    "--lookup-url".into()
-                },
-                message: e.message,
-            })?;
-        Ok(ProxyLookup { inner })
-    }
-}
-
-#[async_trait::async_trait]
-impl idem_connect::Connector for ProxyLookup {
-    async fn execute(&self, _op: &idem_connect::OperationCtx) -> Outcome {
-        idem_connect::connector::final_failure("not_executable", "the proxy's lookup never performs requests")
-    }
-
-    async fn lookup(&self, op: &idem_connect::OperationCtx) -> idem_core::Lookup {
-        let mut ctx = op.clone();
-        // The upstream knows the client's own key, not the proxy's scoped one.
-        if let Some(k) = op.payload.get("idempotency_key").and_then(Value::as_str) {
-            ctx.key = k.to_owned();
-        }
-        self.inner.lookup(&ctx).await
-    }
-
-    fn lease_ms(&self) -> i64 {
-        30_000
-    }
-
-    fn max_call_ms(&self) -> i64 {
-        0
-    }
-}
 
 /// The proxy's shared state.
 #[derive(Clone)]
@@ -776,45 +604,4 @@ fn rebuild(status: StatusCode, headers: &HeaderMap, bytes: Bytes) -> Response {
         }
     }
     resp
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(v: &[&str]) -> Result<OutcomeUnknownStatuses, String> {
-        OutcomeUnknownStatuses::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-    }
-
-    #[test]
-    fn outcome_unknown_statuses_per_route() {
-        let d = parse(&[]).unwrap();
-        assert!(d.for_path("/charges").contains(&504) && d.for_path("/x").contains(&500));
-        assert!(!d.for_path("/charges").contains(&503), "503 proves the upstream did not act");
-        let c = parse(&["502,504", "/search=none", "/pay=500, 502,504", "/pay/refunds=504"]).unwrap();
-        assert_eq!(c.for_path("/charges"), &[502, 504]);
-        assert_eq!(c.for_path("/search?q=1"), &[] as &[u16]);
-        assert_eq!(c.for_path("/pay/1"), &[500, 502, 504]);
-        assert_eq!(c.for_path("/pay/refunds/9"), &[504], "the longest prefix wins");
-        for bad in [&["404"][..], &["5xx"], &["pay=504"], &["504", "502"], &["/a=504", "/a=502"], &["600"]] {
-            assert!(parse(bad).is_err(), "{bad:?}");
-        }
-        assert!(parse(&["404"]).unwrap_err().contains("not a 5xx status"));
-    }
-
-    #[test]
-    fn upstream_answers_are_stored_released_or_unknown() {
-        let unknown = OutcomeUnknownStatuses::default();
-        let a = |s: u16| upstream_answer(StatusCode::from_u16(s).unwrap(), &unknown.default);
-        for s in [500, 502, 504, 507, 524] {
-            assert_eq!(a(s), UpstreamAnswer::Unknown, "{s}");
-        }
-        for s in [503, 501, 429, 408, 425] {
-            assert_eq!(a(s), UpstreamAnswer::Release, "{s}");
-        }
-        for s in [200, 201, 303, 404, 422] {
-            assert_eq!(a(s), UpstreamAnswer::Store, "{s}");
-        }
-        assert_eq!(upstream_answer(StatusCode::GATEWAY_TIMEOUT, &[]), UpstreamAnswer::Release, "a route's none");
-    }
 }
