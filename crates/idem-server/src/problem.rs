@@ -100,7 +100,12 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "outcome-unknown",
         "The outcome is unknown",
-        "idem proxy: a request with this idempotency key reached the upstream, and no complete answer came back (timeout or reset) or the upstream answered a status that does not prove it did nothing (by default every 5xx but 501, 503, 505 and 511; `--outcome-unknown-statuses`). It may or may not have taken effect, so it is not forwarded again until the upstream's lookup (`--lookup-url`) or an operator settles the operation (POST /_idem/v1/operations/{principal}%2F{key}/resolve). The first request gets this problem with the upstream's status (504 for a timeout, 502 for a reset), its retries get it with 409.",
+        "idem proxy: a request with this idempotency key reached the upstream, and no complete answer came back (timeout or reset) or the upstream answered a status that does not prove it did nothing (by default every 5xx but 501, 503, 505 and 511; `--outcome-unknown-statuses`). It may or may not have taken effect, so it is not forwarded again until the upstream's lookup (`--lookup-url`) or an operator settles the operation (POST /_idem/v1/operations/{principal}%2F{key}/resolve). The first request gets this problem with the upstream's status (504 for a timeout, 502 for a reset), its retries get it with 409. Never on a route declared `--provider-deduplicates` (see upstream-no-answer).",
+    ),
+    (
+        "upstream-no-answer",
+        "The upstream did not answer; send the request again with the same key",
+        "idem proxy, on a route whose upstream deduplicates by Idempotency-Key (`--provider-deduplicates`): the request reached the upstream and no complete answer came back (504 after `--timeout-ms`, 502 for a reset). It may have taken effect, but the upstream answers a repeated key with the first request's result, so the key was released: send the same request with the same Idempotency-Key and it is forwarded again.",
     ),
     (
         "upstream-unreachable",

@@ -285,6 +285,16 @@ pub struct ProxyArgs {
     /// left out are passed on and released for the client's retry.
     #[arg(long = "outcome-unknown-statuses", value_name = "[PREFIX=]LIST")]
     pub outcome_unknown_statuses: Vec<String>,
+    /// `true` for routes whose upstream deduplicates by Idempotency-Key itself (answers a
+    /// repeated key with the first request's result, as Stripe does), like a connector's
+    /// provider_deduplicates: there an outcome-unknown status or a 409 is passed on as the
+    /// upstream sent it and a timeout or reset is problem upstream-no-answer (504, 502);
+    /// nothing is stored, and the client's retry is forwarded with the same key. BOOL is
+    /// true or false; PREFIX=BOOL sets it for paths starting with PREFIX (the longest
+    /// matching prefix wins), e.g. --provider-deduplicates /v1/=true. Repeatable.
+    /// Default: false everywhere.
+    #[arg(long = "provider-deduplicates", value_name = "[PREFIX=]BOOL")]
+    pub provider_deduplicates: Vec<String>,
     /// Trust this header (set by a gateway in front) to name the client, instead of an
     /// idem API key in Idem-Api-Key.
     #[arg(long)]

@@ -182,8 +182,10 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
             Some(h) => idem_server::proxy::ClientAuth::TrustedHeader(header(h)?),
             None => idem_server::proxy::ClientAuth::ApiKey,
         },
-        outcome_unknown: idem_server::proxy::OutcomeUnknownStatuses::parse(&args.outcome_unknown_statuses)
+        outcome_unknown: idem_server::proxy::parse_outcome_unknown_statuses(&args.outcome_unknown_statuses)
             .map_err(|e| anyhow::anyhow!("--outcome-unknown-statuses {e}"))?,
+        provider_deduplicates: idem_server::proxy::parse_provider_deduplicates(&args.provider_deduplicates)
+            .map_err(|e| anyhow::anyhow!("--provider-deduplicates {e}"))?,
     };
     let lookup: Option<Arc<dyn idem_connect::Connector>> = match &args.lookup_url {
         Some(url) => Some(Arc::new(idem_server::proxy::ProxyLookup::new(

@@ -332,22 +332,140 @@ async fn an_ambiguous_5xx_from_the_upstream_is_never_forwarded_again() {
     assert_eq!(up.count("/narrow/acts_then/504"), 1);
 }
 
-/// A bad `--outcome-unknown-statuses` stops the proxy at start-up with one line naming it.
+/// A bad per-route flag stops the proxy at start-up with one line naming it.
 #[test]
-fn a_bad_outcome_unknown_list_fails_at_start_up() {
+fn a_bad_per_route_flag_fails_at_start_up() {
     let dir = tempfile::tempdir().unwrap();
-    for (bad, says) in [("404", "not a 5xx status"), ("payments=504", "path prefix"), ("5o4", "not a 5xx status")] {
+    for (flag, bad, says) in [
+        ("--outcome-unknown-statuses", "404", "not a 5xx status"),
+        ("--outcome-unknown-statuses", "payments=504", "path prefix"),
+        ("--outcome-unknown-statuses", "5o4", "not a 5xx status"),
+        ("--provider-deduplicates", "yes", "not true or false"),
+        ("--provider-deduplicates", "v1/charges=true", "path prefix"),
+    ] {
         let out = std::process::Command::new(common::idem_bin())
             .args(["proxy", "--upstream", "http://127.0.0.1:9/", "--listen", "127.0.0.1:0", "--database-url"])
             .arg(dir.path().join("p.db"))
-            .args(["--outcome-unknown-statuses", bad])
+            .args([flag, bad])
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{bad}: {err}");
-        assert!(err.contains("--outcome-unknown-statuses") && err.contains(says), "{bad}: {err}");
+        assert!(err.contains(flag) && err.contains(says) && err.contains(bad), "{bad}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     }
+}
+
+/// A provider that deduplicates by `Idempotency-Key` itself, as Stripe does: it stores its
+/// answer per key and replays it. Modes, for the first request of a key: `fails_first`
+/// answers 500 without acting, `busy_first` 409 ("a request with this key is in
+/// progress"), `hangs_first` never answers and does not act, `acts_then_hangs` acts and
+/// stores, then never answers; `acts` just acts.
+#[derive(Clone, Default)]
+struct Dedup(Arc<Mutex<HashMap<String, (u64, Option<String>)>>>);
+
+impl Dedup {
+    /// (requests received, whether the key's effect exists) for `key`.
+    fn seen(&self, key: &str) -> (u64, bool) {
+        self.0.lock().unwrap().get(key).map_or((0, false), |(n, stored)| (*n, stored.is_some()))
+    }
+}
+
+async fn dedup_provider(
+    State(d): State<Dedup>,
+    axum::extract::Path(mode): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    let key = headers["idempotency-key"].to_str().unwrap().to_string();
+    let (calls, stored) = {
+        let mut m = d.0.lock().unwrap();
+        let e = m.entry(key.clone()).or_default();
+        e.0 += 1;
+        (e.0, e.1.clone())
+    };
+    if let Some(body) = stored {
+        return (StatusCode::CREATED, [("idempotent-replayed", "true")], body).into_response();
+    }
+    let act = || {
+        let body = json!({"id": format!("ch_{key}")}).to_string();
+        d.0.lock().unwrap().get_mut(&key).unwrap().1 = Some(body.clone());
+        body
+    };
+    match (mode.as_str(), calls) {
+        ("fails_first", 1) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": "try again"}))).into_response(),
+        ("busy_first", 1) => (StatusCode::CONFLICT, Json(json!({"error": "in progress"}))).into_response(),
+        ("hangs_first", 1) => std::future::pending().await,
+        ("acts_then_hangs", 1) => {
+            act();
+            std::future::pending().await
+        }
+        _ => (StatusCode::CREATED, act()).into_response(),
+    }
+}
+
+/// Issue 28 §5 with a plain client: on a route declared `--provider-deduplicates`, an
+/// ambiguous answer (500, a timeout before or after the upstream acted) and the upstream's
+/// own 409 release the key instead of leaving the outcome unknown; the retry with the same
+/// key is forwarded and the upstream's deduplication makes it one effect. The upstream's
+/// answers are passed on as sent and not stored; the proxy's own timeout answer is a
+/// problem+json `upstream-no-answer`. A route not declared keeps outcome-unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deduplicating_upstream_gets_the_retry_with_the_same_key() {
+    let (up, upstream) = start_upstream().await;
+    let d = Dedup::default();
+    let app = Router::new().route("/dedup/{mode}", post(dedup_provider)).with_state(d.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dedup_url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let db = Db::new(Backend::Sqlite).await;
+    let routes = ["--provider-deduplicates", "/dedup=true", "--timeout-ms", "400"];
+    let p = Server::start_proxy(&db.url, &dedup_url, &routes);
+    let operator = p.create_key("default.proxy", "operator");
+
+    for (mode, first_status) in
+        [("fails_first", 500), ("busy_first", 409), ("hangs_first", 504), ("acts_then_hangs", 504)]
+    {
+        let (path, key) = (format!("/dedup/{mode}"), format!("dd-{mode}"));
+        let (s, h, b) = send(&p, &path, Some(&key), ADMIN_KEY, "{}").await;
+        assert_eq!(s, first_status, "{mode}: {b}");
+        if first_status == 504 {
+            let v: Value = serde_json::from_str(&b).unwrap();
+            assert_eq!(h["content-type"], "application/problem+json", "{mode}: {b}");
+            assert_eq!(v["type"], "/problems/upstream-no-answer", "{mode}: {b}");
+        } else {
+            assert_ne!(h["content-type"], "application/problem+json", "{mode}: the upstream's own answer: {b}");
+            assert!(b.contains("error"), "{mode}: the upstream's body: {b}");
+        }
+        let rec = p.get(&operator, &format!("/_idem/v1/operations/bootstrap%2F{key}")).await.body;
+        assert_eq!((rec["state"].as_str(), rec["redo_safe"].as_bool()), (Some("PENDING"), Some(true)), "{mode}: {rec}");
+        let (s, _, b) = send(&p, &path, Some(&key), ADMIN_KEY, "{}").await;
+        assert_eq!(s, 201, "{mode}: the retry is forwarded: {b}");
+        assert_eq!(serde_json::from_str::<Value>(&b).unwrap()["id"], format!("ch_{key}"), "{mode}");
+        let (s, h, b2) = send(&p, &path, Some(&key), ADMIN_KEY, "{}").await;
+        assert_eq!((s, h["idempotent-replayed"].to_str().unwrap(), b2), (201, "true", b), "{mode}: idem replays");
+        assert_eq!(d.seen(&key), (2, true), "{mode}: two requests reached the upstream, one effect");
+        let rec = p.get(&operator, &format!("/_idem/v1/operations/bootstrap%2F{key}")).await.body;
+        assert_eq!(rec["state"], "SUCCEEDED", "{mode}: {rec}");
+    }
+
+    // A final answer is stored as before: a mismatch is 422, and what the upstream refused
+    // stays refused.
+    let (s, _, b) = send(&p, "/dedup/acts", Some("dd-fails_first"), ADMIN_KEY, "{}").await;
+    assert_eq!(s, 422, "another path under the same key: {b}");
+
+    // Routes are independent: the same proxy in front of the first upstream, where only
+    // /legacy deduplicates, keeps outcome-unknown on every other route.
+    drop(p);
+    let db = Db::new(Backend::Sqlite).await;
+    let p = Server::start_proxy(&db.url, &upstream, &["--provider-deduplicates", "/legacy=true"]);
+    let (s, h, _) = send(&p, "/acts_then/500", Some("nd-1"), ADMIN_KEY, "{}").await;
+    assert_eq!((s, h["content-type"].to_str().unwrap()), (500, "application/problem+json"));
+    assert_eq!(send(&p, "/acts_then/500", Some("nd-1"), ADMIN_KEY, "{}").await.0, 409);
+    assert_eq!(up.count("/acts_then/500"), 1);
+    let (s, _, b) = send(&p, "/legacy/acts_then/500", Some("nd-2"), ADMIN_KEY, "{}").await;
+    assert_eq!((s, b.as_str()), (500, "gateway error 500"), "passed on as sent");
+    assert_eq!(send(&p, "/legacy/acts_then/500", Some("nd-2"), ADMIN_KEY, "{}").await.0, 500);
+    assert_eq!(up.count("/legacy/acts_then/500"), 2, "forwarded again: the upstream deduplicates");
 }
 
 #[derive(Clone, Default)]

@@ -28,7 +28,16 @@
 //!   HTTP client a 2xx for its POST would read as success.);
 //! - 408/425/429, and the 5xx not counted as outcome-unknown (503, and any status a route
 //!   leaves out of its list), are passed on but not stored, and the key is released for
-//!   the client's retry.
+//!   the client's retry;
+//! - on a route whose upstream deduplicates by `Idempotency-Key` itself (answers a repeat
+//!   with the first request's result: `--provider-deduplicates`, [`PerRoute`]), forwarding
+//!   the same request again with the same key cannot act twice (DESIGN.md §2 invariant 4,
+//!   §4, as the HTTP connector's `provider_deduplicates`), so nothing there is UNKNOWN: an
+//!   outcome-unknown status, and a 409 (the upstream's "a request with this key is still in
+//!   progress"), are passed on as the upstream sent them, not stored, and the key is
+//!   released; a timeout or a reset is the problem `upstream-no-answer` (504, 502) and
+//!   releases the key too; the client's retry is forwarded with the same key, and the
+//!   upstream answers it. An expired lease (the proxy died mid-request) is re-granted.
 //!
 //! Keys are scoped by the authenticated client: the idem API key in `Idem-Api-Key` (its
 //! principal), or a configured trusted header naming the principal. The proxy's own API
@@ -52,7 +61,7 @@ mod lookup;
 mod routes;
 
 pub use lookup::{PROXY_LOOKUP, ProxyLookup};
-pub use routes::OutcomeUnknownStatuses;
+pub use routes::{OutcomeUnknownStatuses, PerRoute, parse_outcome_unknown_statuses, parse_provider_deduplicates};
 use routes::{UpstreamAnswer, upstream_answer};
 
 /// How the proxy tells clients apart.
@@ -89,6 +98,10 @@ pub struct ProxyConfig {
     pub auth: ClientAuth,
     /// Upstream statuses after which the outcome is UNKNOWN, per route.
     pub outcome_unknown: OutcomeUnknownStatuses,
+    /// Per route: whether the upstream answers a repeated `Idempotency-Key` with the first
+    /// request's result (`--provider-deduplicates`); then an ambiguous answer releases the
+    /// key instead of leaving the outcome UNKNOWN (see the module docs).
+    pub provider_deduplicates: PerRoute<bool>,
 }
 
 /// The answer to a request whose outcome became unknown: problem `outcome-unknown` with
@@ -386,6 +399,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
     {
         return p.into_response();
     }
+    let deduplicates = *state.config.provider_deduplicates.for_path(parts.uri.path());
     let fp = match request_fingerprint(&state.config, &parts.method, &path_and_query, &parts.headers, &body) {
         Ok(f) => f,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "invalid-request", e),
@@ -410,7 +424,9 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         payload: json!({"method": parts.method.as_str(), "path": path_and_query, "idempotency_key": key.as_str()}),
         fingerprint: fp,
         lease_ms: state.config.timeout.as_millis() as i64 + 10_000,
-        redo_safe: false,
+        // A deduplicating upstream makes forwarding again safe, also after a lease that
+        // expired because the proxy died mid-request (DESIGN.md §2 invariant 4).
+        redo_safe: deduplicates,
         // Always the same, with or without --lookup-url: the connector is part of the
         // intent, and a config change must not turn retries into 422s.
         connector: Some(PROXY_LOOKUP.to_owned()),
@@ -475,7 +491,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
     let token = out.record.fencing_token;
     let outcome_unknown = state.config.outcome_unknown.for_path(parts.uri.path());
     let (outcome, response) = match forward(&state, &parts.method, &path_and_query, &parts.headers, body).await {
-        Ok((status, headers, bytes)) => match upstream_answer(status, outcome_unknown) {
+        Ok((status, headers, bytes)) => match upstream_answer(status, outcome_unknown, deduplicates) {
             UpstreamAnswer::Unknown => (
                 Outcome::Unknown {
                     message: Some(format!("the upstream answered {status} after it received the request")),
@@ -489,6 +505,18 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
                 Outcome::RetryableFailure {
                     error_class: format!("http_{}", status.as_u16()),
                     message: None,
+                    retry_after_ms: Some(0),
+                },
+                rebuild(status, &headers, bytes),
+            ),
+            // The client reads the upstream's own answer (its retry logic may, e.g. a
+            // Stripe SDK's `Stripe-Should-Retry`); its retry is forwarded with the same key.
+            UpstreamAnswer::ReleaseAmbiguous => (
+                Outcome::AmbiguousRetryable {
+                    error_class: format!("http_{}", status.as_u16()),
+                    message: Some(format!(
+                        "the upstream answered {status}; it deduplicates by the key, so a retry is forwarded"
+                    )),
                     retry_after_ms: Some(0),
                 },
                 rebuild(status, &headers, bytes),
@@ -517,6 +545,21 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
                 StatusCode::BAD_GATEWAY,
                 "upstream-unreachable",
                 format!("the upstream could not be reached; nothing was sent: {e}"),
+            ),
+        ),
+        Err(ForwardError::Unknown { timeout, message }) if deduplicates => (
+            Outcome::AmbiguousRetryable {
+                error_class: if timeout { "timeout" } else { "connection" }.into(),
+                message: Some(message.clone()),
+                retry_after_ms: Some(0),
+            },
+            problem(
+                if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY },
+                "upstream-no-answer",
+                format!(
+                    "the request reached the upstream but no complete answer came back ({message}); the upstream \
+                     deduplicates by Idempotency-Key, so send it again with the same key: it will be forwarded"
+                ),
             ),
         ),
         Err(ForwardError::Unknown { timeout, message }) => (
