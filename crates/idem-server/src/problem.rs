@@ -350,7 +350,7 @@ impl Problem {
 /// Marks a response as one of idem's own problems (never an upstream's answer that
 /// `idem proxy` passes on), so [`fill_request_id`] may complete its body.
 #[derive(Clone)]
-struct Rendered(Box<Problem>);
+pub(crate) struct Rendered(pub(crate) Box<Problem>);
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {

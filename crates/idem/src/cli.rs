@@ -295,6 +295,14 @@ pub struct ProxyArgs {
     /// Default: false everywhere.
     #[arg(long = "provider-deduplicates", value_name = "[PREFIX=]BOOL")]
     pub provider_deduplicates: Vec<String>,
+    /// How the proxy renders its own errors (400, 401, 409, 413, 415, 422, outcome-unknown,
+    /// 502/504 ...; never the upstream's answers): `problem` (RFC 9457
+    /// application/problem+json) or `stripe` (Stripe's {"error":{"type","code","message"}}
+    /// with Stripe-Should-Retry, for clients of a Stripe-style API: a reused key is then 400
+    /// idempotency_error, as Stripe answers it). PREFIX=FORMAT sets it for paths starting
+    /// with PREFIX (the longest matching prefix wins). Repeatable. Default: problem.
+    #[arg(long = "error-format", value_name = "[PREFIX=]FORMAT")]
+    pub error_format: Vec<String>,
     /// Trust this header (set by a gateway in front) to name the client, instead of an
     /// idem API key in Idem-Api-Key.
     #[arg(long)]

@@ -186,6 +186,8 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("--outcome-unknown-statuses {e}"))?,
         provider_deduplicates: idem_server::proxy::parse_provider_deduplicates(&args.provider_deduplicates)
             .map_err(|e| anyhow::anyhow!("--provider-deduplicates {e}"))?,
+        error_format: idem_server::proxy::parse_error_formats(&args.error_format)
+            .map_err(|e| anyhow::anyhow!("--error-format {e}"))?,
     };
     let lookup: Option<Arc<dyn idem_connect::Connector>> = match &args.lookup_url {
         Some(url) => Some(Arc::new(idem_server::proxy::ProxyLookup::new(

@@ -342,6 +342,8 @@ fn a_bad_per_route_flag_fails_at_start_up() {
         ("--outcome-unknown-statuses", "5o4", "not a 5xx status"),
         ("--provider-deduplicates", "yes", "not true or false"),
         ("--provider-deduplicates", "v1/charges=true", "path prefix"),
+        ("--error-format", "json", "not an error format"),
+        ("--error-format", "v1=stripe", "path prefix"),
     ] {
         let out = std::process::Command::new(common::idem_bin())
             .args(["proxy", "--upstream", "http://127.0.0.1:9/", "--listen", "127.0.0.1:0", "--database-url"])
@@ -466,6 +468,63 @@ async fn a_deduplicating_upstream_gets_the_retry_with_the_same_key() {
     assert_eq!((s, b.as_str()), (500, "gateway error 500"), "passed on as sent");
     assert_eq!(send(&p, "/legacy/acts_then/500", Some("nd-2"), ADMIN_KEY, "{}").await.0, 500);
     assert_eq!(up.count("/legacy/acts_then/500"), 2, "forwarded again: the upstream deduplicates");
+}
+
+/// `--error-format stripe`: the proxy's own errors are Stripe's error object with the
+/// status unchanged (a reused key: 400 `idempotency_error`, as Stripe answers it), a
+/// truthful `Stripe-Should-Retry` and `Request-Id`; the upstream's answers and the routes
+/// left at `problem` are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stripe_error_format_shapes_only_the_proxys_own_answers() {
+    let (up, upstream) = start_upstream().await;
+    let db = Db::new(Backend::Sqlite).await;
+    let args = ["--error-format", "stripe", "--error-format", "/legacy=problem", "--timeout-ms", "300"];
+    let p = Server::start_proxy(&db.url, &upstream, &[&args[..], &["--max-body-bytes", "1024"]].concat());
+    let stripe = |what: &str, (s, h, b): &(u16, reqwest::header::HeaderMap, String)| {
+        assert_eq!(h["content-type"], "application/json", "{what}: {b}");
+        assert_eq!(h["request-id"], h["x-request-id"], "{what}: Stripe's SDKs read Request-Id");
+        let v: Value = serde_json::from_str(b).unwrap();
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {b}");
+        let retry = h.get("stripe-should-retry").map(|v| v.to_str().unwrap().to_owned());
+        (*s, e["type"].as_str().unwrap().to_owned(), e["code"].as_str().unwrap().to_owned(), retry)
+    };
+    let t = |s: u16, kind: &str, code: &str, retry: &str| (s, kind.to_owned(), code.to_owned(), Some(retry.to_owned()));
+
+    let r = send(&p, "/charges", None, ADMIN_KEY, "{}").await;
+    assert_eq!(stripe("no key", &r), t(400, "invalid_request_error", "missing_idempotency_key", "false"));
+    let r = send(&p, "/charges", Some("a b"), ADMIN_KEY, "{}").await;
+    assert_eq!(stripe("bad key", &r), t(400, "invalid_request_error", "invalid_idempotency_key", "false"));
+    let r = send(&p, "/charges", Some("st-1"), "idem_bogus", "{}").await;
+    assert_eq!(stripe("unknown API key", &r), t(401, "invalid_request_error", "unauthorized", "false"));
+    let r = send(&p, "/charges", Some("st-2"), ADMIN_KEY, &format!(r#"{{"pad": "{}"}}"#, "x".repeat(2000))).await;
+    assert_eq!(stripe("too large", &r), t(413, "invalid_request_error", "payload_too_large", "false"));
+    assert_eq!(send(&p, "/charges", Some("st-3"), ADMIN_KEY, r#"{"amount": 1}"#).await.0, 201);
+    let r = send(&p, "/charges", Some("st-3"), ADMIN_KEY, r#"{"amount": 2}"#).await;
+    assert_eq!(stripe("reused key", &r), t(400, "idempotency_error", "fingerprint_mismatch", "false"));
+    let r = send(&p, "/acts_then/500", Some("st-4"), ADMIN_KEY, "{}").await;
+    assert_eq!(stripe("ambiguous 500", &r), t(500, "api_error", "outcome_unknown", "false"));
+    let r = send(&p, "/acts_then/500", Some("st-4"), ADMIN_KEY, "{}").await;
+    assert_eq!(stripe("its retry", &r), t(409, "api_error", "outcome_unknown", "false"));
+    let r = send(&p, "/hang", Some("st-5"), ADMIN_KEY, "{}").await;
+    assert_eq!(stripe("timeout", &r), t(504, "api_error", "outcome_unknown", "false"));
+    assert_eq!((up.count("/charges"), up.count("/acts_then/500"), up.count("/hang")), (1, 1, 1));
+
+    // The upstream's own answer passes untouched.
+    let (s, h, b) = send(&p, "/invalid", Some("st-6"), ADMIN_KEY, "{}").await;
+    assert_eq!((s, b.as_str()), (422, r#"{"error":"amount must be positive"}"#));
+    assert!(h.get("stripe-should-retry").is_none() && h.get("request-id").is_none(), "{h:?}");
+    // A route left at problem+json keeps it, request id in the body.
+    let (s, h, b) = send(&p, "/legacy/acts_then/500", None, ADMIN_KEY, "{}").await;
+    assert_eq!((s, h["content-type"].to_str().unwrap()), (400, "application/problem+json"));
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(
+        (v["type"].as_str(), v["request_id"].as_str()),
+        (Some("/problems/missing-idempotency-key"), h["x-request-id"].to_str().ok())
+    );
+    // idem's own API under /_idem/ is idem's: problem+json.
+    let r = p.get("idem_bogus", "/_idem/v1/operations/x").await;
+    assert_eq!((r.status.as_u16(), r.problem()), (401, "unauthorized"));
 }
 
 #[derive(Clone, Default)]
@@ -613,6 +672,8 @@ async fn the_proxys_own_answers_carry_the_request_id_and_its_start_names_the_ups
             };
             let r = common::Resp::read(req.send().await.unwrap()).await;
             assert_eq!(r.status.as_u16(), status, "{what}: {r:?}");
+            assert_eq!(r.header("content-type"), Some("application/problem+json"), "{what}: the default format");
+            assert!(r.header("stripe-should-retry").is_none(), "{what}: {r:?}");
             let header = r.header("x-request-id").unwrap_or_else(|| panic!("{what}: no x-request-id: {r:?}"));
             assert_eq!(r.body["request_id"].as_str(), Some(header), "{what}: {r:?}");
             if let Some(id) = own_id {

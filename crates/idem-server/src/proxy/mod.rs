@@ -57,9 +57,11 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod errors;
 mod lookup;
 mod routes;
 
+pub use errors::{ErrorFormat, parse_error_formats};
 pub use lookup::{PROXY_LOOKUP, ProxyLookup};
 pub use routes::{OutcomeUnknownStatuses, PerRoute, parse_outcome_unknown_statuses, parse_provider_deduplicates};
 use routes::{UpstreamAnswer, upstream_answer};
@@ -102,6 +104,9 @@ pub struct ProxyConfig {
     /// request's result (`--provider-deduplicates`); then an ambiguous answer releases the
     /// key instead of leaving the outcome UNKNOWN (see the module docs).
     pub provider_deduplicates: PerRoute<bool>,
+    /// Per route: how the proxy renders its own errors (`--error-format`; default RFC 9457
+    /// problem+json), see [`ErrorFormat`].
+    pub error_format: PerRoute<ErrorFormat>,
 }
 
 /// The answer to a request whose outcome became unknown: problem `outcome-unknown` with
@@ -188,6 +193,7 @@ pub fn router(state: ProxyState, api: axum::Router, budget: crate::request_body:
         .layer(crate::logging::proxied_trace_layer())
         .layer(axum::middleware::from_fn(crate::metrics::track_http))
         .layer(axum::middleware::from_fn(label_proxied))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), errors::shape_errors))
         .layer(axum::middleware::from_fn_with_state(budget, crate::request_body::guard))
         .service(axum::handler::Handler::with_state(handle, state));
     // The proxy's own answers carry a request id like the API's (`x-request-id`, and
