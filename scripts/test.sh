@@ -16,6 +16,8 @@
 #   - curl (Debian), for the README walkthrough the tests run as written;
 #   - openapi-spec-validator, schemathesis and openapi-python-client (PyPI, pinned in
 #     scripts/requirements-openapi.txt) in a cached venv, for tests/openapi.rs;
+#   - stripe-python (PyPI, pinned in scripts/requirements-stripe.txt) in a cached venv,
+#     for tests/proxy_stripe.rs;
 #   - the Rust test runner is plain `cargo test`, then the `otel` feature's test
 #     (`cargo test --features idem/otel --test otel`).
 # Environment:
@@ -130,25 +132,40 @@ ensure_curl() {
   fi
 }
 
-ensure_openapi_tools() {
-  # tests/openapi.rs checks the served OpenAPI document with Python tools (pinned in
-  # scripts/requirements-openapi.txt), installed from PyPI into a venv kept in the cache
-  # and made anew when the requirements change.
-  local req=scripts/requirements-openapi.txt hash venv
+python_venv() {
+  # A venv with the pinned packages of the requirements file $1, installed from PyPI and
+  # kept in the cache as venv-$2<hash of the file> (made anew when the file changes, or
+  # when $3, a path in it that the install leaves, is missing). Prints its path.
+  local req=$1 prefix=$2 marker=$3 hash venv
   hash=$(sha256sum "$req" | cut -c1-16)
-  venv="${XDG_CACHE_HOME:-$HOME/.cache}/idem/venv-$hash"
-  if [ ! -x "$venv/bin/st" ]; then
+  venv="${XDG_CACHE_HOME:-$HOME/.cache}/idem/venv-$prefix$hash"
+  if [ ! -e "$venv/$marker" ]; then
     if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
       log "installing python3-venv (Debian package)"
       as_root apt-get update -qq
       as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
     fi
-    log "installing the OpenAPI tools into $venv"
+    log "installing $req into $venv"
     rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q -r "$req"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q -r "$req" >&2
+    touch "$venv/.installed"
   fi
-  export IDEM_OPENAPI_VENV="$venv"
+  printf '%s\n' "$venv"
+}
+
+ensure_openapi_tools() {
+  # tests/openapi.rs checks the served OpenAPI document with Python tools (pinned in
+  # scripts/requirements-openapi.txt).
+  IDEM_OPENAPI_VENV=$(python_venv scripts/requirements-openapi.txt "" bin/st)
+  export IDEM_OPENAPI_VENV
+}
+
+ensure_stripe_python() {
+  # tests/proxy_stripe.rs runs the real Stripe SDK, stripe-python (pinned in
+  # scripts/requirements-stripe.txt), through `idem proxy`.
+  IDEM_STRIPE_VENV=$(python_venv scripts/requirements-stripe.txt stripe- .installed)
+  export IDEM_STRIPE_VENV
 }
 
 ensure_python_psycopg() {
@@ -186,6 +203,7 @@ ensure_nats
 ensure_python_psycopg
 ensure_curl
 ensure_openapi_tools
+ensure_stripe_python
 ensure_mail_servers
 ensure_browser
 ensure_faketime
