@@ -37,7 +37,7 @@ pub enum Command {
     Serve(ServeArgs),
     /// Put Idempotency-Key semantics (IETF httpapi draft) in front of an existing HTTP API;
     /// idem's own API is served under /_idem/.
-    Proxy(ProxyArgs),
+    Proxy(Box<ProxyArgs>),
     /// Manage API keys, directly in the database the server uses.
     #[command(subcommand)]
     Keys(KeysCommand),

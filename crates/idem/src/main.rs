@@ -168,7 +168,7 @@ fn one_line(e: &anyhow::Error) -> String {
 async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
-        cli::Command::Proxy(args) => serve::run_proxy(args).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Proxy(args) => serve::run_proxy(*args).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Keys(k) => keys::run(k).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Ops(o) => client::ops(o).await,
         cli::Command::Wf(w) => wf::run(w).await,

@@ -364,7 +364,10 @@ fn a_bad_per_route_flag_fails_at_start_up() {
 /// progress"), `hangs_first` never answers and does not act, `acts_then_hangs` acts and
 /// stores, then never answers; `acts` just acts.
 #[derive(Clone, Default)]
-struct Dedup(Arc<Mutex<HashMap<String, (u64, Option<String>)>>>);
+struct Dedup(Arc<Mutex<HashMap<String, Seen>>>);
+
+/// Per key: the requests received, and the stored answer once the effect exists.
+type Seen = (u64, Option<String>);
 
 impl Dedup {
     /// (requests received, whether the key's effect exists) for `key`.
