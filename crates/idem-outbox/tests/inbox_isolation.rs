@@ -39,7 +39,9 @@ async fn the_second_claim_waits_or_fails_retryably_by_isolation_level() {
             sqlx::query("SELECT 1").execute(&mut *t).await.unwrap();
             let got = claim_message(&mut *t, "billing", &id2, fp2.as_str()).await;
             let got = got.map_err(|e| match e {
-                idem_outbox::OutboxError::Database(sqlx::Error::Database(db)) => db.code().unwrap_or_default().into_owned(),
+                idem_outbox::OutboxError::Database(sqlx::Error::Database(db)) => {
+                    db.code().unwrap_or_default().into_owned()
+                }
                 other => panic!("{other}"),
             });
             drop(t);
