@@ -40,6 +40,9 @@ HANG_S = 1.0
 SLOW_S = 1.6
 HOLD_S = 0.3
 IDEM_KEY = "stripe-test-admin-key-0123456789abcdef"
+# What idem proxy puts before a client's key (tenant "default" of the bootstrap key, as the
+# proxy scopes it, and its principal).
+SCOPE = "default.proxy/bootstrap/"
 
 
 class Entry:
@@ -116,7 +119,12 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         params = sorted(parse_qsl(body.decode()))
         mode = dict(params).get("metadata[test]", "")
-        key = self.headers.get("Idempotency-Key", "")
+        sent = self.headers.get("Idempotency-Key", "")
+        # idem proxy sends the SDK's key scoped by the client's tenant and principal; the
+        # upstream's books are kept by the SDK's key, as the tests know it.
+        if not sent.startswith(SCOPE):
+            return self.answer(400, stripe_error("invalid_request_error", f"unscoped Idempotency-Key {sent!r}"))
+        key = sent[len(SCOPE):]
         resource = self.path.split("?")[0].rstrip("/").split("/")[-1]
         with u.lock:
             n = u.calls[key] = u.calls.get(key, 0) + 1

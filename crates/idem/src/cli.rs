@@ -75,6 +75,10 @@ pub enum Command {
     /// what happened.
     Renew(RenewArgs),
     /// Report the outcome of the attempt that holds a fencing token.
+    ///
+    /// A completion repeated with the same token and outcome gets the same answer, so a
+    /// reply lost on the way is resent (up to 3 times, 250 ms apart) before exit 1 says
+    /// the server cannot be reached; running the same command again is safe too.
     Complete(CompleteArgs),
     /// The idem schema in an application's own database: outbox, inbox and key claims that
     /// commit with the application's transaction (SQL functions for any language).
@@ -308,8 +312,11 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub principal_header: Option<String>,
     /// How to ask the upstream whether an UNKNOWN request took effect: a GET URL template
-    /// where {key} is the client's Idempotency-Key, e.g.
-    /// http://127.0.0.1:9000/charges?idempotency_key={key}.
+    /// where {key} is the Idempotency-Key the proxy sent the upstream, e.g.
+    /// http://127.0.0.1:9000/charges?idempotency_key={key}. The proxy sends the client's
+    /// key scoped by its tenant and principal, TENANT/PRINCIPAL/KEY (or sha256: and the
+    /// hex digest of that when it is longer than 255 bytes), so two clients that pick the
+    /// same key are two requests to an upstream that deduplicates by it.
     #[arg(long)]
     pub lookup_url: Option<String>,
     /// JSON pointer to the upstream's reference in the lookup's answer; nothing there (or

@@ -431,6 +431,8 @@ async fn a_deduplicating_upstream_gets_the_retry_with_the_same_key() {
         [("fails_first", 500), ("busy_first", 409), ("hangs_first", 504), ("acts_then_hangs", 504)]
     {
         let (path, key) = (format!("/dedup/{mode}"), format!("dd-{mode}"));
+        // What the upstream is sent: the key scoped by the client's tenant and principal.
+        let sent = format!("default.proxy/bootstrap/{key}");
         let (s, h, b) = send(&p, &path, Some(&key), ADMIN_KEY, "{}").await;
         assert_eq!(s, first_status, "{mode}: {b}");
         if first_status == 504 {
@@ -445,10 +447,10 @@ async fn a_deduplicating_upstream_gets_the_retry_with_the_same_key() {
         assert_eq!((rec["state"].as_str(), rec["redo_safe"].as_bool()), (Some("PENDING"), Some(true)), "{mode}: {rec}");
         let (s, _, b) = send(&p, &path, Some(&key), ADMIN_KEY, "{}").await;
         assert_eq!(s, 201, "{mode}: the retry is forwarded: {b}");
-        assert_eq!(serde_json::from_str::<Value>(&b).unwrap()["id"], format!("ch_{key}"), "{mode}");
+        assert_eq!(serde_json::from_str::<Value>(&b).unwrap()["id"], format!("ch_{sent}"), "{mode}");
         let (s, h, b2) = send(&p, &path, Some(&key), ADMIN_KEY, "{}").await;
         assert_eq!((s, h["idempotent-replayed"].to_str().unwrap(), b2), (201, "true", b), "{mode}: idem replays");
-        assert_eq!(d.seen(&key), (2, true), "{mode}: two requests reached the upstream, one effect");
+        assert_eq!(d.seen(&sent), (2, true), "{mode}: two requests reached the upstream, one effect");
         let rec = p.get(&operator, &format!("/_idem/v1/operations/bootstrap%2F{key}")).await.body;
         assert_eq!(rec["state"], "SUCCEEDED", "{mode}: {rec}");
     }
@@ -471,6 +473,65 @@ async fn a_deduplicating_upstream_gets_the_retry_with_the_same_key() {
     assert_eq!((s, b.as_str()), (500, "gateway error 500"), "passed on as sent");
     assert_eq!(send(&p, "/legacy/acts_then/500", Some("nd-2"), ADMIN_KEY, "{}").await.0, 500);
     assert_eq!(up.count("/legacy/acts_then/500"), 2, "forwarded again: the upstream deduplicates");
+}
+
+/// Break-it findings: two clients that pick the same key are two requests to an upstream
+/// that deduplicates by it (client B was answered with client A's charge, its own never
+/// made), and an answer the upstream would compress is stored and replayed readable (a
+/// gzip answer was replayed without its `Content-Encoding`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_keys_are_scoped_at_the_upstream_and_replays_are_readable() {
+    let d = Dedup::default();
+    let encodings: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let seen = encodings.clone();
+    let app = Router::new().route("/dedup/{mode}", post(dedup_provider)).with_state(d.clone()).layer(
+        axum::middleware::from_fn(move |req: axum::extract::Request, next: axum::middleware::Next| {
+            let seen = seen.clone();
+            async move {
+                let ae = req.headers().get("accept-encoding").map(|v| v.to_str().unwrap().to_owned());
+                seen.lock().unwrap().push(ae);
+                next.run(req).await
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let db = Db::new(Backend::Sqlite).await;
+    let p = Server::start_proxy(&db.url, &url, &["--provider-deduplicates", "/dedup=true"]);
+    let other = p.create_key("default", "client");
+    let (s, _, a) = send(&p, "/dedup/acts", Some("charge-42"), ADMIN_KEY, "{\"amount\":100}").await;
+    assert_eq!(s, 201, "{a}");
+    let (s, _, b) = send(&p, "/dedup/acts", Some("charge-42"), &other, "{\"amount\":999}").await;
+    assert_eq!(s, 201, "{b}");
+    assert_ne!(a, b, "B got its own charge, not A's");
+    let keys: Vec<String> = d.0.lock().unwrap().keys().cloned().collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys.iter().all(|k| k.starts_with("default.proxy/") && k.ends_with("/charge-42")), "{keys:?}");
+    // A quoted key (RFC 8941, as the draft writes it) is sent quoted.
+    let (s, _, _) = send(&p, "/dedup/acts", Some("\"charge-43\""), ADMIN_KEY, "{}").await;
+    assert_eq!(s, 201);
+    assert!(d.0.lock().unwrap().contains_key("\"default.proxy/bootstrap/charge-43\""));
+    // A client that accepts gzip: the upstream is not asked for it, so the stored answer
+    // replays as plain JSON to any client.
+    for _ in 0..2 {
+        let r = p
+            .http
+            .post(p.url("/dedup/acts"))
+            .header("idem-api-key", ADMIN_KEY)
+            .header("idempotency-key", "gz-1")
+            .header("accept-encoding", "gzip")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        assert!(r.headers().get("content-encoding").is_none());
+        let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).expect("readable JSON");
+        assert!(v["id"].as_str().unwrap().ends_with("/gz-1"), "{v}");
+    }
+    assert!(encodings.lock().unwrap().iter().all(Option::is_none), "{:?}", encodings.lock().unwrap());
 }
 
 /// `--error-format stripe`: the proxy's own errors are Stripe's error object with the
@@ -595,8 +656,13 @@ async fn the_proxy_settles_unknown_requests_by_the_upstream_lookup() {
     };
     assert_eq!(settled.0, 200, "{settled:?}");
     assert_eq!(settled.1["idempotent-replayed"], "true");
-    assert!(settled.2.contains("bk_b-1"), "the evidence: {}", settled.2);
-    assert_eq!(booked.0.lock().unwrap().0.iter().filter(|k| *k == "b-1").count(), 1, "booked once");
+    // The lookup asks with the key the upstream was sent (scoped by tenant and principal).
+    assert!(settled.2.contains("bk_default.proxy/bootstrap/b-1"), "the evidence: {}", settled.2);
+    assert_eq!(
+        booked.0.lock().unwrap().0.iter().filter(|k| *k == "default.proxy/bootstrap/b-1").count(),
+        1,
+        "booked once"
+    );
 
     assert_eq!(send(&p, "/maybe", Some("m-1"), ADMIN_KEY, "{}").await.0, 504);
     let start = std::time::Instant::now();

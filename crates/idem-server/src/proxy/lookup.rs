@@ -9,7 +9,8 @@ use std::time::Duration;
 pub const PROXY_LOOKUP: &str = "lookup:proxy";
 
 /// Asks the upstream whether a request with a client's Idempotency-Key took effect:
-/// `GET` a URL template where `{key}` is the client's key, as the HTTP connector's lookup
+/// `GET` a URL template where `{key}` is the key the proxy sent the upstream
+/// (`{tenant}/{principal}/{client's key}`, see `upstream_key`), as the HTTP connector's lookup
 /// does (a reference at the pointer ⇒ Found; 404, `[]` or `null` ⇒ Absent once
 /// `absent_after` has passed since the request; anything else ⇒ Inconclusive).
 #[derive(Debug)]
@@ -68,8 +69,11 @@ impl idem_connect::Connector for ProxyLookup {
 
     async fn lookup(&self, op: &idem_connect::OperationCtx) -> idem_core::Lookup {
         let mut ctx = op.clone();
-        // The upstream knows the client's own key, not the proxy's scoped one.
-        if let Some(k) = op.payload.get("idempotency_key").and_then(Value::as_str) {
+        // The upstream knows the key the proxy sent it (`upstream_key`; records made before
+        // it was scoped hold only the client's own key).
+        if let Some(k) =
+            ["upstream_key", "idempotency_key"].iter().find_map(|f| op.payload.get(*f).and_then(Value::as_str))
+        {
             ctx.key = k.to_owned();
         }
         self.inner.lookup(&ctx).await

@@ -9,7 +9,10 @@
 //!   JSON body for JSON content types and `{"sha256": …}` of the raw bytes otherwise, and
 //!   `headers` the configured fingerprint headers; reuse of a key with another fingerprint
 //!   is 422 (draft §2.7);
-//! - the first request is forwarded, with its key; a duplicate while it is in flight is
+//! - the first request is forwarded, with its key scoped by the client's tenant and
+//!   principal (`{tenant}/{principal}/{key}`, [`upstream_key`]) and without
+//!   `Accept-Encoding` (a stored answer is replayed to requests that may ask for another
+//!   coding); a duplicate while it is in flight is
 //!   409 (draft §2.7);
 //! - the upstream's final answer — 2xx, 3xx and 4xx except 408/425/429 — is stored
 //!   (status, selected headers, body up to a limit) and replayed byte-for-byte with
@@ -287,7 +290,7 @@ pub fn request_fingerprint(
 /// A stored upstream answer, as kept in the record's `result`.
 fn stored_answer(config: &ProxyConfig, status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Value {
     let keep = |n: &HeaderName| {
-        matches!(n.as_str(), "content-type" | "location" | "etag" | "content-language")
+        matches!(n.as_str(), "content-type" | "content-encoding" | "location" | "etag" | "content-language")
             || config.stored_headers.contains(n)
     };
     let hs: Vec<Value> = headers
@@ -357,7 +360,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         }
     };
     if !needs_key(&state.config, &parts.method, parts.uri.path()) {
-        return forward(&state, &parts.method, &path_and_query, &parts.headers, body).await.map_or_else(
+        return forward(&state, &parts.method, &path_and_query, &parts.headers, body, None).await.map_or_else(
             |e| problem(StatusCode::BAD_GATEWAY, "upstream-unreachable", e),
             |(status, headers, bytes)| rebuild(status, &headers, bytes),
         );
@@ -427,7 +430,12 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         tenant: tenant.clone(),
         key: store_key.clone(),
         action: format!("proxy:{}", parts.method),
-        payload: json!({"method": parts.method.as_str(), "path": path_and_query, "idempotency_key": key.as_str()}),
+        payload: json!({
+            "method": parts.method.as_str(),
+            "path": path_and_query,
+            "idempotency_key": key.as_str(),
+            "upstream_key": upstream_key(&tenant, &store_key),
+        }),
         fingerprint: fp,
         lease_ms: state.config.timeout.as_millis() as i64 + 10_000,
         // A deduplicating upstream makes forwarding again safe, also after a lease that
@@ -496,86 +504,88 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
     }
     let token = out.record.fencing_token;
     let outcome_unknown = state.config.outcome_unknown.for_path(parts.uri.path());
-    let (outcome, response) = match forward(&state, &parts.method, &path_and_query, &parts.headers, body).await {
-        Ok((status, headers, bytes)) => match upstream_answer(status, outcome_unknown, deduplicates) {
-            UpstreamAnswer::Unknown => (
-                Outcome::Unknown {
-                    message: Some(format!("the upstream answered {status} after it received the request")),
-                },
-                unknown_outcome_problem(
-                    status,
-                    &format!("the upstream answered {status}, which does not prove it did nothing"),
+    let sent_key = upstream_key(&tenant, &store_key);
+    let (outcome, response) =
+        match forward(&state, &parts.method, &path_and_query, &parts.headers, body, Some(&sent_key)).await {
+            Ok((status, headers, bytes)) => match upstream_answer(status, outcome_unknown, deduplicates) {
+                UpstreamAnswer::Unknown => (
+                    Outcome::Unknown {
+                        message: Some(format!("the upstream answered {status} after it received the request")),
+                    },
+                    unknown_outcome_problem(
+                        status,
+                        &format!("the upstream answered {status}, which does not prove it did nothing"),
+                    ),
                 ),
-            ),
-            UpstreamAnswer::Release => (
-                Outcome::RetryableFailure {
-                    error_class: format!("http_{}", status.as_u16()),
-                    message: None,
-                    retry_after_ms: Some(0),
-                },
-                rebuild(status, &headers, bytes),
-            ),
-            // The client reads the upstream's own answer (its retry logic may, e.g. a
-            // Stripe SDK's `Stripe-Should-Retry`); its retry is forwarded with the same key.
-            UpstreamAnswer::ReleaseAmbiguous => (
-                Outcome::AmbiguousRetryable {
-                    error_class: format!("http_{}", status.as_u16()),
-                    message: Some(format!(
-                        "the upstream answered {status}; it deduplicates by the key, so a retry is forwarded"
-                    )),
-                    retry_after_ms: Some(0),
-                },
-                rebuild(status, &headers, bytes),
-            ),
-            UpstreamAnswer::Store => {
-                let stored = Some(stored_answer(&state.config, status, &headers, &bytes));
-                let outcome = if status.is_success() {
-                    Outcome::Succeeded { provider_ref: format!("http {}", status.as_u16()), result: stored }
-                } else {
-                    Outcome::FinalFailure {
+                UpstreamAnswer::Release => (
+                    Outcome::RetryableFailure {
                         error_class: format!("http_{}", status.as_u16()),
                         message: None,
-                        result: stored,
-                    }
-                };
-                (outcome, rebuild(status, &headers, bytes))
-            }
-        },
-        Err(ForwardError::NotSent(e)) => (
-            Outcome::RetryableFailure {
-                error_class: "connect".into(),
-                message: Some(e.clone()),
-                retry_after_ms: Some(0),
+                        retry_after_ms: Some(0),
+                    },
+                    rebuild(status, &headers, bytes),
+                ),
+                // The client reads the upstream's own answer (its retry logic may, e.g. a
+                // Stripe SDK's `Stripe-Should-Retry`); its retry is forwarded with the same key.
+                UpstreamAnswer::ReleaseAmbiguous => (
+                    Outcome::AmbiguousRetryable {
+                        error_class: format!("http_{}", status.as_u16()),
+                        message: Some(format!(
+                            "the upstream answered {status}; it deduplicates by the key, so a retry is forwarded"
+                        )),
+                        retry_after_ms: Some(0),
+                    },
+                    rebuild(status, &headers, bytes),
+                ),
+                UpstreamAnswer::Store => {
+                    let stored = Some(stored_answer(&state.config, status, &headers, &bytes));
+                    let outcome = if status.is_success() {
+                        Outcome::Succeeded { provider_ref: format!("http {}", status.as_u16()), result: stored }
+                    } else {
+                        Outcome::FinalFailure {
+                            error_class: format!("http_{}", status.as_u16()),
+                            message: None,
+                            result: stored,
+                        }
+                    };
+                    (outcome, rebuild(status, &headers, bytes))
+                }
             },
-            problem(
-                StatusCode::BAD_GATEWAY,
-                "upstream-unreachable",
-                format!("the upstream could not be reached; nothing was sent: {e}"),
-            ),
-        ),
-        Err(ForwardError::Unknown { timeout, message }) if deduplicates => (
-            Outcome::AmbiguousRetryable {
-                error_class: if timeout { "timeout" } else { "connection" }.into(),
-                message: Some(message.clone()),
-                retry_after_ms: Some(0),
-            },
-            problem(
-                if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY },
-                "upstream-no-answer",
-                format!(
-                    "the request reached the upstream but no complete answer came back ({message}); the upstream \
-                     deduplicates by Idempotency-Key, so send it again with the same key: it will be forwarded"
+            Err(ForwardError::NotSent(e)) => (
+                Outcome::RetryableFailure {
+                    error_class: "connect".into(),
+                    message: Some(e.clone()),
+                    retry_after_ms: Some(0),
+                },
+                problem(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-unreachable",
+                    format!("the upstream could not be reached; nothing was sent: {e}"),
                 ),
             ),
-        ),
-        Err(ForwardError::Unknown { timeout, message }) => (
-            Outcome::Unknown { message: Some(message.clone()) },
-            unknown_outcome_problem(
-                if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY },
-                &format!("the request reached the upstream but no complete answer came back ({message})"),
+            Err(ForwardError::Unknown { timeout, message }) if deduplicates => (
+                Outcome::AmbiguousRetryable {
+                    error_class: if timeout { "timeout" } else { "connection" }.into(),
+                    message: Some(message.clone()),
+                    retry_after_ms: Some(0),
+                },
+                problem(
+                    if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY },
+                    "upstream-no-answer",
+                    format!(
+                        "the request reached the upstream but no complete answer came back ({message}); the upstream \
+                     deduplicates by Idempotency-Key, so send it again with the same key: it will be forwarded"
+                    ),
+                ),
             ),
-        ),
-    };
+            Err(ForwardError::Unknown { timeout, message }) => (
+                Outcome::Unknown { message: Some(message.clone()) },
+                unknown_outcome_problem(
+                    if timeout { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY },
+                    &format!("the request reached the upstream but no complete answer came back ({message})"),
+                ),
+            ),
+        };
     let req = CompleteRequest {
         tenant,
         key: store_key,
@@ -606,13 +616,43 @@ impl From<ForwardError> for String {
     }
 }
 
+/// The `Idempotency-Key` the upstream is sent for a client's key: the client's key scoped
+/// by its tenant and principal (`{tenant}/{principal}/{key}`, or `sha256:` and the 64 hex
+/// digits of that when it is longer than 255 bytes). Two clients that happen to pick the
+/// same key are two requests to an upstream that deduplicates by the key, as they are in
+/// the proxy's ledger (break-it finding: client B was answered with client A's charge and
+/// its own never made). The same client's retry is sent the same key.
+pub(super) fn upstream_key(tenant: &str, store_key: &str) -> String {
+    let scoped = format!("{tenant}/{store_key}");
+    if scoped.len() <= idem_core::key::MAX_KEY_LEN {
+        scoped
+    } else {
+        format!("sha256:{}", idem_core::fingerprint::sha256_hex(scoped.as_bytes()))
+    }
+}
+
+/// Forwards a request. With `idempotency_key` (a keyed request, whose answer may be stored
+/// and replayed to later requests), the client's `Idempotency-Key` is replaced by it, in the
+/// client's form (bare or an RFC 8941 quoted string), and `Accept-Encoding` is not passed
+/// on: the upstream answers in the identity coding, so a replay is readable by a client
+/// that asks differently (break-it finding: a gzip answer was replayed without its
+/// `Content-Encoding`).
 async fn forward(
     state: &ProxyState,
     method: &Method,
     path_and_query: &str,
     headers: &HeaderMap,
     body: Bytes,
+    idempotency_key: Option<&str>,
 ) -> Result<(StatusCode, HeaderMap, Bytes), ForwardError> {
+    let mut headers = forwardable(headers);
+    if let Some(k) = idempotency_key {
+        let quoted = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with('"'));
+        let value = if quoted { format!("\"{k}\"") } else { k.to_owned() };
+        let value = HeaderValue::from_str(&value).map_err(|e| ForwardError::NotSent(e.to_string()))?;
+        headers.insert("idempotency-key", value);
+        headers.remove("accept-encoding");
+    }
     let url = state
         .config
         .upstream
@@ -620,21 +660,20 @@ async fn forward(
         .map_err(|e| ForwardError::NotSent(e.to_string()))?;
     let method =
         reqwest::Method::from_bytes(method.as_str().as_bytes()).map_err(|e| ForwardError::NotSent(e.to_string()))?;
-    let resp =
-        state.client.request(method, url).headers(forwardable(headers)).body(body).send().await.map_err(|e| {
-            // Errors never carry the upstream's URL to clients.
-            let e = e.without_url();
-            if e.is_connect() {
-                ForwardError::NotSent(e.to_string())
+    let resp = state.client.request(method, url).headers(headers).body(body).send().await.map_err(|e| {
+        // Errors never carry the upstream's URL to clients.
+        let e = e.without_url();
+        if e.is_connect() {
+            ForwardError::NotSent(e.to_string())
+        } else {
+            let message = if e.is_timeout() {
+                "no answer within the timeout".to_string()
             } else {
-                let message = if e.is_timeout() {
-                    "no answer within the timeout".to_string()
-                } else {
-                    format!("the connection failed: {e}")
-                };
-                ForwardError::Unknown { timeout: e.is_timeout(), message }
-            }
-        })?;
+                format!("the connection failed: {e}")
+            };
+            ForwardError::Unknown { timeout: e.is_timeout(), message }
+        }
+    })?;
     let status = resp.status();
     let headers = resp.headers().clone();
     let bytes = resp.bytes().await.map_err(|e| {
