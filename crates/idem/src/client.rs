@@ -24,9 +24,10 @@ pub const EXIT_LATE: u8 = 13;
 /// "the lease is yours: perform it" (issue 28: a default connector's success was exit 0,
 /// and a script that followed the table sent the e-mail a second time).
 pub const EXIT_PERFORMED: u8 = 14;
-/// How often `idem acquire` resends its request when no answer came back (the reply was
-/// lost): the same attempt, the same holder, so a grant already made is given back.
-const ACQUIRE_RESENDS: usize = 3;
+/// How often `idem acquire` and `idem complete` resend their request when no answer came
+/// back (the reply was lost): an acquire is the same attempt with the same holder, so a
+/// grant already made is given back; a completion repeats idempotently.
+const RESENDS: usize = 3;
 
 pub(crate) struct Api {
     http: reqwest::Client,
@@ -258,8 +259,10 @@ pub async fn acquire(args: AcquireArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Sends a request again when no answer came back (connection refused, reset, timed
-/// out), up to [`ACQUIRE_RESENDS`] times 250 ms apart; an answer of any status ends it.
-/// Only for requests whose resend is the same attempt (an acquire with its holder).
+/// out), up to [`RESENDS`] times 250 ms apart; an answer of any status ends it.
+/// Only for requests whose resend is the same request to the server: an acquire with its
+/// holder (the same attempt gets its grant back), a completion (the same fencing token and
+/// outcome answer as the first did).
 async fn resend_until_answered<F, Fut>(send: F) -> anyhow::Result<Answer>
 where
     F: Fn() -> Fut,
@@ -268,7 +271,7 @@ where
     let mut tries = 0;
     loop {
         match send().await {
-            Err(e) if tries < ACQUIRE_RESENDS && e.chain().any(|c| c.downcast_ref::<reqwest::Error>().is_some()) => {
+            Err(e) if tries < RESENDS && e.chain().any(|c| c.downcast_ref::<reqwest::Error>().is_some()) => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
@@ -335,7 +338,11 @@ pub async fn complete(args: CompleteArgs) -> anyhow::Result<ExitCode> {
     if let Some(ms) = args.retry_after_ms {
         body["retry_after_ms"] = json!(ms);
     }
-    let a = api.call(Method::POST, api.url(&["v1", "operations", &args.key, "complete"])?, Some(body)).await?;
+    // A completion sent again is the same completion (its fencing token and outcome make
+    // the repeat idempotent): after a lost answer it is resent, as an acquire is, instead of
+    // reporting an unreachable server for what the server may have recorded.
+    let url = api.url(&["v1", "operations", &args.key, "complete"])?;
+    let a = resend_until_answered(|| api.call(Method::POST, url.clone(), Some(body.clone()))).await?;
     check(&a)?;
     print(args.server.json, &a, output::operation_summary);
     Ok(ExitCode::SUCCESS)

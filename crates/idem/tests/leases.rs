@@ -347,6 +347,33 @@ async fn the_cli_resends_a_lost_acquire_and_gets_its_own_grant_back() {
     assert_eq!(v["fencing_token"], rec["fencing_token"]);
 }
 
+/// The same for a completion (break-it finding: `idem complete` reported an unreachable
+/// server, exit 1, for a completion the server had recorded): resent, exit 0, recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_resends_a_lost_completion_and_reports_what_was_recorded() {
+    let db = common::Db::new(common::Backend::Sqlite).await;
+    let s = Server::start(&db.url);
+    let granted = s.acquire("RPT-10:render", json!({})).await;
+    assert_eq!(granted.status, 201);
+    let token = granted.token().to_string();
+    let upstream = s.base.trim_start_matches("http://").parse().unwrap();
+    let proxy = common::proxy::FaultProxy::start(upstream, b"\"outcome\":\"succeeded\"", 1).await;
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(idem_bin())
+            .args(["complete", "RPT-10:render", "--token", &token, "--outcome", "succeeded", "--provider-ref", "r-10"])
+            .env("IDEM_URL", format!("http://{}", proxy.addr))
+            .env("IDEM_API_KEY", ADMIN_KEY)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let rec = s.record("RPT-10:render").await.body;
+    assert_eq!(rec["state"], "SUCCEEDED");
+    assert_eq!(event_kinds(&rec).iter().filter(|k| *k == "completed").count(), 1, "{rec}");
+}
+
 trait SpawnOutput {
     fn spawn_output(&mut self) -> std::process::Child;
 }
