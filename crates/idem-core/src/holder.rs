@@ -42,9 +42,11 @@ pub const HOLDER_CLOCK_MARGIN_MS: i64 = 300_000;
 pub enum HolderError {
     /// Not a UUID in its 8-4-4-4-12 hex form with the RFC 9562 variant.
     NotUuid,
-    /// A UUID version that is not made fresh per attempt (3, 5: from a name; 0/15: Nil,
-    /// Max; 2, 8 and the unassigned ones).
+    /// A UUID version that is not made fresh per attempt (3, 5: from a name; 2, 8 and the
+    /// unassigned ones).
     NotPerAttempt(u8),
+    /// The Nil or the Max UUID (RFC 9562 §5.9, §5.10): a constant.
+    NilOrMax,
     /// A time-based UUID made at this instant (epoch ms), outside the window.
     OutOfWindow(i64),
     /// The holder is the operation's key or a part of it.
@@ -59,6 +61,10 @@ impl fmt::Display for HolderError {
             HolderError::NotUuid => write!(
                 f,
                 "holder must be a UUID (RFC 9562, 8-4-4-4-12 hex digits) that identifies one attempt, not a worker name, an event id or a request id, which other attempts share; {FIX}"
+            ),
+            HolderError::NilOrMax => write!(
+                f,
+                "holder is the Nil or the Max UUID (all zeros or all ones), a constant every attempt would share; {FIX}"
             ),
             HolderError::NotPerAttempt(v) => write!(
                 f,
@@ -126,7 +132,7 @@ pub fn validate_holder(holder: &str, key: &str, now_ms: i64) -> Result<(), Holde
     let variant = (bits >> 62) & 0b11;
     let version = ((bits >> 76) & 0xf) as u8;
     if bits == 0 || bits == u128::MAX {
-        return Err(HolderError::NotPerAttempt(version));
+        return Err(HolderError::NilOrMax);
     }
     if variant != 0b10 {
         return Err(HolderError::NotUuid);
@@ -139,7 +145,11 @@ pub fn validate_holder(holder: &str, key: &str, now_ms: i64) -> Result<(), Holde
     {
         return Err(HolderError::OutOfWindow(at));
     }
-    if key.to_ascii_lowercase().contains(&holder.to_ascii_lowercase()) {
+    // In either written form: hyphenated, or the 32 hex digits alone (break-it finding:
+    // `evt:<uuid without hyphens>:conf` took its own event id as holder).
+    let key = key.to_ascii_lowercase();
+    let holder = holder.to_ascii_lowercase();
+    if key.contains(&holder) || key.contains(&holder.replace('-', "")) {
         return Err(HolderError::PartOfKey);
     }
     Ok(())
@@ -190,14 +200,8 @@ mod tests {
 
     #[test]
     fn uuids_that_are_not_made_per_attempt_are_refused() {
-        assert_eq!(
-            validate_holder("00000000-0000-0000-0000-000000000000", "k", NOW),
-            Err(HolderError::NotPerAttempt(0))
-        );
-        assert_eq!(
-            validate_holder("ffffffff-ffff-ffff-ffff-ffffffffffff", "k", NOW),
-            Err(HolderError::NotPerAttempt(15))
-        );
+        assert_eq!(validate_holder("00000000-0000-0000-0000-000000000000", "k", NOW), Err(HolderError::NilOrMax));
+        assert_eq!(validate_holder("ffffffff-ffff-ffff-ffff-ffffffffffff", "k", NOW), Err(HolderError::NilOrMax));
         for v in [2u8, 3, 5, 8] {
             let h = format!("0b6f7a1e-3c2d-{v}e5f-8a9b-0c1d2e3f4a5b");
             assert_eq!(validate_holder(&h, "k", NOW), Err(HolderError::NotPerAttempt(v)), "{h}");
@@ -241,6 +245,8 @@ mod tests {
             validate_holder(h, &format!("evt-{}:confirmation", h.to_uppercase()), NOW),
             Err(HolderError::PartOfKey)
         );
+        // The 32 hex digits alone, as an event id often carries a UUID.
+        assert_eq!(validate_holder(h, &format!("evt:{}:conf", h.replace('-', "")), NOW), Err(HolderError::PartOfKey));
         assert!(validate_holder(h, "INV-88:send", NOW).is_ok());
     }
 
