@@ -1,6 +1,7 @@
 //! What the second of two concurrent claims of one message gets, by isolation level, as the
-//! README says (issue 28 §9): under READ COMMITTED (PostgreSQL's default) it waits for the
-//! first transaction and then answers `duplicate`; under REPEATABLE READ and SERIALIZABLE
+//! book's outbox page says (docs/src/guides/outbox-inbox.md; issue 28 §9): under READ
+//! COMMITTED (PostgreSQL's default) it waits for the first transaction and then answers
+//! `duplicate`; under REPEATABLE READ and SERIALIZABLE
 //! it fails with SQLSTATE 40001 (serialization_failure); with a `lock_timeout` shorter
 //! than the first transaction it fails with 55P03 (lock_not_available). In every failing
 //! case the consumer rolls back and runs its transaction again, which then answers
@@ -39,7 +40,9 @@ async fn the_second_claim_waits_or_fails_retryably_by_isolation_level() {
             sqlx::query("SELECT 1").execute(&mut *t).await.unwrap();
             let got = claim_message(&mut *t, "billing", &id2, fp2.as_str()).await;
             let got = got.map_err(|e| match e {
-                idem_outbox::OutboxError::Database(sqlx::Error::Database(db)) => db.code().unwrap_or_default().into_owned(),
+                idem_outbox::OutboxError::Database(sqlx::Error::Database(db)) => {
+                    db.code().unwrap_or_default().into_owned()
+                }
                 other => panic!("{other}"),
             });
             drop(t);

@@ -188,9 +188,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
     use axum::http::{HeaderName, Method};
-    if args.serve.check_config {
-        return check_config(&args.serve);
-    }
     let upstream =
         reqwest::Url::parse(&args.upstream).with_context(|| format!("--upstream {:?} is not a URL", args.upstream))?;
     if !matches!(upstream.scheme(), "http" | "https") {
@@ -232,6 +229,9 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
         )?)),
         None => None,
     };
+    if args.serve.check_config {
+        return check_config(&args.serve);
+    }
     let p = prepare(args.serve, lookup).await?;
     let served = idem_server::run_proxy(p.store, p.clock, p.config, proxy).await;
     #[cfg(feature = "otel")]
