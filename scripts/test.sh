@@ -10,10 +10,15 @@
 #     browser test (screenshots land in $CARGO_TARGET_DIR/tmp/ui-screenshots);
 #   - nats-server with JetStream (Debian nats-server) on 127.0.0.1:4222, started if it is
 #     down;
-#   - psycopg 3 (Debian python3-psycopg), which runs the README's Python outbox example;
+#   - psycopg 3 (Debian python3-psycopg), which runs the book's Python outbox example;
 #   - libfaketime (Debian faketime), which runs one `idem serve` node of the clock-skew
 #     test with its wall clock 20 s ahead;
-#   - curl (Debian), for the README walkthrough the tests run as written;
+#   - curl (Debian), for the walkthroughs of the README and the book, which the tests run
+#     as written (crates/idem/tests/docs.rs runs every snippet of both);
+#   - Node.js (Debian nodejs) when missing, for the book's Node.js page;
+#   - mdBook (crates.io, pinned below; Debian 12 has no package), installed once with
+#     `cargo install` into ${XDG_CACHE_HOME:-~/.cache}/idem/tools, which builds the book
+#     (`mdbook build docs`, into docs/book) before the tests check its links and snippets;
 #   - openapi-spec-validator, schemathesis and openapi-python-client (PyPI, pinned in
 #     scripts/requirements-openapi.txt) in a cached venv, for tests/openapi.rs;
 #   - stripe-python (PyPI, pinned in scripts/requirements-stripe.txt) in a cached venv,
@@ -24,8 +29,18 @@
 #   IDEM_TEST_PG_URL  admin URL of the PostgreSQL server the tests create databases on
 #                     (default postgres://postgres@127.0.0.1:5432/postgres, or with a
 #                     password this script sets when the server does not trust loopback).
+# Arguments are passed to `cargo test` (e.g. `-- --nocapture`); --help prints this text
+# and installs nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
+  sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+
+# The mdBook release the book is built with (docs/book.toml).
+MDBOOK_VERSION=0.5.4
 
 log() { printf 'test.sh: %s\n' "$*" >&2; }
 
@@ -124,7 +139,7 @@ ensure_cc() {
 }
 
 ensure_curl() {
-  # tests/first_hour.rs runs the README's curl walkthrough as written.
+  # tests/docs.rs and first_hour.rs run the curl walkthroughs as written.
   if ! command -v curl >/dev/null 2>&1; then
     log "installing curl (Debian package)"
     as_root apt-get update -qq
@@ -169,12 +184,33 @@ ensure_stripe_python() {
 }
 
 ensure_python_psycopg() {
-  # tests/outbox_sql.rs runs the README's Python outbox/inbox example with Debian's
+  # tests/outbox_sql.rs runs the book's Python outbox/inbox example with Debian's
   # psycopg 3 (python3-psycopg) under /usr/bin/python3, and its SQL example with psql.
   if ! /usr/bin/python3 -c 'import psycopg' 2>/dev/null; then
     log "installing python3-psycopg (Debian package)"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-psycopg >/dev/null
+  fi
+}
+
+ensure_node() {
+  # The book's Node.js page runs with the runtime's fetch (Node.js 18 or later).
+  if ! command -v node >/dev/null 2>&1; then
+    log "installing nodejs (Debian package)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null
+  fi
+}
+
+ensure_mdbook() {
+  # Debian 12 has no mdBook: cargo installs the pinned release once into the cache, with
+  # only what `mdbook build` needs (no `serve`/`watch`), built outside CARGO_TARGET_DIR.
+  local root="${XDG_CACHE_HOME:-$HOME/.cache}/idem/tools"
+  MDBOOK="$root/bin/mdbook"
+  if [ "$("$MDBOOK" --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
+    log "installing mdBook $MDBOOK_VERSION into $root (cargo install, once: a few minutes)"
+    env -u CARGO_TARGET_DIR cargo install mdbook --locked --quiet --version "$MDBOOK_VERSION" \
+      --no-default-features --features search --root "$root"
   fi
 }
 
@@ -208,7 +244,13 @@ ensure_mail_servers
 ensure_browser
 ensure_faketime
 ensure_cc
+ensure_node
+ensure_mdbook
 drop_old_test_databases
+# The book first: a page mdBook cannot build fails the run (tests/docs.rs then checks its
+# links, anchors, generated reference pages and every snippet).
+log "mdbook build docs"
+"$MDBOOK" build docs >/dev/null
 log "cargo test --workspace"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

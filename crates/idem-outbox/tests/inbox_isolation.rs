@@ -1,6 +1,7 @@
 //! What the second of two concurrent claims of one message gets, by isolation level, as the
-//! README says (issue 28 §9): under READ COMMITTED (PostgreSQL's default) it waits for the
-//! first transaction and then answers `duplicate`; under REPEATABLE READ and SERIALIZABLE
+//! book's outbox page says (docs/src/guides/outbox-inbox.md; issue 28 §9): under READ
+//! COMMITTED (PostgreSQL's default) it waits for the first transaction and then answers
+//! `duplicate`; under REPEATABLE READ and SERIALIZABLE
 //! it fails with SQLSTATE 40001 (serialization_failure); with a `lock_timeout` shorter
 //! than the first transaction it fails with 55P03 (lock_not_available). In every failing
 //! case the consumer rolls back and runs its transaction again, which then answers

@@ -96,6 +96,31 @@ pub enum Command {
     /// The acceptance matrix: run a scenario file, or serve the provider double it uses.
     #[command(subcommand)]
     Scenarios(ScenariosCommand),
+    /// The book's generated reference pages (docs/src/reference/): print one, or write
+    /// all of them into a directory. Hidden: for the project's own docs.
+    #[command(hide = true)]
+    Reference(ReferenceArgs),
+}
+
+/// A generated page of the book's reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReferencePage {
+    /// The command line (clap's help of every command).
+    Cli,
+    /// The HTTP API (the OpenAPI document).
+    HttpApi,
+    /// The problem types (`/problems/{slug}`).
+    Problems,
+}
+
+#[derive(Debug, Args)]
+pub struct ReferenceArgs {
+    /// The page to print on stdout.
+    #[arg(required_unless_present = "write")]
+    pub page: Option<ReferencePage>,
+    /// Write every page into this directory (cli.md, http-api.md, problems.md).
+    #[arg(long, value_name = "DIR", conflicts_with = "page")]
+    pub write: Option<PathBuf>,
 }
 
 /// `--seconds` of `idem bench`: a number of seconds from 0.1 to 3600.
@@ -232,10 +257,17 @@ pub struct ServeArgs {
     /// spaces; a key that breaks this fails the start before anything is created.
     #[arg(long, env = "IDEM_BOOTSTRAP_KEY", hide_env_values = true)]
     pub bootstrap_key: Option<String>,
-    /// Connector configuration (TOML; see the README): connectors, action defaults,
-    /// executor and reconciler settings. Without it idem runs no connectors.
+    /// Configuration file (TOML; the book's "Configuration file" reference): connectors,
+    /// action defaults, retention, workflows, the outbox relay, executor and reconciler
+    /// settings. Without it idem runs no connectors.
     #[arg(long, env = "IDEM_CONFIG")]
     pub config: Option<std::path::PathBuf>,
+    /// Check the configuration file (--config) as a start would — every connector,
+    /// workflow, [outbox] and retention setting, secrets from the environment and files
+    /// included — then exit: 0 and one line when it would start, 1 and one line naming
+    /// the field otherwise. Opens no database, binds no port.
+    #[arg(long)]
+    pub check_config: bool,
     /// Log format on stderr (level via RUST_LOG, default info).
     #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,

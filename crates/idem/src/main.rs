@@ -11,6 +11,7 @@ mod keys;
 mod otel;
 mod outbox;
 mod output;
+mod reference;
 mod serve;
 mod wf;
 
@@ -179,6 +180,7 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Schema(s) => outbox::schema(s).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Relay(r) => outbox::relay(r).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Outbox(o) => outbox::outbox(o).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Reference(r) => reference_pages(r).map(|()| ExitCode::SUCCESS),
         cli::Command::Bench(b) => bench::run(bench::BenchArgs {
             seconds: b.seconds,
             concurrency: b.concurrency,
@@ -189,6 +191,27 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         .await
         .map(|()| ExitCode::SUCCESS),
     }
+}
+
+/// `idem reference`: print one generated page of the book, or write them all.
+fn reference_pages(args: cli::ReferenceArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    match (args.page, args.write) {
+        (_, Some(dir)) => {
+            for (page, file) in reference::PAGES {
+                let path = dir.join(file);
+                std::fs::write(&path, reference::render(page))
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                out!("idem: wrote {}", path.display());
+            }
+        }
+        (Some(page), None) => {
+            use std::io::Write as _;
+            let _ = std::io::stdout().lock().write_all(reference::render(page).as_bytes());
+        }
+        (None, None) => anyhow::bail!("name a page (cli, http-api, problems) or --write DIR"),
+    }
+    Ok(())
 }
 
 async fn scenarios(cmd: cli::ScenariosCommand) -> anyhow::Result<ExitCode> {

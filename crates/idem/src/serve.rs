@@ -143,7 +143,42 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
     Ok(Prepared { _lock: lock, store, clock, config })
 }
 
+/// `--check-config`: what a start checks of its configuration before it opens anything —
+/// the file (`--config`: connectors with their secrets, action defaults, workflows, the
+/// `[outbox]` relay, retention) and the bootstrap key — without opening the database or
+/// binding the port. Prints one line when a start would get past them.
+///
+/// # Errors
+/// The first thing a start would refuse, as one line naming the field.
+fn check_config(args: &ServeArgs) -> anyhow::Result<()> {
+    let connect = match &args.config {
+        Some(path) => idem_connect::Config::load(path)?,
+        None => idem_connect::Config::default(),
+    };
+    let registry = idem_connect::Registry::from_config(&connect)?;
+    let workflows = idem_flow::config::definitions(&connect, &registry)?;
+    crate::outbox::relay_config(&connect)?;
+    connect.retention()?;
+    if let Some(key) = &args.bootstrap_key {
+        idem_store::keys::validate_supplied_secret(key)
+            .map_err(|e| anyhow::anyhow!("bootstrap key (IDEM_BOOTSTRAP_KEY, --bootstrap-key): {e}"))?;
+    }
+    let names: Vec<&str> = registry.names().filter(|n| !n.starts_with("lookup:")).collect();
+    crate::out!(
+        "idem: configuration OK ({}: {} connector(s){}, {} workflow(s){})",
+        args.config.as_ref().map_or_else(|| "no --config".to_owned(), |p| p.display().to_string()),
+        names.len(),
+        if names.is_empty() { String::new() } else { format!(" {}", names.join(", ")) },
+        workflows.len(),
+        if connect.outbox.is_some() { ", an [outbox] relay" } else { "" }
+    );
+    Ok(())
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    if args.check_config {
+        return check_config(&args);
+    }
     let p = prepare(args, None).await?;
     let served = idem_server::run(p.store, p.clock, p.config).await;
     #[cfg(feature = "otel")]
@@ -198,6 +233,9 @@ pub async fn run_proxy(args: crate::cli::ProxyArgs) -> anyhow::Result<()> {
         )?)),
         None => None,
     };
+    if args.serve.check_config {
+        return check_config(&args.serve);
+    }
     let p = prepare(args.serve, lookup).await?;
     let served = idem_server::run_proxy(p.store, p.clock, p.config, proxy).await;
     #[cfg(feature = "otel")]

@@ -1,5 +1,6 @@
-//! The newcomer's first hour (issue 15 §4): what someone who only read the README meets
-//! first — the root URL, the README's own walkthrough run as written.
+//! The newcomer's first hour (issue 15 §4): what someone who only read the README and the
+//! book's getting-started pages meets first — the root URL, the first walkthrough run as
+//! written.
 
 mod common;
 
@@ -82,69 +83,42 @@ async fn a_mismatch_says_what_differs_and_names_fingerprint_fields() {
     assert_eq!(again.status, 409);
 }
 
-/// The README's "Five minutes with curl" section, run as written: every `sh` block of it
-/// (but the transcript of starting the server, which this test does itself) in one bash
-/// script, with `set -euo pipefail`. Only three things are substituted: the port (a free
-/// one instead of 8080), the API key placeholder (`idem_5b0c…`, by the key the server
-/// printed on its first start, as the reader would paste it) and the CLI's path. The
-/// statuses and states the README shows in its `# HTTP/1.1 …` and `# {…}` comments must be
-/// what the commands print. (`IDEM_URL`, whose default is the README's port, names the
-/// free port for the CLI part.)
+/// The book's first walkthrough (docs/src/getting-started/first-effect.md), run as
+/// written: every `run` block of it in one bash script, with `set -euo pipefail`. Only
+/// three things are substituted: the port (a free one instead of 8080), the API key
+/// placeholder (`idem_5b0c…`, by the key the server printed on its first start, as the
+/// reader would paste it) and the CLI's directory. The statuses and states the page shows
+/// in its `# HTTP/1.1 …` and `# {…}` comments must be what the commands print.
+/// (`IDEM_URL`, whose default is the page's port, names the free port for the CLI part.)
+/// `tests/docs.rs` runs every page this way; this test also checks the states and problem
+/// types the walkthrough is about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readmes_walkthrough_runs_as_written() {
-    use std::io::BufRead;
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let start = readme.find("\n## Five minutes with curl").expect("the walkthrough section");
-    let section = &readme[start + 1..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
-    let mut blocks = Vec::new();
-    let mut rest = section;
-    while let Some(i) = rest.find("```sh\n") {
-        let body = &rest[i + 6..];
-        let end = body.find("\n```").unwrap();
-        blocks.push(&body[..end]);
-        rest = &body[end + 4..];
-    }
-    let (transcripts, commands): (Vec<&str>, Vec<&str>) = blocks.into_iter().partition(|b| b.starts_with("$ "));
-    assert_eq!(transcripts.len(), 1, "one transcript: starting the server");
+async fn the_books_first_walkthrough_runs_as_written() {
+    let page = common::book::root().join("docs/src/getting-started/first-effect.md");
+    let blocks = common::book::blocks(&page);
+    let commands: Vec<&str> =
+        blocks.iter().filter(|b| b.kind.as_deref() == Some("run")).map(|b| b.text.as_str()).collect();
     assert!(commands.len() >= 8, "{commands:?}");
 
     // Start the server as the reader does, and read the key it prints.
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(common::idem_bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--database-url"])
-        .arg(format!("sqlite://{}", dir.path().join("idem.db").display()))
-        .env_remove("IDEM_BOOTSTRAP_KEY")
-        .env("RUST_LOG", "warn")
-        .current_dir(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (mut key, mut base) = (None, None);
-    for line in std::io::BufReader::new(child.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        if let Some(k) = line.strip_prefix("idem: IDEM_API_KEY=") {
-            key = Some(k.to_string());
-        }
-        if let Some(b) = line.strip_prefix("idem: listening on http://") {
-            base = Some(b.to_string());
-            break;
-        }
-    }
-    let (key, hostport) = (key.expect("the key printed on first start"), base.unwrap());
-    let port = hostport.rsplit(':').next().unwrap().to_string();
+    let server = common::book::FirstStart::new(dir.path());
+    let (key, port) = (server.key.clone(), server.port);
 
-    let mut script = String::from("set -euo pipefail\nshopt -s expand_aliases\n");
+    let mut script = String::from("set -euo pipefail\n");
     for block in &commands {
         let text = block
             .replace("localhost:8080", &format!("localhost:{port}"))
             .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"))
             .replace("idem_5b0c…", &key)
-            .replace("${CARGO_TARGET_DIR:-$PWD/target}/release/idem", &common::idem_bin().display().to_string());
+            .replace(
+                "${CARGO_TARGET_DIR:-$PWD/target}/release",
+                &common::idem_bin().parent().unwrap().display().to_string(),
+            );
         script.push_str(&text);
         script.push('\n');
     }
-    // The CLI's IDEM_URL default is the README's port; here it is the free one.
+    // The CLI's IDEM_URL default is the page's port; here it is the free one.
     let out = std::process::Command::new("bash")
         .arg("-c")
         .arg(&script)
@@ -153,8 +127,7 @@ async fn the_readmes_walkthrough_runs_as_written() {
         .env_remove("IDEM_API_KEY")
         .output()
         .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -162,7 +135,7 @@ async fn the_readmes_walkthrough_runs_as_written() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // What the README promises, in its comments, is what the commands printed.
+    // What the page promises, in its comments, is what the commands printed.
     let statuses = |text: &str, prefix: &str| -> Vec<String> {
         text.lines()
             .filter_map(|l| l.trim_start().strip_prefix(prefix))

@@ -1,4 +1,4 @@
-//! The README's outbox examples, run as written: `idem schema install`, the SQL block
+//! The book's outbox examples (docs/src/guides/outbox-inbox.md), run as written: `idem schema install`, the SQL block
 //! through psql, the Python block (psycopg 3, Debian python3-psycopg) — then the Rust
 //! library finds what they stored (same fingerprints, same rows).
 
@@ -8,24 +8,20 @@ use idem_outbox::tx::{self, Claim};
 use serde_json::json;
 use std::process::Command;
 
-/// The fenced block that follows `<!-- example:NAME -->` in the README.
-fn readme_block(name: &str) -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let marker = format!("<!-- example:{name} -->");
-    let after = &readme[readme.find(&marker).unwrap_or_else(|| panic!("no {marker} in the README")) + marker.len()..];
-    let start = after.find("```").unwrap();
-    let body = &after[start..];
-    let body = &body[body.find('\n').unwrap() + 1..];
-    body[..body.find("\n```").unwrap()].to_owned()
+const PAGE: &str = "docs/src/guides/outbox-inbox.md";
+
+/// The block of the book's outbox page named `outbox-NAME`.
+fn page_block(name: &str) -> String {
+    common::book::named(PAGE, &format!("outbox-{name}"))
 }
 
-/// Runs the README's setup block as written in bash — `createdb`, `idem schema install`,
+/// Runs the page's setup block as written in bash — `createdb`, `idem schema install`,
 /// the tables — with the database's name `app` made unique for this run, on the test
 /// server's host and role; `idem` is this build's binary on `PATH`. Returns the database's
 /// URL as the block exports it.
 fn run_readme_setup(name: &str) -> String {
     let admin = reqwest::Url::parse(&idem_store::testing::pg_admin_url()).unwrap();
-    let block = readme_block("setup").replace(" app\n", &format!(" {name}\n")).replace("/app\n", &format!("/{name}\n"));
+    let block = page_block("setup").replace(" app\n", &format!(" {name}\n")).replace("/app\n", &format!("/{name}\n"));
     assert!(block.contains(name), "the setup block names the database `app`: {block}");
     let bin_dir = common::idem_bin().parent().unwrap().to_owned();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
@@ -38,34 +34,19 @@ fn run_readme_setup(name: &str) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "the README's setup block failed:\n{block}\n{stdout}\n{}",
+        "the page's setup block failed:\n{block}\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("installed the idem schema, version 2 (was 0)"), "{stdout}");
     stdout.lines().last().unwrap().to_owned()
 }
 
-/// Drops the setup block's database when the test ends, also when it fails.
-struct DropDatabase(String);
-
-impl Drop for DropDatabase {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                &idem_store::testing::pg_admin_url(),
-                "-qc",
-                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.0),
-            ])
-            .output();
-    }
-}
-
 #[tokio::test]
-async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library() {
+async fn the_books_sql_and_python_examples_run_and_agree_with_the_rust_library() {
     // A fresh machine after the README's two commands: the setup block as written, then
     // the SQL block through psql and the Python block as a file under Debian's python3.
     let name = format!("idem_app_{}", uuid::Uuid::now_v7().simple());
-    let _drop = DropDatabase(name.clone());
+    let _drop = common::book::DropDatabase(name.clone());
     let exported = run_readme_setup(&name);
     let admin = reqwest::Url::parse(&idem_store::testing::pg_admin_url()).unwrap();
     let mut url = admin.clone();
@@ -83,14 +64,14 @@ async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library(
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
 
     let psql = Command::new("psql")
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &url, "-c", &readme_block("sql")])
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", &url, "-c", &page_block("sql")])
         .output()
         .expect("psql (Debian postgresql-client, installed by scripts/test.sh)");
     assert!(psql.status.success(), "{}", String::from_utf8_lossy(&psql.stderr));
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("outbox_example.py");
-    std::fs::write(&file, readme_block("python")).unwrap();
+    std::fs::write(&file, page_block("python")).unwrap();
     let py = Command::new("/usr/bin/python3")
         .arg(&file)
         .env("DATABASE_URL", &url)
@@ -108,7 +89,7 @@ async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library(
         ]
     );
 
-    // The README's Python fingerprint is idem's for strings of any script (break-it: NFC and
+    // The page's Python fingerprint is idem's for strings of any script (break-it: NFC and
     // UTF-16 member order differed from a plain `json.dumps(sort_keys=True)`), integers,
     // booleans, null, nesting and control characters.
     let payloads = [
@@ -116,8 +97,8 @@ async fn the_readme_sql_and_python_examples_run_and_agree_with_the_rust_library(
         json!({"\u{1F600}": 1, "\u{FB01}": 2, "z": 3, "a": [true, null, -7]}),
         json!({"t": "tab\there\u{0001}\u{007f}\"q\"\\", "nested": {"b": {"Å": "A\u{030A}"}, "a": 1}}),
     ];
-    let defs = readme_block("python");
-    let defs = &defs[..defs.find("def export_batch").expect("the README's Python defines export_batch")];
+    let defs = page_block("python");
+    let defs = &defs[..defs.find("def export_batch").expect("the page's Python defines export_batch")];
     let script = format!("{defs}\nimport sys\nfor line in sys.stdin:\n    print(fingerprint(json.loads(line)))\n");
     let mut child = Command::new("/usr/bin/python3")
         .args(["-c", &script])

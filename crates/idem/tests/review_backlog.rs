@@ -58,8 +58,9 @@ async fn thousands_of_expired_leases_are_flagged_for_review_at_the_ledgers_pace(
     assert!(metrics.lines().any(|l| l == format!("idem_review_queue_depth {N}")));
 }
 
-/// The README says an operation the caller performed is flagged "at once" when its lease
-/// expires; it took about 2 s (the next reconciler pass).
+/// The book (docs/src/concepts/unknown.md) says an operation the caller performed is
+/// flagged as soon as its expired lease is swept; it took about 2 s (the next reconciler
+/// pass).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_performed_operation_is_flagged_as_soon_as_its_lease_is_swept() {
     for backend in common::BACKENDS {

@@ -1,6 +1,7 @@
 //! Test support: run the real `idem serve` binary on loopback and talk to it over HTTP.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod book;
 pub mod mail;
 pub mod nats;
 pub mod pg_cluster;
