@@ -159,3 +159,18 @@ def client(server: IdemServer) -> Iterator[idem_client.Client]:
 def key() -> str:
     """A key of this test's own: ``T-<hex>``."""
     return f"T-{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture(scope="session")
+def app_db() -> Iterator[str]:
+    """An application's database with idem's schema installed (``idem schema install``)."""
+    db = PgDatabase("idem_pyclient_app")
+    out = subprocess.run(
+        [idem_bin(), "schema", "install", "--database-url", db.url],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    yield db.url
+    db.drop()

@@ -46,7 +46,7 @@ def _check_str(s: str, path: str) -> None:
 def to_json(value: object, what: str = "value") -> JSON:
     """``value`` as the JSON idem would store, checked; tuples become lists.
 
-    Accepted: ``None``, ``bool``, ``str``, ``int`` within ±2^53, finite ``float``, lists and
+    Accepted: ``None``, ``bool``, ``str``, ``int`` and finite ``float`` within ±2^53, lists and
     tuples of those, dicts with ``str`` keys (no two equal after NFC), at most 64 levels deep.
 
     Raises:
@@ -72,6 +72,10 @@ def _convert(v: object, path: str, depth: int) -> JSON:
     if isinstance(v, float):
         if not math.isfinite(v):
             raise _fail(path, f"{v} is not a JSON number")
+        if abs(v) > MAX_SAFE_INT:
+            raise _fail(
+                path, f"the number {v!r} is beyond ±2^53 (I-JSON, RFC 7493 §2.2); send it as a string"
+            )
         return v
     if isinstance(v, (list, tuple)):
         if depth >= MAX_DEPTH:
