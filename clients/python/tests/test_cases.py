@@ -14,6 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+
+import idem_client
+
 from casefile import (
     CASES,
     DEFAULTS,
@@ -26,8 +29,6 @@ from casefile import (
     subset,
 )
 from conftest import ADMIN_KEY, IdemServer
-
-import idem_client
 
 
 @dataclass
