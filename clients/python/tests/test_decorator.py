@@ -4,7 +4,6 @@ before anything is sent), fingerprint_fields, and results that are not plain JSO
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import pytest
 
@@ -159,17 +158,24 @@ def test_a_failed_operation_is_replayed_as_its_error(server: IdemServer, key: st
     assert e.value.operation.state == "FAILED"
 
 
-def test_evidence_idem_refuses_is_not_recorded_as_success(server: IdemServer, key: str) -> None:
-    """A provider_ref over 512 bytes is refused by idem (400): the effect happened, so the
-    operation ends UNKNOWN and the call raises ResultNotStorableError."""
+@pytest.mark.parametrize(
+    ("result", "refused_by"),
+    [({"ref": "x" * 600}, "the library"), ({"ref": "msg-1", "body": "x" * 1_100_000}, "idem (413)")],
+)
+def test_a_result_that_cannot_be_recorded_is_not_recorded_as_success(
+    server: IdemServer, key: str, result: dict[str, str], refused_by: str
+) -> None:
+    """Evidence over 512 bytes (refused by the library) or a result over idem's 1 MiB body
+    limit (refused by idem): the effect happened, so the operation ends UNKNOWN and the call
+    raises ResultNotStorableError carrying the value."""
     with server.client() as c:
 
         @c.idempotent(key="{order}", action="send", provider_ref="ref", payload=["order"])
-        def send(order: str) -> dict[str, Any]:
-            return {"ref": "x" * 600}
+        def send(order: str) -> dict[str, str]:
+            return result
 
         with pytest.raises(idem_client.ResultNotStorableError) as e:
             send(key)
-        assert e.value.recorded_state == "UNKNOWN"
-        assert e.value.result == {"ref": "x" * 600}
+        assert e.value.recorded_state == "UNKNOWN", refused_by
+        assert e.value.result == result
         assert c.get_operation(key).state == "UNKNOWN"

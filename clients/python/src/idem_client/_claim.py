@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import unicodedata
 import uuid
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
@@ -37,6 +38,7 @@ from ._errors import (
     IdemError,
     InProgressError,
     InvalidInputError,
+    InvalidRequestError,
     LateArrivalError,
     LeaseLostError,
     NotExecutingError,
@@ -393,11 +395,20 @@ class _ClaimBase:
             self._ctx_token = None
 
 
-def _succeeded_body(provider_ref: str, result: object) -> dict[str, JSON]:
+#: Longest ``provider_ref``, in bytes of UTF-8 (idem_core::completion).
+MAX_PROVIDER_REF_BYTES = 512
+
+
+def succeeded_body(provider_ref: str, result: object) -> dict[str, JSON]:
+    """The body of a success; the evidence's rules (idem_core::completion) checked here."""
     if not isinstance(provider_ref, str) or not provider_ref.strip():
         raise InvalidInputError(
             f"provider_ref must be the provider's evidence, a non-empty string; got {provider_ref!r}"
         )
+    if len(provider_ref.encode("utf-8", "replace")) > MAX_PROVIDER_REF_BYTES:
+        raise InvalidInputError(f"provider_ref is longer than {MAX_PROVIDER_REF_BYTES} bytes")
+    if any(unicodedata.category(ch) == "Cc" for ch in provider_ref):
+        raise InvalidInputError("provider_ref must not contain control characters")
     body: dict[str, JSON] = {"outcome": "succeeded", "provider_ref": provider_ref}
     if result is not None:
         body["result"] = to_json(result, "result")
@@ -472,7 +483,7 @@ class Claim(_ClaimBase):
     def succeeded(self, provider_ref: str, result: object = None) -> Operation:
         """Completes SUCCEEDED with the provider's evidence (``provider_ref``, at most 512 bytes)
         and an optional JSON ``result`` replayed to every later trigger."""
-        return self._complete(_succeeded_body(provider_ref, result))
+        return self._complete(succeeded_body(provider_ref, result))
 
     def retryable_failure(
         self, error_class: str, message: str | None = None, retry_after_ms: int | None = None
@@ -494,6 +505,17 @@ class Claim(_ClaimBase):
         if message is not None:
             body["message"] = message_of(message)
         return self._complete(body)
+
+    def _succeeded_or_unknown(self, provider_ref: str, result: JSON) -> InvalidRequestError | None:
+        """Completes SUCCEEDED; if idem refuses that completion as malformed (400: nothing was
+        recorded), completes UNKNOWN instead (the effect happened) and returns the refusal."""
+        try:
+            self.succeeded(provider_ref, result)
+            return None
+        except InvalidRequestError as e:
+            self._completion_tried = False
+            self.unknown(message_of(e))
+            return e
 
     def _exit(self, exc: BaseException | None) -> None:
         try:
@@ -563,7 +585,7 @@ class AsyncClaim(_ClaimBase):
 
     async def succeeded(self, provider_ref: str, result: object = None) -> Operation:
         """As :meth:`Claim.succeeded`."""
-        return await self._complete(_succeeded_body(provider_ref, result))
+        return await self._complete(succeeded_body(provider_ref, result))
 
     async def retryable_failure(
         self, error_class: str, message: str | None = None, retry_after_ms: int | None = None
@@ -586,6 +608,16 @@ class AsyncClaim(_ClaimBase):
         if message is not None:
             body["message"] = message_of(message)
         return await self._complete(body)
+
+    async def _succeeded_or_unknown(self, provider_ref: str, result: JSON) -> InvalidRequestError | None:
+        """As :meth:`Claim._succeeded_or_unknown`."""
+        try:
+            await self.succeeded(provider_ref, result)
+            return None
+        except InvalidRequestError as e:
+            self._completion_tried = False
+            await self.unknown(message_of(e))
+            return e
 
     async def _exit(self, exc: BaseException | None) -> None:
         try:

@@ -14,8 +14,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from ._claim import AsyncClaim, Claim, ExceptionTypes, message_of
-from ._errors import InvalidInputError, InvalidRequestError, OperationFailedError, ResultNotStorableError
+from ._claim import AsyncClaim, Claim, ExceptionTypes, message_of, succeeded_body
+from ._errors import InvalidInputError, OperationFailedError, ResultNotStorableError
 from ._json import NotJSONError, to_json
 from ._records import JSON
 
@@ -100,11 +100,9 @@ class Idempotent:
                     if isinstance(body, Exception):
                         await c.unknown(message_of(body))
                         raise self._not_storable(c, body, value) from body
-                    try:
-                        await c.succeeded(body[0], body[1])
-                    except InvalidRequestError as e:
-                        await self._settle_unknown_async(c, e)
-                        raise self._not_storable(c, e, value) from e
+                    refused = await c._succeeded_or_unknown(body[0], body[1])
+                    if refused is not None:
+                        raise self._not_storable(c, refused, value) from refused
                     return value
 
             return aguarded
@@ -120,11 +118,9 @@ class Idempotent:
                 if isinstance(body, Exception):
                     c.unknown(message_of(body))
                     raise self._not_storable(c, body, value) from body
-                try:
-                    c.succeeded(body[0], body[1])
-                except InvalidRequestError as e:
-                    self._settle_unknown(c, e)
-                    raise self._not_storable(c, e, value) from e
+                refused = c._succeeded_or_unknown(body[0], body[1])
+                if refused is not None:
+                    raise self._not_storable(c, refused, value) from refused
                 return value
 
         return guarded
@@ -190,8 +186,9 @@ class Idempotent:
                 raise InvalidInputError(
                     f"provider_ref read {ref!r} from the result; the evidence must be a non-empty string"
                 )
-            stored = self._serialize(value) if self._serialize else value
-            return ref, to_json(stored, "result")
+            stored = to_json(self._serialize(value) if self._serialize else value, "result")
+            succeeded_body(ref, stored)  # the evidence's rules, before anything is sent
+            return ref, stored
         except Exception as e:  # the function ran: whatever fails here must end UNKNOWN, not vanish
             return e
 
@@ -203,14 +200,6 @@ class Idempotent:
             recorded_state=c.state,
             result=value,
         )
-
-    def _settle_unknown(self, c: Claim, why: Exception) -> None:
-        c._completion_tried = False  # idem refused the success (400): nothing was recorded
-        c.unknown(message_of(why))
-
-    async def _settle_unknown_async(self, c: AsyncClaim, why: Exception) -> None:
-        c._completion_tried = False
-        await c.unknown(message_of(why))
 
 
 def _field(value: object, name: str) -> object:
