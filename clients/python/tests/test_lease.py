@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -86,13 +87,31 @@ async def test_a_cancelled_task_ends_unknown_and_stays_cancelled(server: IdemSer
     assert "CancelledError" in op.error_message
 
 
-def test_the_heartbeat_thread_ends_with_the_claim(server: IdemServer, key: str) -> None:
+def test_one_heartbeat_thread_renews_every_claim_of_a_client_and_ends_with_it(server: IdemServer) -> None:
+    """Slow claims side by side: each lease is renewed (lease_renewed events), none is lost, and
+    the client's heartbeat threads end when it is closed."""
     before = {t.name for t in threading.enumerate()}
-    with server.client() as c, c.claim(key, action="send", payload=None, lease_ms=300) as claim:
-        assert any(t.name == f"idem-heartbeat {key}" for t in threading.enumerate())
-        time.sleep(0.5)
-        claim.succeeded("ref-1")
-        assert not claim.lease.lost
+    keys = [f"HB-{uuid.uuid4().hex[:10]}" for _ in range(3)]
+    c = server.client()
+
+    def slow(key: str) -> None:
+        with c.claim(key, action="send", payload=None, lease_ms=300) as claim:
+            time.sleep(0.7)
+            assert not claim.lease.lost
+            claim.succeeded("ref-1")
+
+    threads = [threading.Thread(target=slow, args=(k,)) for k in keys]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in keys:
+        op = c.get_operation(k)
+        assert op.state == "SUCCEEDED"
+        assert "lease_renewed" in [e["kind"] for e in op.events]
+    assert sum(t.name == "idem-heartbeats" for t in threading.enumerate()) == 1
+    c.close()
+    time.sleep(0.1)
     assert {t.name for t in threading.enumerate()} - before == set()
 
 

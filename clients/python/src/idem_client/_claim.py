@@ -52,6 +52,7 @@ from ._errors import (
     StaleFencingTokenError,
     TransportError,
 )
+from ._heartbeat import Beat
 from ._http import Answer, Request, asend, send
 from ._json import to_json
 from ._records import JSON, Operation
@@ -428,8 +429,7 @@ class Claim(_ClaimBase):
     record idem answers with and raise its problem (:class:`StaleFencingTokenError` when the
     lease was lost to another attempt)."""
 
-    _beat: threading.Thread | None = None
-    _stop: threading.Event | None = None
+    _beat: Beat | None = None
 
     def _enter(self) -> Claim:
         deadline = time.monotonic() + self._wait_ms / 1000
@@ -444,32 +444,29 @@ class Claim(_ClaimBase):
                 break
             time.sleep(wait)
         if self.acquired and self._heartbeat:
-            self._stop = threading.Event()
-            self._beat = threading.Thread(
-                target=self._heartbeat_loop, name=f"idem-heartbeat {self.key}", daemon=True
-            )
-            self._beat.start()
+            self._beat = self._client._heartbeats.start(Beat(self._renew_once, self._renew_every_ms / 1000))
         self._enter_context()
         return self
 
-    def _heartbeat_loop(self) -> None:
-        assert self._stop is not None
-        http = self._client._sync_http()
-        while not self._stop.wait(self._renew_every_ms / 1000):
-            sent_at = time.monotonic()
-            try:
-                a: Answer | BaseException = send(
-                    http, self._renew_request(), self._client.retry, self._client.connect_timeout_s
-                )
-            except (TransportError, ProblemError) as e:
-                a = e
-            if self._stop.is_set() or not self._on_renew(a, sent_at):
-                return
+    def _renew_once(self) -> bool:
+        """One renewal (on the client's heartbeat pool); False: stop renewing."""
+        sent_at = time.monotonic()
+        try:
+            a: Answer | BaseException = send(
+                self._client._sync_http(),
+                self._renew_request(),
+                self._client.retry,
+                self._client.connect_timeout_s,
+            )
+        except (TransportError, ProblemError) as e:
+            a = e
+        if self._beat is None or self._beat.cancelled:
+            return False  # completed meanwhile: this answer says nothing about the lease
+        return self._on_renew(a, sent_at)
 
     def _stop_heartbeat(self) -> None:
-        if self._stop is not None and self._beat is not None:
-            self._stop.set()
-            self._beat.join(timeout=self._client.timeout_s + 1)
+        if self._beat is not None:
+            self._beat.cancel()
 
     def _complete(self, body: dict[str, JSON]) -> Operation:
         req = self._complete_request(body)

@@ -17,6 +17,7 @@ import httpx
 from ._claim import ClaimContext, ExceptionTypes, Target
 from ._decorator import EvidenceSpec, Idempotent, KeySpec, PayloadSpec
 from ._errors import InvalidInputError
+from ._heartbeat import Heartbeats
 from ._http import USER_AGENT, Answer, Request, RetryPolicy, asend, send
 from ._json import to_json
 from ._records import JSON, Instance, Operation
@@ -71,6 +72,7 @@ class Client:
         self._async_transport = async_transport
         self._lock = threading.Lock()
         self._http: httpx.Client | None = None
+        self._heartbeats = Heartbeats()
         self._ahttp: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
@@ -95,7 +97,8 @@ class Client:
             return http
 
     def close(self) -> None:
-        """Closes the sync connections."""
+        """Closes the sync connections and stops the heartbeat thread."""
+        self._heartbeats.close()
         with self._lock:
             http, self._http = self._http, None
         if http is not None:
