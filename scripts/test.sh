@@ -23,6 +23,10 @@
 #     scripts/requirements-openapi.txt) in a cached venv, for tests/openapi.rs;
 #   - stripe-python (PyPI, pinned in scripts/requirements-stripe.txt) in a cached venv,
 #     for tests/proxy_stripe.rs;
+#   - the Python client (clients/python) and its pinned tools (pytest, mypy, ruff, httpx,
+#     psycopg, standardwebhooks: clients/python/requirements-dev.txt) in a cached venv; after
+#     the Rust tests it runs mypy --strict, ruff and pytest there, against the `idem` binary
+#     built from this tree (IDEM_BIN), on SQLite and PostgreSQL;
 #   - the Rust test runner is plain `cargo test`, then the `otel` feature's test
 #     (`cargo test --features idem/otel --test otel`).
 # Environment:
@@ -183,6 +187,33 @@ ensure_stripe_python() {
   export IDEM_STRIPE_VENV
 }
 
+ensure_python_client() {
+  # clients/python (idem-client) is checked in a venv of its own, with the tools pinned in
+  # clients/python/requirements-dev.txt (made anew when that file changes). The package
+  # itself is this tree's code: reinstalled at every run. crates/idem/tests/workflows.rs
+  # runs examples/workflow_worker.py with this Python.
+  local venv
+  venv=$(python_venv clients/python/requirements-dev.txt client- .installed)
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall ./clients/python >&2
+  export IDEM_CLIENT_VENV="$venv" IDEM_CLIENT_PYTHON="$venv/bin/python"
+}
+
+python_client_checks() {
+  # mypy --strict, ruff (lint and format) and pytest of clients/python, against the idem
+  # binary of this tree; caches go to the venv, not into the work tree.
+  local venv=$IDEM_CLIENT_VENV bin
+  cargo build -p idem --locked --quiet || return
+  bin="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/idem"
+  (
+    cd clients/python
+    export PYTHONDONTWRITEBYTECODE=1 MYPY_CACHE_DIR="$venv/mypy-cache" RUFF_CACHE_DIR="$venv/ruff-cache"
+    "$venv/bin/mypy" --strict &&
+      "$venv/bin/ruff" check . &&
+      "$venv/bin/ruff" format --check . &&
+      IDEM_BIN="$bin" "$venv/bin/pytest" -q -p no:cacheprovider
+  )
+}
+
 ensure_python_psycopg() {
   # tests/outbox_sql.rs runs the book's Python outbox/inbox example with Debian's
   # psycopg 3 (python3-psycopg) under /usr/bin/python3, and its SQL example with psql.
@@ -240,6 +271,7 @@ ensure_python_psycopg
 ensure_curl
 ensure_openapi_tools
 ensure_stripe_python
+ensure_python_client
 ensure_mail_servers
 ensure_browser
 ensure_faketime
@@ -257,6 +289,11 @@ trap 'rm -f "$out"' EXIT
 set +e
 cargo test --workspace --locked --no-fail-fast "$@" 2>&1 | tee "$out"
 status=${PIPESTATUS[0]}
+# Before the otel build below, so that `cargo build -p idem` finds the binary cargo test made.
+log "clients/python: mypy --strict, ruff, pytest"
+python_client_checks 2>&1 | tee -a "$out"
+python_status=${PIPESTATUS[0]}
+[ "$status" -ne 0 ] || status=$python_status
 # The optional OpenTelemetry export (cargo feature idem/otel, off by default) has its own
 # test binary; built with --workspace so features unify as above and little is rebuilt.
 log "cargo test --features idem/otel --test otel"
@@ -264,7 +301,9 @@ cargo test --workspace --features idem/otel --test otel --locked 2>&1 | tee -a "
 otel_status=${PIPESTATUS[0]}
 [ "$status" -ne 0 ] || status=$otel_status
 set -e
-# One closing line over all test binaries (cargo prints one "test result" per binary).
+# One closing line over all test binaries (cargo prints one "test result" per binary) and
+# pytest (its closing line: "N passed, M failed in S s").
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     /^=* *[0-9]+ (passed|failed)/ && / in [0-9.]+s/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "summary: %d passed, %d failed\n", p, f }' "$out"
 exit "$status"

@@ -348,18 +348,22 @@ async fn bad_input_is_refused_clearly_and_writes_nothing() {
     assert!(err.contains("workflows.order-intake.steps[1].connector"), "{err}");
 }
 
-/// The code-driven mode: a worker (Python, from examples/) performs each step itself,
-/// calling the provider double; killed right after step 2's effect, before reporting it, it
-/// starts again from the top: step 1 replays, step 2 is UNKNOWN (the instance pauses for a
-/// person, nothing is redone); run after the operator resolved it, it finishes step 3.
+/// The code-driven mode: a worker (Python, from examples/, on idem's Python client) performs
+/// each step itself, calling the provider double; killed right after step 2's effect, before
+/// reporting it, it starts again from the top: step 1 replays, step 2 is UNKNOWN (the instance
+/// pauses for a person, nothing is redone); run after the operator resolved it, it finishes
+/// step 3. The Python is `IDEM_CLIENT_PYTHON`: the venv scripts/test.sh installs
+/// clients/python into.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_between_steps_starts_over_and_redoes_nothing() {
     let (provider, addr) = start_provider().await;
     let db = Db::new(Backend::Sqlite).await;
     let s = Server::start_with_config(&db.url, "[executor]\npoll_interval_ms = 50\n");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/workflow_worker.py");
+    let python = std::env::var("IDEM_CLIENT_PYTHON")
+        .expect("IDEM_CLIENT_PYTHON (a Python with clients/python installed): run ./scripts/test.sh, which makes it");
     let run = |crash_after: Option<&str>| {
-        let mut cmd = std::process::Command::new("python3");
+        let mut cmd = std::process::Command::new(&python);
         cmd.arg(script)
             .env("IDEM_URL", &s.base)
             .env("IDEM_API_KEY", ADMIN_KEY)

@@ -1,0 +1,229 @@
+"""idem's own calls: retries of unreachable servers and 503s, an acquire resent after its answer
+was lost (the same holder gets the same grant), and problems as exceptions."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import idem_client
+
+from conftest import ADMIN_KEY, REPO, IdemServer
+from netfault import proxy_for
+
+FAST = idem_client.RetryPolicy(attempts=4, base_s=0.02, cap_s=0.1)
+
+
+def guarded(client: idem_client.Client, ran: list[str], **options: Any) -> Any:
+    @client.idempotent(
+        key="{order}", action="send_confirmation", payload=["order"], provider_ref="ref", **options
+    )
+    def send_confirmation(order: str) -> dict[str, str]:
+        ran.append(order)
+        return {"ref": f"msg-{order}"}
+
+    return send_confirmation
+
+
+def events(server: IdemServer, key: str) -> list[str]:
+    with server.client() as c:
+        return [e["kind"] for e in c.get_operation(key).events]
+
+
+def test_an_acquire_whose_answer_was_lost_is_resent_and_gets_its_own_grant(
+    server: IdemServer, key: str
+) -> None:
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations ", "drop")
+    ran: list[str] = []
+    with idem_client.Client(proxy.url, ADMIN_KEY, retry=FAST) as c:
+        assert guarded(c, ran)(key) == {"ref": f"msg-{key}"}
+    assert ran == [key], "performed once"
+    kinds = events(server, key)
+    assert kinds[:2] == ["acquired", "already_held"], kinds
+    with server.client() as c:
+        op = c.get_operation(key)
+    assert (op.state, op.attempt) == ("SUCCEEDED", 1)
+    proxy.close()
+
+
+def test_a_completion_whose_answer_was_lost_is_resent_and_accepted(server: IdemServer, key: str) -> None:
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations/", "drop")  # the completion (and nothing else has a path after /)
+    ran: list[str] = []
+    with idem_client.Client(proxy.url, ADMIN_KEY, retry=FAST) as c:
+        assert guarded(c, ran)(key) == {"ref": f"msg-{key}"}
+        assert c.get_operation(key).state == "SUCCEEDED"
+    assert ran == [key]
+    assert sum(1 for line in proxy.seen if b"/complete" in line) == 2, proxy.seen
+
+
+def test_answers_lost_every_time_raise_no_answer_and_never_run(server: IdemServer, key: str) -> None:
+    """The grant was made but never seen: the function does not run, and the lease runs out
+    into UNKNOWN (never done twice)."""
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations ", "drop", times=100)
+    ran: list[str] = []
+    with idem_client.Client(proxy.url, ADMIN_KEY, retry=FAST) as c, pytest.raises(idem_client.NoAnswerError):
+        guarded(c, ran, lease_ms=300)(key)
+    assert ran == []
+    time.sleep(0.5)
+    with server.client() as c:
+        assert c.get_operation(key).state == "UNKNOWN"
+        with pytest.raises(idem_client.OutcomeUnknownError):
+            guarded(c, ran)(key)
+    assert ran == []
+
+
+def test_a_503_is_retried_after_its_retry_after(server: IdemServer, key: str) -> None:
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations ", "unavailable", times=1, retry_after=1)
+    ran: list[str] = []
+    started = time.monotonic()
+    with idem_client.Client(proxy.url, ADMIN_KEY, retry=FAST) as c:
+        assert guarded(c, ran)(key) == {"ref": f"msg-{key}"}
+    assert time.monotonic() - started >= 1.0, "Retry-After is the floor of the wait"
+    assert ran == [key]
+
+
+def test_a_retry_after_beyond_the_policy_raises_the_problem_at_once(server: IdemServer, key: str) -> None:
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations ", "unavailable", times=5, retry_after=60)
+    ran: list[str] = []
+    with (
+        idem_client.Client(proxy.url, ADMIN_KEY, retry=FAST) as c,
+        pytest.raises(idem_client.StoreUnavailableError) as e,
+    ):
+        guarded(c, ran)(key)
+    assert ran == []
+    assert (e.value.status, e.value.retry_after, e.value.request_id) == (503, 60.0, "proxy-1")
+    assert e.value.problem["type"] == "/problems/unavailable"
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port: int = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_connection_refused_is_retried_until_the_server_is_up(tmp_path: Path, key: str) -> None:
+    port = free_port()
+    servers: list[IdemServer] = []
+    starter = threading.Timer(
+        0.5,
+        lambda: servers.append(IdemServer(f"sqlite://{tmp_path / 'late.db'}", listen=f"127.0.0.1:{port}")),
+    )
+    starter.start()
+    ran: list[str] = []
+    try:
+        retry = idem_client.RetryPolicy(attempts=40, base_s=0.1, cap_s=0.3)
+        with idem_client.Client(f"http://127.0.0.1:{port}", ADMIN_KEY, retry=retry) as c:
+            assert guarded(c, ran)(key) == {"ref": f"msg-{key}"}
+    finally:
+        starter.join()
+        for s in servers:
+            s.stop()
+    assert ran == [key]
+
+
+def test_a_bad_api_key_raises_unauthorized_with_the_problem_and_request_id(
+    server: IdemServer, key: str
+) -> None:
+    ran: list[str] = []
+    with (
+        idem_client.Client(server.url, "not-a-key-0123456789abcdef0123456789") as c,
+        pytest.raises(idem_client.UnauthorizedError) as e,
+    ):
+        guarded(c, ran)(key)
+    assert ran == []
+    assert e.value.status == 401
+    assert e.value.problem["type"] == "/problems/unauthorized"
+    assert e.value.request_id
+
+
+def test_no_api_key_is_refused_before_anything_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("IDEM_API_KEY", raising=False)
+    with pytest.raises(idem_client.InvalidInputError, match="IDEM_API_KEY"):
+        idem_client.Client("http://127.0.0.1:9")
+
+
+#: Problem types a client library's calls never meet: the operators' re-run, compensation and
+#: resolution answers, key management, idem proxy's own, and generic HTTP ones; raised as the
+#: class of their status.
+NOT_CLIENT_FACING = {
+    "not-resolvable",
+    "state-changed",
+    "instance-busy",
+    "missing-reason",
+    "plan-changed",
+    "plan-hash-required",
+    "instance-running",
+    "instance-compensated",
+    "instance-not-stopped",
+    "compensation-in-progress",
+    "nothing-to-compensate",
+    "nothing-to-rerun",
+    "step-busy",
+    "step-needs-resolution",
+    "too-many-reruns",
+    "last-admin-key",
+    "outcome-unknown",
+    "upstream-unreachable",
+    "upstream-no-answer",
+    "method-not-allowed",
+    "unsupported-media-type",
+    "clock-uncertain",
+    "internal",
+    "write-refused",
+    "write-not-stored",
+}
+
+
+def test_every_problem_type_a_client_meets_has_its_exception_class() -> None:
+    """The server's list of problem types (crates/idem-server/src/problem.rs) against the
+    library's: a new client-facing type fails here until it gets its class."""
+    source = (REPO / "crates/idem-server/src/problem.rs").read_text()
+    table = source[source.index("pub const PROBLEM_TYPES") : source.index("];")]
+    slugs = set(re.findall(r'^\s*\(\s*"([a-z-]+)",', table, re.M))
+    assert len(slugs) > 40, slugs
+    missing = slugs - set(idem_client.PROBLEM_CLASSES) - NOT_CLIENT_FACING
+    assert not missing, f"problem types without an exception class: {sorted(missing)}"
+    stale = (set(idem_client.PROBLEM_CLASSES) | NOT_CLIENT_FACING) - slugs
+    assert not stale, f"classes or exemptions for types the server no longer has: {sorted(stale)}"
+
+
+def test_each_problem_class_is_raised_for_its_type() -> None:
+    from idem_client._errors import problem_error
+
+    for slug, cls in idem_client.PROBLEM_CLASSES.items():
+        e = problem_error(409, {"type": f"/problems/{slug}", "detail": "d", "request_id": "r-1"}, None, 2.0)
+        assert type(e) is cls
+        assert (e.slug, e.request_id, e.retry_after) == (slug, "r-1", 2.0)
+    assert (
+        type(problem_error(428, {"type": "/problems/plan-hash-required"}, "r", None))
+        is idem_client.ProblemError
+    )
+    assert type(problem_error(502, {}, "r", None)) is idem_client.ServerError
+
+
+def test_a_new_uuid_is_sent_as_holder_per_attempt(server: IdemServer) -> None:
+    holders = set()
+    with server.client() as c:
+        for _ in range(3):
+            k = f"H-{uuid.uuid4().hex[:10]}"
+            with c.claim(k, action="send", payload=None) as claim:
+                claim.succeeded("ref-1")
+            holder = c.get_operation(k).lease_holder
+            assert holder is not None
+            assert uuid.UUID(holder).version == 4
+            holders.add(holder)
+    assert len(holders) == 3
