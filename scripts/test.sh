@@ -130,25 +130,39 @@ ensure_curl() {
   fi
 }
 
-ensure_openapi_tools() {
-  # tests/openapi.rs checks the served OpenAPI document with Python tools (pinned in
-  # scripts/requirements-openapi.txt), installed from PyPI into a venv kept in the cache
-  # and made anew when the requirements change.
-  local req=scripts/requirements-openapi.txt hash venv
+ensure_venv() {
+  # A venv of the pinned requirements file $1 under ${XDG_CACHE_HOME:-~/.cache}/idem/$2-<hash
+  # of the file>, made anew when the file changes; $3 is a file the finished install has.
+  # Prints the venv's path.
+  local req=$1 name=$2 check=$3 hash venv
   hash=$(sha256sum "$req" | cut -c1-16)
-  venv="${XDG_CACHE_HOME:-$HOME/.cache}/idem/venv-$hash"
-  if [ ! -x "$venv/bin/st" ]; then
+  venv="${XDG_CACHE_HOME:-$HOME/.cache}/idem/$name-$hash"
+  if [ ! -x "$venv/$check" ]; then
     if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
       log "installing python3-venv (Debian package)"
       as_root apt-get update -qq
       as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
     fi
-    log "installing the OpenAPI tools into $venv"
+    log "installing $req into $venv"
     rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q -r "$req"
+    python3 -m venv "$venv" >&2
+    "$venv/bin/pip" install -q -r "$req" >&2
   fi
-  export IDEM_OPENAPI_VENV="$venv"
+  printf '%s' "$venv"
+}
+
+ensure_openapi_tools() {
+  # tests/openapi.rs checks the served OpenAPI document with Python tools (pinned in
+  # scripts/requirements-openapi.txt).
+  IDEM_OPENAPI_VENV=$(ensure_venv scripts/requirements-openapi.txt venv bin/st)
+  export IDEM_OPENAPI_VENV
+}
+
+ensure_mcp_sdk() {
+  # crates/idem/tests/mcp*.rs run the official MCP Python SDK (pinned in
+  # scripts/requirements-mcp.txt) as the agent's client and as the downstream tool server.
+  IDEM_MCP_VENV=$(ensure_venv scripts/requirements-mcp.txt venv-mcp bin/mcp)
+  export IDEM_MCP_VENV
 }
 
 ensure_python_psycopg() {
@@ -186,6 +200,7 @@ ensure_nats
 ensure_python_psycopg
 ensure_curl
 ensure_openapi_tools
+ensure_mcp_sdk
 ensure_mail_servers
 ensure_browser
 ensure_faketime
