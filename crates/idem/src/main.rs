@@ -2,6 +2,7 @@
 //! the database; `ops`, `acquire` and `complete` talk to a running server over HTTP.
 
 mod bench;
+mod bench_mcp;
 mod bench_relay;
 mod bench_workflows;
 mod cli;
