@@ -194,7 +194,16 @@ impl Guard {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
         loop {
             let out = self.store.acquire(input.clone()).await?;
-            if !matches!(out.decision, Decision::InProgress { .. }) || tokio::time::Instant::now() >= deadline {
+            if let Decision::RetryNotDue { retry_after_ms } = out.decision
+                && retry_after_ms <= 100
+            {
+                tokio::time::sleep(Duration::from_millis(retry_after_ms as u64 + 1)).await;
+                continue;
+            }
+            // A released call's retry is due within a millisecond (release_policy): waited for
+            // like a running call, never answered "in progress".
+            let waits = matches!(out.decision, Decision::InProgress { .. } | Decision::RetryNotDue { .. });
+            if !waits || tokio::time::Instant::now() >= deadline {
                 return Ok(out);
             }
             loop {
@@ -206,6 +215,7 @@ impl Guard {
                 }
                 let now = self.clock.now_ms();
                 let changed = match self.store.get(&input.tenant, &input.key).await? {
+                    Some(r) if r.state == State::Pending => r.next_attempt_at.is_none_or(|t| t <= now),
                     Some(r) => r.state != State::Executing || !r.lease_valid_at(now) || r.version != out.record.version,
                     None => true,
                 };
