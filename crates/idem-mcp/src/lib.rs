@@ -15,7 +15,8 @@
 //! - [`guard`]: acquire, send at most once, record what the answer proves, replay;
 //! - [`texts`]: what the agent is told, word for word;
 //! - [`lookup`]: settling an unknown outcome with a lookup tool (evidence only);
-//! - [`downstream`], [`server`]: the rmcp client and server halves.
+//! - [`downstream`], [`server`]: the rmcp client and server halves;
+//! - [`ops_server`]: `idem mcp-ops`, a read-only MCP server of the ledger's operations.
 //!
 //! Guarded calls are ordinary operations in the same ledger `idem serve` uses: tenant
 //! `default` (configurable), principal `idem-mcp`, action `mcp:{tool}`, connector
@@ -29,6 +30,7 @@ pub mod downstream;
 pub mod guard;
 pub mod intent;
 pub mod lookup;
+pub mod ops_server;
 pub mod server;
 pub mod texts;
 

@@ -172,6 +172,7 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Proxy(args) => serve::run_proxy(args).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Mcp(args) => mcp::run(args).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::McpOps(args) => mcp::run_ops(args).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Keys(k) => keys::run(k).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Ops(o) => client::ops(o).await,
         cli::Command::Wf(w) => wf::run(w).await,

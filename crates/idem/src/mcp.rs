@@ -4,11 +4,44 @@
 //! lock on an SQLite file: it writes beside a running `idem serve` (and beside other
 //! guards) as any second process on the file does, through SQLite's own write lock.
 
-use crate::cli::{LogFormat, McpArgs};
+use crate::cli::{LogFormat, McpArgs, McpOpsArgs};
 use anyhow::Context;
 use idem_core::{Clock, SystemClock};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// `idem mcp-ops`: the read-only MCP server of the ledger's operations, over stdio.
+pub async fn run_ops(args: McpOpsArgs) -> anyhow::Result<()> {
+    crate::serve::init_logging_with(LogFormat::Text, None, "warn")?;
+    idem_store::keys::validate_name("tenant", &args.tenant).map_err(|e| anyhow::anyhow!("--tenant: {e}"))?;
+    let url = args.db.database_url.clone();
+    let (store, _clock) = open_store(&url).await?;
+    idem_mcp::ops_server::serve_stdio(idem_mcp::ops_server::OpsServer::new(store, args.tenant))
+        .await
+        .map_err(|e| anyhow::anyhow!(e))
+}
+
+/// The ledger at `url` and its clock (on PostgreSQL the database's, DESIGN.md §2 invariant 7).
+async fn open_store(url: &str) -> anyhow::Result<(Arc<dyn idem_store::Store>, Arc<dyn Clock>)> {
+    let database_clock = match idem_store::parse_database_url(url)? {
+        idem_store::DatabaseUrl::Postgres(u) => Some(
+            idem_store::postgres::DatabaseClock::connect(u, idem_store::postgres::DEFAULT_MAX_UNCERTAINTY_MS)
+                .await
+                .with_context(|| {
+                    format!("cannot connect to the database {} (to read its clock)", crate::serve::redact(u))
+                })?,
+        ),
+        idem_store::DatabaseUrl::Sqlite(_) => None,
+    };
+    let clock: Arc<dyn Clock> = match &database_clock {
+        Some(c) => c.clone(),
+        None => Arc::new(SystemClock),
+    };
+    let store = idem_store::open(url, clock.clone(), Default::default())
+        .await
+        .with_context(|| format!("cannot open the database {}", crate::serve::redact(url)))?;
+    Ok((store, clock))
+}
 
 pub async fn run(args: McpArgs) -> anyhow::Result<()> {
     // rmcp logs every session's start and end at INFO: warnings only, unless RUST_LOG says.
@@ -46,24 +79,7 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
         Some(addr) => Some(idem_server::listen(addr).await?),
         None => None,
     };
-    let url = args.db.database_url.clone();
-    let database_clock = match idem_store::parse_database_url(&url)? {
-        idem_store::DatabaseUrl::Postgres(u) => Some(
-            idem_store::postgres::DatabaseClock::connect(u, idem_store::postgres::DEFAULT_MAX_UNCERTAINTY_MS)
-                .await
-                .with_context(|| {
-                    format!("cannot connect to the database {} (to read its clock)", crate::serve::redact(u))
-                })?,
-        ),
-        idem_store::DatabaseUrl::Sqlite(_) => None,
-    };
-    let clock: Arc<dyn Clock> = match &database_clock {
-        Some(c) => c.clone(),
-        None => Arc::new(SystemClock),
-    };
-    let store = idem_store::open(&url, clock.clone(), Default::default())
-        .await
-        .with_context(|| format!("cannot open the database {}", crate::serve::redact(&url)))?;
+    let (store, clock) = open_store(&args.db.database_url).await?;
     if let Some(listener) = metrics {
         // The process-wide recorder idem serve uses; the guard's counters are its only series.
         let handle = idem_server::metrics::handle();

@@ -220,3 +220,57 @@ fn bad_calls_from_the_agent_are_refused_and_the_guard_keeps_serving() {
     assert_eq!(env.tickets(), 1);
     assert_eq!(env.ledger("SELECT count(*) FROM operations"), "1", "refused calls are never recorded");
 }
+
+/// `idem mcp --help` states the design a user must know: which calls are guarded, the task
+/// id and its refusal without one, what the agent is told, the ledger, the host config.
+#[test]
+fn the_help_states_what_is_guarded_the_task_id_and_the_answers() {
+    let out = std::process::Command::new(mcp_support::idem_bin()).args(["mcp", "--help"]).output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "readOnlyHint is not true",
+        "\"io.idem/task-id\"",
+        "--task-per-process",
+        "a guarded call is refused",
+        "idem: already done at",
+        "io.idem/replayed: true",
+        "idem: outcome unknown",
+        "principal idem-mcp",
+        "idem_mcp_calls_total{tool,decision}",
+        "\"mcpServers\"",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle:?}:\n{help}");
+    }
+}
+
+/// `idem mcp-ops`, idem's own read-only MCP server: the agent asks what became of a
+/// guarded call by the operation key the guard gave it.
+#[test]
+fn the_ops_server_tells_the_agent_what_became_of_an_operation() {
+    let env = Env::new(CONFIG);
+    let call =
+        json!({"call": "create_ticket", "args": {"customer": "c-14", "title": "asked about"}, "meta": task("task-14")});
+    let out = env.agent_stdio(&json!([call, call]), &env.guard_args(&[], "normal"));
+    let op = out[1]["_meta"]["io.idem/operation"].as_str().unwrap();
+    let ops = ["mcp-ops".to_owned(), "--database-url".to_owned(), env.ledger.clone()];
+    let steps = json!([
+        {"list_tools": true},
+        {"call": "get_operation", "args": {"key": op}},
+        {"call": "list_operations", "args": {"key_prefix": "mcp:tickets:task-14:"}},
+        {"call": "operation_events", "args": {"key": op}},
+        {"call": "get_operation", "args": {"key": "mcp:tickets:nope"}},
+    ]);
+    let r = env.agent_stdio(&steps, &ops);
+    let tools = r[0]["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 3);
+    assert!(tools.iter().all(|t| t["annotations"]["readOnlyHint"] == true), "{tools:?}");
+    let got = &r[1]["structuredContent"];
+    assert_eq!((got["state"].clone(), got["provider_ref"].clone()), (json!("SUCCEEDED"), json!("T-1")));
+    assert_eq!(got["result"]["structuredContent"], json!({"id": "T-1"}));
+    assert_eq!(r[2]["structuredContent"]["operations"][0]["key"], op);
+    let kinds: Vec<&str> =
+        r[3]["structuredContent"]["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["acquired", "completed", "replayed"], "{}", r[3]);
+    assert_eq!(r[4]["isError"], true);
+    assert_eq!(env.tickets(), 1);
+}

@@ -197,3 +197,24 @@ fn a_streamable_http_server_behind_the_guard() {
     assert!(text(&out[1]).starts_with("idem: already done at "), "{}", out[1]);
     assert_eq!(env.tickets(), 1);
 }
+
+/// Two guards (two agents, one task) on a shared PostgreSQL ledger: one ticket, the other
+/// agent gets the replay.
+#[test]
+fn two_guards_on_one_postgresql_ledger_make_one_ticket() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = rt.block_on(common::Db::new(common::Backend::Postgres));
+    let mut env = Env::new(mcp_support::CONFIG);
+    env.ledger = db.url.clone();
+    let steps =
+        json!([{"call": "create_ticket", "args": {"customer": "c-13", "title": "slow pg"}, "meta": task("task-13")}]);
+    let args = env.guard_args(&[], "normal");
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| env.agent_stdio(&steps, &args));
+        let b = s.spawn(|| env.agent_stdio(&steps, &args));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(env.tickets(), 1, "{a:?} {b:?}");
+    assert_eq!([&a[0], &b[0]].iter().filter(|r| from_server(r)).count(), 1, "{a:?} {b:?}");
+    rt.block_on(async move { drop(db) });
+}
