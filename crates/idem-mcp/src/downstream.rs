@@ -4,14 +4,15 @@
 //! The connection is made at start and made again on the next request after it ended (the
 //! server crashed, or never started): the guard keeps serving, and a call that finds no
 //! server is told so, with nothing recorded as performed. Notifications the server sends
-//! (progress, log messages, list changes, resource updates) are passed on to every
-//! connected host unchanged.
+//! (log messages, list changes, resource updates) are passed on to every connected host
+//! unchanged; progress goes to the host whose request it is about, with its own token
+//! ([`ProgressRoutes`]).
 
 // Log messages are deprecated by SEP-2577 but still sent by servers on older revisions.
 #![allow(deprecated)]
 
 use rmcp::model::{
-    ClientConfig, Implementation, LoggingMessageNotificationParam, ProgressNotificationParam,
+    ClientConfig, Implementation, LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
     ResourceUpdatedNotificationParam, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RoleClient, RoleServer, RunningService};
@@ -62,20 +63,53 @@ impl Hosts {
     }
 }
 
+/// Where the server's progress notifications go: rmcp gives every request to the server a
+/// progress token of its own, so each request the guard passes on that carried a host's
+/// token is entered here (the server's token → the host and its token) while it runs.
+#[derive(Default)]
+pub struct ProgressRoutes(Mutex<HashMap<ProgressToken, (Peer<RoleServer>, ProgressToken)>>);
+
+/// An entry of [`ProgressRoutes`], removed when dropped (the request ended).
+pub struct Route<'a> {
+    routes: &'a ProgressRoutes,
+    token: ProgressToken,
+}
+
+impl ProgressRoutes {
+    /// Routes the server's progress on `token` to `host` as `host_token` until the returned
+    /// entry is dropped.
+    pub fn route(&self, token: ProgressToken, host: Peer<RoleServer>, host_token: ProgressToken) -> Route<'_> {
+        self.0.lock().expect("routes lock").insert(token.clone(), (host, host_token));
+        Route { routes: self, token }
+    }
+
+    fn get(&self, token: &ProgressToken) -> Option<(Peer<RoleServer>, ProgressToken)> {
+        self.0.lock().expect("routes lock").get(token).cloned()
+    }
+}
+
+impl Drop for Route<'_> {
+    fn drop(&mut self) {
+        self.routes.0.lock().expect("routes lock").remove(&self.token);
+    }
+}
+
 /// The guard's client handler: passes the server's notifications on to the hosts.
 pub struct Relay {
     hosts: Arc<Hosts>,
     tools: Arc<Mutex<Option<HashMap<String, Tool>>>>,
+    routes: Arc<ProgressRoutes>,
 }
 
 impl ClientHandler for Relay {
-    async fn on_progress(&self, params: ProgressNotificationParam, _: NotificationContext<RoleClient>) {
-        self.hosts
-            .each(|p| {
-                let v = params.clone();
-                async move { p.notify_progress(v).await }
-            })
-            .await;
+    async fn on_progress(&self, mut params: ProgressNotificationParam, _: NotificationContext<RoleClient>) {
+        // Progress of a request no host asked progress for has nowhere to go.
+        if let Some((host, token)) = self.routes.get(&params.progress_token) {
+            params.progress_token = token;
+            if let Err(e) = host.notify_progress(params).await {
+                tracing::debug!(error = %e, "idem mcp: a host did not take a progress notification");
+            }
+        }
     }
 
     async fn on_logging_message(&self, params: LoggingMessageNotificationParam, _: NotificationContext<RoleClient>) {
@@ -127,6 +161,7 @@ pub struct Downstream {
     hosts: Arc<Hosts>,
     conn: tokio::sync::Mutex<Option<Conn>>,
     tools: Arc<Mutex<Option<HashMap<String, Tool>>>>,
+    routes: Arc<ProgressRoutes>,
     start_timeout: Duration,
 }
 
@@ -142,7 +177,14 @@ pub struct ServerFacts {
 impl Downstream {
     /// A server at `target`; the handshake must finish within `start_timeout`.
     pub fn new(target: Target, hosts: Arc<Hosts>, start_timeout: Duration) -> Self {
-        Downstream { target, hosts, conn: Default::default(), tools: Default::default(), start_timeout }
+        Downstream {
+            target,
+            hosts,
+            conn: Default::default(),
+            tools: Default::default(),
+            routes: Default::default(),
+            start_timeout,
+        }
     }
 
     /// A peer of a live connection, connecting first when there is none.
@@ -166,6 +208,11 @@ impl Downstream {
         Ok(peer)
     }
 
+    /// Where the server's progress notifications go.
+    pub fn routes(&self) -> &ProgressRoutes {
+        &self.routes
+    }
+
     /// The server's handshake facts (connecting when needed).
     ///
     /// # Errors
@@ -178,7 +225,7 @@ impl Downstream {
     }
 
     async fn connect(&self) -> Result<Conn, String> {
-        let relay = Relay { hosts: self.hosts.clone(), tools: self.tools.clone() };
+        let relay = Relay { hosts: self.hosts.clone(), tools: self.tools.clone(), routes: self.routes.clone() };
         let started = match &self.target {
             Target::Command(argv) => {
                 let (program, args) = argv.split_first().ok_or("no server command given")?;

@@ -184,7 +184,8 @@ async fn settle_loop(shared: Arc<Shared>, interval: Duration) {
                 async move {
                     let args = lookup::lookup_arguments(&cfg.arguments, &rec);
                     let params = rmcp::model::CallToolRequestParams::new(cfg.tool.clone()).with_arguments(args);
-                    let answer = match server::send_call(&downstream, params, None, Duration::from_secs(10)).await {
+                    let answer = match server::send_call(&downstream, params, None, None, Duration::from_secs(10)).await
+                    {
                         guard::Sent::Result(v) => Ok(v),
                         guard::Sent::Refused(e) => Err(format!("error {} ({})", e.code.0, e.message)),
                         guard::Sent::NotSent(why) | guard::Sent::Lost(why) => Err(why),

@@ -62,19 +62,32 @@ fn count(tool: &str, listed: bool, decision: &'static str) {
     metrics::counter!("idem_mcp_calls_total", "tool" => tool, "decision" => decision).increment(1);
 }
 
-/// Request `_meta` to pass on: the host's own (progress token, trace context, `io.idem/…`),
-/// without the per-request protocol fields of the host's connection
-/// (`io.modelcontextprotocol/…`), which are not the server's.
+/// Request `_meta` to pass on: the host's own (trace context, `io.idem/…`), without the
+/// per-request protocol fields of the host's connection (`io.modelcontextprotocol/…`),
+/// which are not the server's, and without its progress token (rmcp gives each request to
+/// the server a token of its own: [`HostProgress`] routes that token's notifications back).
 fn passed_meta(ctx: &RequestContext<RoleServer>) -> Option<RequestMetaObject> {
     let m: JsonObject = ctx
         .meta
         .0
         .0
         .iter()
-        .filter(|(k, _)| !k.starts_with("io.modelcontextprotocol/"))
+        .filter(|(k, _)| !k.starts_with("io.modelcontextprotocol/") && k.as_str() != "progressToken")
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if m.is_empty() { None } else { Some(RequestMetaObject(MetaObject(m))) }
+}
+
+/// The host that asked for progress on a request, and its token.
+#[derive(Clone)]
+pub struct HostProgress {
+    peer: rmcp::Peer<RoleServer>,
+    token: ProgressToken,
+}
+
+fn host_progress(ctx: &RequestContext<RoleServer>) -> Option<HostProgress> {
+    let token = ctx.meta.0.0.get("progressToken").cloned()?;
+    Some(HostProgress { peer: ctx.peer.clone(), token: serde_json::from_value(token).ok()? })
 }
 
 fn service_error(e: ServiceError) -> McpError {
@@ -97,6 +110,8 @@ impl GuardServer {
             opts = opts.with_meta(m);
         }
         let handle = peer.send_request_with_option(req, opts).await.map_err(service_error)?;
+        let _route = host_progress(ctx)
+            .map(|h| self.0.downstream.routes().route(handle.progress_token.clone(), h.peer, h.token));
         handle.await_response().await.map_err(service_error)
     }
 
@@ -194,6 +209,7 @@ impl GuardServer {
             }
         }
         let meta_on = passed_meta(&ctx);
+        let progress = host_progress(&ctx);
         let me = self.clone();
         // Its own task: a host that goes away mid-call does not cut the recording short.
         let run = tokio::spawn(async move {
@@ -201,7 +217,7 @@ impl GuardServer {
             let send = |args: Map<String, Value>, timeout: Duration| async move {
                 let mut p = params.clone();
                 p.arguments = Some(args);
-                send_call(&downstream, p, meta_on, timeout).await
+                send_call(&downstream, p, meta_on, progress, timeout).await
             };
             let (answer, decision) = me.0.guard.call(&task, &name, &arguments, send).await;
             count(&name, true, decision);
@@ -223,6 +239,7 @@ pub async fn send_call(
     downstream: &Downstream,
     params: CallToolRequestParams,
     meta: Option<RequestMetaObject>,
+    progress: Option<HostProgress>,
     timeout: Duration,
 ) -> Sent {
     let peer = match downstream.peer().await {
@@ -238,6 +255,7 @@ pub async fn send_call(
         Ok(h) => h,
         Err(e) => return Sent::NotSent(e.to_string()),
     };
+    let _route = progress.map(|h| downstream.routes().route(handle.progress_token.clone(), h.peer, h.token));
     // rmcp's own timeout ends the wait; this one only bounds a transport that never does.
     match tokio::time::timeout(timeout + Duration::from_secs(1), handle.await_response()).await {
         Err(_) | Ok(Err(ServiceError::Timeout { .. })) => Sent::Lost(texts::timed_out(timeout.as_millis() as u64)),

@@ -10,14 +10,16 @@ use serde_json::json;
 
 /// The same call twice, then 50 more: one ticket; the first answer is the server's own,
 /// every repeat the recorded result after one `idem:` line, with `_meta` io.idem/replayed.
-/// A read-only tool passes through and is never recorded; lists, resources and prompts
-/// pass through unchanged.
+/// A read-only tool passes through and is never recorded; lists, resources, prompts and the
+/// server's progress notifications pass through unchanged.
 #[test]
 fn the_same_call_again_and_fifty_times_is_one_ticket() {
     let env = Env::new(CONFIG);
     let call =
         json!({"call": "create_ticket", "args": {"customer": "c-1", "title": "printer jam"}, "meta": task("task-1")});
-    let mut steps = vec![call.clone(), call.clone()];
+    let mut with_progress = call.clone();
+    with_progress["progress"] = json!(true);
+    let mut steps = vec![with_progress, call.clone()];
     let mut fifty = call.clone();
     fifty["repeat"] = json!(50);
     steps.push(fifty);
@@ -30,6 +32,7 @@ fn the_same_call_again_and_fifty_times_is_one_ticket() {
     let first = &out[0];
     assert!(from_server(first), "the first answer is the server's, unchanged: {first}");
     assert_eq!(first["structuredContent"], json!({"id": "T-1"}));
+    assert_eq!(first["progress"], json!([[1.0, 2.0, "creating"]]), "the server's progress reaches the agent");
     let op = out[1]["_meta"]["io.idem/operation"].as_str().unwrap().to_owned();
     assert!(op.starts_with("mcp:tickets:task-1:create_ticket:"), "{op}");
     for r in &out[1..52] {

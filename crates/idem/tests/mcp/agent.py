@@ -4,8 +4,9 @@
     agent.py STEPS_JSON --url http://127.0.0.1:PORT/mcp
 
 STEPS_JSON is a list of steps, run in order; each prints one JSON line:
-- {"call": TOOL, "args": {...}, "meta": {...}, "repeat": N, "timeout_s": S} -> the
-  CallToolResult as sent (camelCase, without nulls); with "repeat", N lines;
+- {"call": TOOL, "args": {...}, "meta": {...}, "repeat": N, "timeout_s": S, "progress": true}
+  -> the CallToolResult as sent (camelCase, without nulls); with "repeat", N lines; with
+  "progress", the progress notifications received are added as "progress": [[p, total, msg]];
 - {"list_tools": true} -> {"tools": [...]}; {"read_resource": URI}; {"get_prompt": NAME, "args": {...}};
 - {"sleep_s": S}.
 A request that fails prints {"error": "..."}.
@@ -36,10 +37,22 @@ async def run_steps(session: ClientSession, steps: list[dict[str, Any]]) -> None
         try:
             if "call" in step:
                 for _ in range(int(step.get("repeat", 1))):
+                    seen: list[list[Any]] = []
+
+                    async def on_progress(p: float, total: float | None, message: str | None) -> None:
+                        seen.append([p, total, message])
+
                     r = await session.call_tool(
-                        step["call"], step.get("args", {}), read_timeout_seconds=step.get("timeout_s", 60), meta=step.get("meta")
+                        step["call"],
+                        step.get("args", {}),
+                        read_timeout_seconds=step.get("timeout_s", 60),
+                        progress_callback=on_progress if step.get("progress") else None,
+                        meta=step.get("meta"),
                     )
-                    emit(dump(r))
+                    out = dump(r)
+                    if step.get("progress"):
+                        out["progress"] = seen
+                    emit(out)
                 continue
             if "list_tools" in step:
                 r = await session.list_tools()

@@ -9,7 +9,7 @@ Tools:
   answer is `{"id": "T-<n>"}`. A title that starts with `hang` makes the call insert its row
   and then never answer (a server that acted and then hung), `slow` answers after 1 s; `crash`
   inserts and then kills the process (the stream drops after the effect); `refuse` answers a
-  tool error without a row (a final refusal).
+  tool error without a row (a final refusal). It reports progress when the call asks for it.
 - `find_ticket(request_id)` (read-only): the ticket a `create_ticket` with that
   `request_id` made, `{"id": "T-<n>"}`, or `{"id": null}` — the lookup the guard settles an
   unknown call with.
@@ -31,6 +31,9 @@ import os
 import sqlite3
 import sys
 from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.types import ToolAnnotations
 
 
 def db_connect(path: str) -> sqlite3.Connection:
@@ -56,14 +59,14 @@ def insert(db: str, customer: str, title: str, body: str, request_id: str) -> st
 
 
 def run_sdk(db: str, transport: str, port: int) -> None:
-    from mcp.server.mcpserver import MCPServer
-    from mcp.types import ToolAnnotations
-
     server = MCPServer("tickets", instructions="Creates support tickets.")
 
     @server.tool(annotations=ToolAnnotations(destructive_hint=False, idempotent_hint=False))
-    async def create_ticket(customer: str, title: str, body: str = "", request_id: str = "") -> dict[str, Any]:
+    async def create_ticket(
+        customer: str, title: str, ctx: Context, body: str = "", request_id: str = ""
+    ) -> dict[str, Any]:
         """Create a support ticket for a customer."""
+        await ctx.report_progress(1, 2, "creating")  # sent only when the call asked for progress
         if title.startswith("refuse"):
             raise ValueError("tickets titled 'refuse…' are refused")
         ticket = insert(db, customer, title, body, request_id)
