@@ -276,6 +276,21 @@ pub async fn send_call(
     }
 }
 
+/// A paginated list request's envelope.
+fn paged<M: Default>(params: Option<PaginatedRequestParams>) -> RequestOptionalParam<M, PaginatedRequestParams> {
+    RequestOptionalParam { method: Default::default(), params, extensions: Default::default() }
+}
+
+/// Passes a request on and takes the one kind of answer it may have.
+macro_rules! pass {
+    ($self:ident, $ctx:ident, $req:expr, $answer:path, $method:literal) => {
+        match $self.forward($req, &$ctx).await? {
+            $answer(r) => Ok(r),
+            _ => Err(McpError::internal_error(concat!("unexpected answer to ", $method), None)),
+        }
+    };
+}
+
 fn to_result(v: Value) -> Result<CallToolResult, McpError> {
     serde_json::from_value(v)
         .map_err(|e| McpError::internal_error(format!("the guard built an invalid result: {e}"), None))
@@ -313,11 +328,7 @@ impl ServerHandler for GuardServer {
         request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let req = ClientRequest::ListToolsRequest(RequestOptionalParam {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
+        let req = ClientRequest::ListToolsRequest(paged(request));
         match self.forward(req, &ctx).await? {
             ServerResult::ListToolsResult(r) => {
                 self.0.downstream.cache_tools(&r.tools);
@@ -340,15 +351,13 @@ impl ServerHandler for GuardServer {
         request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        let req = ClientRequest::ListPromptsRequest(RequestOptionalParam {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
-        match self.forward(req, &ctx).await? {
-            ServerResult::ListPromptsResult(r) => Ok(r),
-            _ => Err(McpError::internal_error("unexpected answer to prompts/list", None)),
-        }
+        pass!(
+            self,
+            ctx,
+            ClientRequest::ListPromptsRequest(paged(request)),
+            ServerResult::ListPromptsResult,
+            "prompts/list"
+        )
     }
 
     async fn get_prompt(
@@ -368,15 +377,8 @@ impl ServerHandler for GuardServer {
         request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        let req = ClientRequest::ListResourcesRequest(RequestOptionalParam {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
-        match self.forward(req, &ctx).await? {
-            ServerResult::ListResourcesResult(r) => Ok(r),
-            _ => Err(McpError::internal_error("unexpected answer to resources/list", None)),
-        }
+        let req = ClientRequest::ListResourcesRequest(paged(request));
+        pass!(self, ctx, req, ServerResult::ListResourcesResult, "resources/list")
     }
 
     async fn list_resource_templates(
@@ -384,15 +386,8 @@ impl ServerHandler for GuardServer {
         request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        let req = ClientRequest::ListResourceTemplatesRequest(RequestOptionalParam {
-            method: Default::default(),
-            params: request,
-            extensions: Default::default(),
-        });
-        match self.forward(req, &ctx).await? {
-            ServerResult::ListResourceTemplatesResult(r) => Ok(r),
-            _ => Err(McpError::internal_error("unexpected answer to resources/templates/list", None)),
-        }
+        let req = ClientRequest::ListResourceTemplatesRequest(paged(request));
+        pass!(self, ctx, req, ServerResult::ListResourceTemplatesResult, "resources/templates/list")
     }
 
     async fn read_resource(
@@ -412,10 +407,8 @@ impl ServerHandler for GuardServer {
         request: CompleteRequestParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, McpError> {
-        match self.forward(ClientRequest::CompleteRequest(Request::new(request)), &ctx).await? {
-            ServerResult::CompleteResult(r) => Ok(r),
-            _ => Err(McpError::internal_error("unexpected answer to completion/complete", None)),
-        }
+        let req = ClientRequest::CompleteRequest(Request::new(request));
+        pass!(self, ctx, req, ServerResult::CompleteResult, "completion/complete")
     }
 
     #[allow(deprecated)]
