@@ -383,3 +383,19 @@ guard = true
         }
     }
 }
+
+#[cfg(test)]
+mod readme_tests {
+    /// The README's guard.toml ("AI agents: idem mcp") is a file the guard takes as it is.
+    #[test]
+    fn the_readme_guard_file_parses() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("# guard.toml\n").expect("the README shows guard.toml");
+        let block = &readme[start..];
+        let block = &block[..block.find("```").expect("the block ends")];
+        let c = super::GuardConfig::parse(block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        let t = c.tool("create_ticket");
+        assert_eq!(t.lookup.as_ref().map(|l| l.tool.as_str()), Some("find_ticket"));
+        assert_eq!((t.lease_ms, c.server.as_deref()), (40_000, Some("tickets")));
+    }
+}
