@@ -11,11 +11,14 @@
 // Log messages are deprecated by SEP-2577 but still sent by servers on older revisions.
 #![allow(deprecated)]
 
+use rmcp::model::ClientRequest;
 use rmcp::model::{
     ClientConfig, Implementation, LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
     ResourceUpdatedNotificationParam, Tool,
 };
-use rmcp::service::{NotificationContext, Peer, RoleClient, RoleServer, RunningService};
+use rmcp::service::{
+    NotificationContext, Peer, PeerRequestOptions, RequestHandle, RoleClient, RoleServer, RunningService, ServiceError,
+};
 use rmcp::{ClientHandler, ServiceExt};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -211,6 +214,38 @@ impl Downstream {
     /// Where the server's progress notifications go.
     pub fn routes(&self) -> &ProgressRoutes {
         &self.routes
+    }
+
+    /// Sends `req` with the options `opts` makes, and returns the handle of its answer. A
+    /// connection that turns out closed (the server just died: rmcp notices on the next
+    /// write) is replaced once and the request sent on the new one — safe, since nothing
+    /// was sent.
+    ///
+    /// # Errors
+    /// Why nothing could be sent.
+    pub async fn send(
+        &self,
+        req: ClientRequest,
+        opts: impl Fn() -> PeerRequestOptions,
+    ) -> Result<RequestHandle<RoleClient>, String> {
+        let peer = self.peer().await.map_err(|why| format!("the tool server is not running: {why}"))?;
+        match peer.send_request_with_option(req.clone(), opts()).await {
+            Err(ServiceError::TransportClosed) => {
+                self.forget(&peer).await;
+                let peer = self.peer().await.map_err(|why| format!("the tool server is not running: {why}"))?;
+                peer.send_request_with_option(req, opts()).await.map_err(|e| e.to_string())
+            }
+            other => other.map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Drops the connection `peer` belongs to, if it is still the current one.
+    async fn forget(&self, peer: &Peer<RoleClient>) {
+        let mut conn = self.conn.lock().await;
+        if conn.as_ref().is_some_and(|c| c.service.peer().is_transport_closed() || peer.is_transport_closed()) {
+            conn.take();
+            *self.tools.lock().expect("tools lock") = None;
+        }
     }
 
     /// The server's handshake facts (connecting when needed).

@@ -99,17 +99,15 @@ fn service_error(e: ServiceError) -> McpError {
 
 impl GuardServer {
     async fn forward(&self, req: ClientRequest, ctx: &RequestContext<RoleServer>) -> Result<ServerResult, McpError> {
-        let peer = self
-            .0
-            .downstream
-            .peer()
-            .await
-            .map_err(|why| McpError::internal_error(format!("the tool server is not running: {why}"), None))?;
-        let mut opts = PeerRequestOptions::no_options();
-        if let Some(m) = passed_meta(ctx) {
-            opts = opts.with_meta(m);
-        }
-        let handle = peer.send_request_with_option(req, opts).await.map_err(service_error)?;
+        let meta = passed_meta(ctx);
+        let opts = || {
+            let o = PeerRequestOptions::no_options();
+            match &meta {
+                Some(m) => o.with_meta(m.clone()),
+                None => o,
+            }
+        };
+        let handle = self.0.downstream.send(req, opts).await.map_err(|why| McpError::internal_error(why, None))?;
         let _route = host_progress(ctx)
             .map(|h| self.0.downstream.routes().route(handle.progress_token.clone(), h.peer, h.token));
         handle.await_response().await.map_err(service_error)
@@ -242,18 +240,17 @@ pub async fn send_call(
     progress: Option<HostProgress>,
     timeout: Duration,
 ) -> Sent {
-    let peer = match downstream.peer().await {
-        Ok(p) => p,
-        Err(why) => return Sent::NotSent(format!("the tool server is not running: {why}")),
+    let opts = || {
+        let o = PeerRequestOptions::with_timeout(timeout);
+        match &meta {
+            Some(m) => o.with_meta(m.clone()),
+            None => o,
+        }
     };
-    let mut opts = PeerRequestOptions::with_timeout(timeout);
-    if let Some(m) = meta {
-        opts = opts.with_meta(m);
-    }
     let req = ClientRequest::CallToolRequest(Request::new(params));
-    let handle = match peer.send_request_with_option(req, opts).await {
+    let handle = match downstream.send(req, opts).await {
         Ok(h) => h,
-        Err(e) => return Sent::NotSent(e.to_string()),
+        Err(why) => return Sent::NotSent(why),
     };
     let _route = progress.map(|h| downstream.routes().route(handle.progress_token.clone(), h.peer, h.token));
     // rmcp's own timeout ends the wait; this one only bounds a transport that never does.

@@ -218,3 +218,26 @@ fn two_guards_on_one_postgresql_ledger_make_one_ticket() {
     assert_eq!([&a[0], &b[0]].iter().filter(|r| from_server(r)).count(), 1, "{a:?} {b:?}");
     rt.block_on(async move { drop(db) });
 }
+
+/// The server dies right after acting (the stream drops after sending): the outcome is
+/// unknown and the repeat is not sent again; the guard starts the server again for the
+/// next call, which is performed. One ticket per intent.
+#[test]
+fn a_server_that_dies_mid_call_is_unknown_and_started_again_for_the_next_call() {
+    let env = Env::new(NO_LOOKUP);
+    let t = task("task-15");
+    let crash = json!({"call": "create_ticket", "args": {"customer": "c-15", "title": "crash now"}, "meta": t});
+    let next = json!({"call": "create_ticket", "args": {"customer": "c-15", "title": "after the crash"}, "meta": t});
+    let out = env.agent_stdio(&json!([crash, crash, next]), &env.guard_args(&[], "normal"));
+    let op = out[0]["_meta"]["io.idem/operation"].as_str().unwrap();
+    assert!(
+        text(&out[0]).starts_with(&format!(
+            "idem: outcome unknown: the connection to the server ended before its answer (operation {op})."
+        )),
+        "{}",
+        out[0]
+    );
+    assert!(text(&out[1]).starts_with("idem: outcome unknown: an identical call was first made at"), "{}", out[1]);
+    assert!(from_server(&out[2]), "{}", out[2]);
+    assert_eq!(env.tickets(), 2);
+}
