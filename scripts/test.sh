@@ -214,6 +214,13 @@ python_client_checks() {
   )
 }
 
+ensure_mcp_sdk() {
+  # crates/idem/tests/mcp*.rs run the official MCP Python SDK (pinned in
+  # scripts/requirements-mcp.txt) as the agent's client and as the downstream tool server.
+  IDEM_MCP_VENV=$(python_venv scripts/requirements-mcp.txt mcp- bin/mcp)
+  export IDEM_MCP_VENV
+}
+
 ensure_python_psycopg() {
   # tests/outbox_sql.rs runs the book's Python outbox/inbox example with Debian's
   # psycopg 3 (python3-psycopg) under /usr/bin/python3, and its SQL example with psql.
@@ -272,6 +279,7 @@ ensure_curl
 ensure_openapi_tools
 ensure_stripe_python
 ensure_python_client
+ensure_mcp_sdk
 ensure_mail_servers
 ensure_browser
 ensure_faketime

@@ -167,6 +167,20 @@ pub(crate) async fn stable_plans(conn: &mut SqliteConnection) -> Result<(), Stor
     Ok(())
 }
 
+/// An exclusive lock on `{path}.migrate-lock` (created if missing), waited for on a
+/// blocking thread; released when the file is dropped.
+async fn migration_lock(path: &Path) -> Result<std::fs::File, StoreError> {
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".migrate-lock");
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path).map_err(|e| {
+        StoreError::Invalid(format!("cannot create {}: {e}", std::path::Path::new(&lock_path).display()))
+    })?;
+    tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+        .await
+        .map_err(|e| StoreError::Invalid(format!("waiting for the migration lock failed: {e}")))?
+        .map_err(|e| StoreError::Invalid(format!("cannot lock the database for its migrations: {e}")))
+}
+
 impl SqliteStore {
     /// Opens (creating if missing) the database file at `path` and applies migrations.
     ///
@@ -181,9 +195,15 @@ impl SqliteStore {
         // bound value of the writer's statements then went to malloc: ~66 allocations and
         // ~20 000 instructions per acquire (scripts/callgrind.sh). A fresh connection
         // parses the schema with lookaside off.
+        // sqlx takes no lock to migrate SQLite, so two processes opening a new file at once
+        // (two `idem mcp` guards on one ledger) both ran migration 8, and one failed
+        // ("duplicate column name"). An exclusive lock beside the file, held while
+        // migrating, makes the second wait and find the schema done.
+        let lock = migration_lock(path.as_ref()).await?;
         let mut migrating = opts.clone().connect().await?;
         MIGRATOR.run(&mut migrating).await?;
         sqlx::Connection::close(migrating).await?;
+        drop(lock);
         let mut conn = opts.clone().connect().await?;
         stable_plans(&mut conn).await?;
         // The writer's commits write the WAL without an fsync; the sync thread fsyncs it

@@ -9,6 +9,8 @@
 //!   the same two statements issued to the same kind of database by as many clients;
 //! - replays/s of a SUCCEEDED key over HTTP;
 //! - peak RSS (VmHWM) of the server process under that load;
+//! - MCP tool calls through `idem mcp` against calling the server directly: added latency
+//!   p50/p99 and the guard's peak RSS with 100 calls in flight (`bench_mcp`);
 //! - three-step workflows per second (`bench_workflows`), SQLite and PostgreSQL;
 //! - the outbox relay's events/s to a webhook receiver and to NATS JetStream, and its
 //!   commit-to-delivery p50/p99 at 1 000 events/s, against publishing right after the
@@ -280,7 +282,7 @@ pub(crate) fn process_cpu(pid: u32) -> f64 {
     cpu_seconds(|p, _| p == pid)
 }
 
-fn peak_rss_mib(pid: u32) -> Option<f64> {
+pub(crate) fn peak_rss_mib(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -463,6 +465,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             extra: format!("server peak RSS {rss}"),
         });
     }
+    // What the MCP guard adds to a tool call (bench_mcp).
+    let (what, idem, baseline, extra) = crate::bench_mcp::row(dir.path(), args.seconds).await?;
+    rows.push(Row { what, idem, baseline, extra });
     // Three-step workflows, the engine embedded, each step an HTTP call to a no-op provider.
     let mut wf_targets = vec![("SQLite", format!("sqlite://{}", dir.path().join("workflows.db").display()))];
     if let Some(admin) = &args.postgres_url {
@@ -507,6 +512,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
          straight to the database by the same number of clients. Replays trigger one finished key.\n\
          A 3-step workflow: a start, then per step an acquire, an HTTP call to a no-op provider on\n\
          loopback and a completion, each write durable; compare with bench/peers (DBOS).\n\
+         MCP: sequential tools/call to a no-op rmcp server over Streamable HTTP, directly and through\n\
+         idem mcp (SQLite ledger, each call a new intent: a durable acquire and completion), interleaved.\n\
          Group-commit ceiling C/(2F): C concurrent clients, F = fsync time, two commits per pair.\n\
          Relay rows: producers commit a row and an outbox event together; one relay delivers to a\n\
          local webhook receiver (signatures verified) or JetStream (PubAck awaited). Baseline: each\n\

@@ -38,8 +38,10 @@ kind = "http"
 url = "http://{addr}/"
 timeout_ms = 10000
 provider_ref = {{ json_pointer = "/id" }}
+tenants = ["bench"]
 
 [workflows.bench-3]
+tenants = ["bench"]
 steps = [
   {{ name = "validate", connector = "noop", policy = "redo_safe" }},
   {{ name = "render", connector = "noop", policy = "redo_safe", input = {{ key = {{ from = "/input/key" }}, prev = {{ from = "/steps/validate/provider_ref" }} }} }},

@@ -38,6 +38,14 @@ pub enum Command {
     /// Put Idempotency-Key semantics (IETF httpapi draft) in front of an existing HTTP API;
     /// idem's own API is served under /_idem/.
     Proxy(Box<ProxyArgs>),
+    /// An MCP guard for AI agents: start it instead of a tool server; every side-effecting
+    /// tool call of a task becomes one operation (replayed when repeated, never sent twice).
+    #[command(long_about = MCP_HELP)]
+    Mcp(McpArgs),
+    /// A read-only MCP server (stdio) of idem's own: an agent asks what became of an
+    /// operation (get_operation, list_operations, operation_events), e.g. one a guard
+    /// answered with "outcome unknown". It changes nothing.
+    McpOps(McpOpsArgs),
     /// Manage API keys, directly in the database the server uses.
     #[command(subcommand)]
     Keys(KeysCommand),
@@ -285,6 +293,77 @@ pub struct ServeArgs {
     /// with `--features otel`; without it, giving this fails at start.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+}
+
+/// `idem mcp --help`.
+const MCP_HELP: &str = concat!(
+    "An MCP guard for AI agents (README \"AI agents: idem mcp\"). The agent's host starts it instead of a ",
+    "tool server; to the host it is that server (stdio, or Streamable HTTP with --listen), to the real server ",
+    "(the command after --, or --server-url) it is a client. tools/list, resources, prompts and notifications ",
+    "pass through unchanged. A tools/call of a guarded tool (every tool whose readOnlyHint is not true, unless ",
+    "the config file says otherwise) is one operation per intent in idem's ledger: key = task id + tool + ",
+    "intent fields (RFC 8785).\n\n",
+    "What the agent is told, in the tool result: the first call is sent and its result returned as it came; a ",
+    "repeat of a finished call gets the recorded result after one line \"idem: already done at … (operation …)\" ",
+    "and _meta io.idem/replayed: true; a repeat while it runs waits wait_ms (config file, default 5000), then a tool ",
+    "error \"in progress\"; the same intent with other arguments a tool error naming them; a call whose answer ",
+    "was lost (timeout, dropped connection, killed guard or server) a tool error \"idem: outcome unknown\" until ",
+    "a lookup tool or an operator settles it. Never a silent second call.\n\n",
+    "Task id: per call in _meta \"io.idem/task-id\", else --task-id (IDEM_MCP_TASK_ID), else with ",
+    "--task-per-process a new random one per start. With none of them a guarded call is refused (a tool error ",
+    "saying how to set one): a default must never make a new task a replay of an old one.\n\n",
+    "Ledger: the database idem serve uses (--database-url), tenant \"default\" (config tenant), principal ",
+    "idem-mcp, keys mcp:SERVER:TASK:TOOL:HASH; unknown calls go to the review queue (idem ops list ",
+    "--needs-review) unless the tool has a lookup. Counters idem_mcp_calls_total{tool,decision} at ",
+    "--metrics-listen ADDR /metrics.\n\n",
+    "Host configuration:\n",
+    "  {\"mcpServers\": {\"tickets\": {\"command\": \"idem\", \"args\": [\"mcp\", \"--config\", \"guard.toml\",\n",
+    "   \"--task-per-process\", \"--\", \"python\", \"server.py\"]}}}"
+);
+
+/// `idem mcp-ops`.
+#[derive(Debug, Args)]
+pub struct McpOpsArgs {
+    /// The tenant whose operations it shows (the guard's default is "default").
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+    #[command(flatten)]
+    pub db: DbArgs,
+}
+
+/// `idem mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// The guard's config file (TOML): which tools are guarded, intent fields, times, tool
+    /// errors, the idempotency-key argument and lookup tools. Default: every tool whose
+    /// readOnlyHint is not true is guarded with the defaults.
+    #[arg(long, env = "IDEM_MCP_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The task id of every call that names none in its _meta ("io.idem/task-id"): the
+    /// same task id makes a repeated call a replay, also after a restart.
+    #[arg(long, env = "IDEM_MCP_TASK_ID", conflicts_with = "task_per_process")]
+    pub task_id: Option<String>,
+    /// Each start of the guard is a new task (a random UUIDv7, printed to stderr): repeats
+    /// within the process are replayed, a restart never replays an earlier start's calls.
+    #[arg(long)]
+    pub task_per_process: bool,
+    /// Serve the host over Streamable HTTP at http://ADDR/mcp instead of stdio.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// The real server's Streamable HTTP endpoint, instead of a command after --.
+    #[arg(long, conflicts_with = "server_command")]
+    pub server_url: Option<String>,
+    /// Serve Prometheus metrics (idem_mcp_calls_total{tool,decision}) at http://ADDR/metrics.
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// How long the real server may take to start and complete the MCP handshake, in ms.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub start_timeout_ms: u64,
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The real server's command and its arguments (after --).
+    #[arg(last = true, value_name = "SERVER COMMAND")]
+    pub server_command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -2,11 +2,13 @@
 //! the database; `ops`, `acquire` and `complete` talk to a running server over HTTP.
 
 mod bench;
+mod bench_mcp;
 mod bench_relay;
 mod bench_workflows;
 mod cli;
 mod client;
 mod keys;
+mod mcp;
 #[cfg(feature = "otel")]
 mod otel;
 mod outbox;
@@ -170,6 +172,8 @@ async fn dispatch(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Proxy(args) => serve::run_proxy(*args).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::Mcp(args) => mcp::run(args).await.map(|()| ExitCode::SUCCESS),
+        cli::Command::McpOps(args) => mcp::run_ops(args).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Keys(k) => keys::run(k).await.map(|()| ExitCode::SUCCESS),
         cli::Command::Ops(o) => client::ops(o).await,
         cli::Command::Wf(w) => wf::run(w).await,

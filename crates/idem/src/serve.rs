@@ -16,9 +16,14 @@ use tracing_subscriber::EnvFilter;
 /// An OTLP endpoint in a build without the `otel` feature (one line naming the feature),
 /// or an endpoint the exporter refuses.
 pub(crate) fn init_logging(format: LogFormat, otlp_endpoint: Option<&str>) -> anyhow::Result<()> {
+    init_logging_with(format, otlp_endpoint, "info,sqlx=warn,tower_http=warn")
+}
+
+/// [`init_logging`] with another default filter (when `RUST_LOG` is not set).
+pub(crate) fn init_logging_with(format: LogFormat, otlp_endpoint: Option<&str>, default: &str) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     use tracing_subscriber::prelude::*;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=warn"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only for a terminal: redirected logs stay plain text.
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
     let fmt = match format {
