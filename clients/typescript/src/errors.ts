@@ -168,8 +168,8 @@ export type Problem = Readonly<Record<string, unknown>>;
  * extra members such as `retry_after_ms`, `current_fencing_token`, `state`); `slug` the last
  * segment of `type` (`/problems/<slug>`; `GET /problems/<slug>` on the server describes it);
  * `requestId` the request's id (also in the server's logs); `retryAfterMs` the wait it asks
- * for, in ms (`Retry-After` header, RFC 9110 §10.2.3, or the document's `retry_after_ms`),
- * when it asks for one.
+ * for, in ms (the document's `retry_after_ms`, else the `Retry-After` header, RFC 9110
+ * §10.2.3), when it asks for one.
  */
 export class ProblemError extends IdemError {
   /** The problem type's slug this class stands for ("" for a base class). */
@@ -200,8 +200,8 @@ export class ProblemError extends IdemError {
     this.title = title;
     this.detail = detail;
     this.requestId = rid;
-    const ms = problem["retry_after_ms"];
-    this.retryAfterMs = retryAfterMs ?? (typeof ms === "number" && Number.isInteger(ms) ? ms : null);
+    const ms = problem["retry_after_ms"]; // precise; the header has whole seconds
+    this.retryAfterMs = (typeof ms === "number" && Number.isInteger(ms) ? ms : null) ?? retryAfterMs ?? null;
     this.state = typeof problem["state"] === "string" ? problem["state"] : null;
   }
 }

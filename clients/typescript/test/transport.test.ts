@@ -189,6 +189,8 @@ it("each problem class is thrown for its type, with the document, request id and
     assert.ok(e instanceof ProblemError);
     assert.deepEqual([e.slug, e.requestId, e.retryAfterMs, e.name], [slug, "r-1", 2000, cls.name]);
   }
+  const precise = problemError(409, { type: "/problems/operation-in-progress", retry_after_ms: 1234 }, "r", 2000);
+  assert.equal(precise.retryAfterMs, 1234, "the document's ms, not the header's whole seconds");
   assert.equal(problemError(428, { type: "/problems/plan-hash-required" }, "r").constructor, ProblemError);
   assert.equal(problemError(502, {}, "r").constructor, ServerError);
 });

@@ -2,6 +2,7 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 
 import {
   InstanceMismatchError,
@@ -64,6 +65,17 @@ describe("workflow steps", () => {
       inst.steps.map((st) => st["provider_ref"]),
       STEPS.map((s) => `${s}-ref`),
     );
+
+    const slow = `${newKey("ORD")}:slow`;
+    await c.startWorkflow("stock-reservation", slow, { steps: ["pack"] });
+    {
+      await using s = await c.step(slow, "pack", { leaseMs: 300 });
+      await sleep(700); // longer than the lease: the heartbeat renews the step's operation
+      assert.equal(s.lease.lost, false);
+      await s.succeeded("pack-ref");
+    }
+    const packed = await c.getOperation(`${slow}:pack`);
+    assert.ok(packed.events.some((e) => e.kind === "lease_renewed"), packed.events.map((e) => e.kind).join(" "));
 
     const boom = `${newKey("ORD")}:boom`;
     await c.startWorkflow("stock-reservation", boom, { steps: [{ name: "charge", action: "charge_card" }] });
