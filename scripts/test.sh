@@ -355,10 +355,11 @@ otel_status=${PIPESTATUS[0]}
 set -e
 # One closing line over all test binaries (cargo prints one "test result" per binary),
 # pytest (its closing line: "N passed, M failed in S s") and node --test (TAP's closing
-# "# pass N" and "# fail N", once per run).
+# "# pass N", "# fail N" and "# cancelled N", once per run: a test cancelled because its
+# suite's hook failed counts as failed).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^=* *[0-9]+ (passed|failed)/ && / in [0-9.]+s/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^# pass [0-9]+$/ { p += $3 }
-     /^# fail [0-9]+$/ { f += $3 }
+     /^# (fail|cancelled) [0-9]+$/ { f += $3 }
      END { printf "summary: %d passed, %d failed\n", p, f }' "$out"
 exit "$status"
