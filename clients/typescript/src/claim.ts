@@ -102,6 +102,16 @@ export function messageOf(error: unknown): string {
   return `${bytes.subarray(0, end).toString("utf8")}…`;
 }
 
+/** `errorClass` if idem accepts it (1-64 of `[A-Za-z0-9_.-]`, idem_core::completion). @throws InvalidInputError */
+function checkedClass(errorClass: unknown): string {
+  if (typeof errorClass !== "string" || !/^[A-Za-z0-9_.-]{1,64}$/.test(errorClass)) {
+    throw new InvalidInputError(
+      `errorClass ${JSON.stringify(errorClass) ?? String(errorClass)} must be 1-${MAX_ERROR_CLASS_LEN} characters of [A-Za-z0-9_.-]`,
+    );
+  }
+  return errorClass;
+}
+
 /** The body of a success; the evidence's rules (idem_core::completion) checked here. */
 export function succeededBody(providerRef: unknown, result: unknown): Record<string, JSONValue> {
   if (typeof providerRef !== "string" || providerRef.trim() === "") {
@@ -355,31 +365,45 @@ export class Claim implements AsyncDisposable {
    * @throws StaleFencingTokenError the lease was lost to another attempt; nothing recorded.
    * @throws OutcomeNotRecordedError idem could not be told.
    */
-  succeeded(providerRef: string, result?: unknown): Promise<Operation> {
+  async succeeded(providerRef: string, result?: unknown): Promise<Operation> {
     return this.#complete(succeededBody(providerRef, result));
   }
 
   /**
    * Completes a failure that did nothing and may be tried again: PENDING, next attempt after
    * full-jitter backoff (`retryAfterMs` is a floor, 0-86 400 000 ms), FAILED after 8 attempts.
+   * `errorClass`: 1-64 of `[A-Za-z0-9_.-]`.
+   *
+   * @throws InvalidInputError a bad `errorClass` or `retryAfterMs` (nothing sent; the claim can
+   * still complete).
    */
-  retryableFailure(errorClass: string, options: { message?: string; retryAfterMs?: number } = {}): Promise<Operation> {
-    const body: Record<string, JSONValue> = { outcome: "retryable_failure", error_class: errorClass };
+  async retryableFailure(errorClass: string, options: { message?: string; retryAfterMs?: number } = {}): Promise<Operation> {
+    const body: Record<string, JSONValue> = { outcome: "retryable_failure", error_class: checkedClass(errorClass) };
     if (options.message !== undefined) body["message"] = messageOf(options.message);
-    if (options.retryAfterMs !== undefined) body["retry_after_ms"] = options.retryAfterMs;
+    if (options.retryAfterMs !== undefined) {
+      const ms = options.retryAfterMs;
+      if (!Number.isInteger(ms) || ms < 0 || ms > 86_400_000) {
+        throw new InvalidInputError(`retryAfterMs is ${ms}; it must be an integer of 0-86400000 ms`);
+      }
+      body["retry_after_ms"] = ms;
+    }
     return this.#complete(body);
   }
 
-  /** Completes FAILED for good (replayed from now on), with an optional JSON `result`. */
-  finalFailure(errorClass: string, options: { message?: string; result?: unknown } = {}): Promise<Operation> {
-    const body: Record<string, JSONValue> = { outcome: "final_failure", error_class: errorClass };
+  /**
+   * Completes FAILED for good (replayed from now on), with an optional JSON `result`.
+   *
+   * @throws InvalidInputError a bad `errorClass` or a result that is not JSON (nothing sent).
+   */
+  async finalFailure(errorClass: string, options: { message?: string; result?: unknown } = {}): Promise<Operation> {
+    const body: Record<string, JSONValue> = { outcome: "final_failure", error_class: checkedClass(errorClass) };
     if (options.message !== undefined) body["message"] = messageOf(options.message);
     if (options.result !== undefined && options.result !== null) body["result"] = toJSON(options.result, "result");
     return this.#complete(body);
   }
 
   /** Completes UNKNOWN: the effect may or may not have happened (a timeout after sending). */
-  unknown(message?: string): Promise<Operation> {
+  async unknown(message?: string): Promise<Operation> {
     const body: Record<string, JSONValue> = { outcome: "unknown" };
     if (message !== undefined) body["message"] = messageOf(message);
     return this.#complete(body);
@@ -390,7 +414,7 @@ export class Claim implements AsyncDisposable {
    * (its `retryAfterMs`, when an integer, is the floor of the next attempt), a final failure
    * when `final` names it, else UNKNOWN (it may have come after the effect started).
    */
-  completeWithError(error: unknown): Promise<Operation> {
+  async completeWithError(error: unknown): Promise<Operation> {
     return this.#complete(this.#errorBody(error));
   }
 

@@ -10,6 +10,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import {
   ClaimNotCompletedError,
+  InvalidInputError,
   LeaseLostError,
   NotHeldError,
   currentLease,
@@ -124,13 +125,19 @@ describe("leases", () => {
     assert.ok(op.nextAttemptAt !== null && Date.parse(op.nextAttemptAt) - Date.now() > 3000, op.nextAttemptAt ?? "");
   });
 
-  it("completing twice, or completing a replay, is refused locally", async () => {
+  it("completing twice, completing a replay, or with a bad error class, is refused locally", async () => {
     const key = newKey();
     const client = server.client();
     {
       await using claim = await client.claim(key, { action: "send", payload: null });
       await claim.succeeded("ref-1", { n: 1 });
       await assert.rejects(claim.succeeded("ref-1"), NotHeldError);
+    }
+    {
+      await using bad = await client.claim(newKey(), { action: "send", payload: null });
+      await assert.rejects(bad.retryableFailure("not a class!"), InvalidInputError);
+      await assert.rejects(bad.retryableFailure("Timeout", { retryAfterMs: 1.5 }), InvalidInputError);
+      await bad.finalFailure("Declined"); // nothing was sent before: the claim still completes
     }
     await using again = await client.claim(key, { action: "send", payload: null });
     assert.ok(again.replayed);
