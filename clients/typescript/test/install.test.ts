@@ -6,7 +6,7 @@
 
 import assert from "node:assert/strict";
 import { execFile } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { it } from "node:test";
@@ -46,8 +46,9 @@ async function claimed(client: Client): Promise<string | undefined> {
 console.log(typeof same, typeof claimed, typeof mistakes, typeof verify, OutcomeUnknownError.name);
 `;
 
-it("installs as a link, and its declarations type-check a strict consumer", async () => {
+it("installs as a link, and its declarations type-check a strict consumer", async (t) => {
   const dir = mkdtempSync(join(tmpdir(), "idem-tsclient-consumer-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
   writeFileSync(join(dir, "package.json"), JSON.stringify({ name: "consumer", private: true, type: "module" }));
   // --ignore-scripts: the build is this run's (another test file may be importing dist/ now).
   await run("npm", ["install", "--offline", "--ignore-scripts", "--no-audit", "--no-fund", PACKAGE], { cwd: dir });

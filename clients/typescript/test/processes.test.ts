@@ -2,11 +2,11 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
-import { describe, it } from "node:test";
+import { after, describe, it } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 
@@ -50,6 +50,7 @@ for (const backend of ["sqlite", "postgres"] as const) {
   describe(`worker processes on ${backend}`, { concurrency: true }, () => {
     const server = useServer(backend);
     const dir = mkdtempSync(join(tmpdir(), "idem-tsclient-proc-"));
+    after(() => rmSync(dir, { recursive: true, force: true }));
 
     it("concurrent duplicates from six processes perform one effect and all get its result", async () => {
       const key = newKey("P");

@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { once } from "node:events";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { type Server, createServer } from "node:http";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -71,6 +71,7 @@ it("the content fingerprint ignores the sender's formatting", () => {
 
 describe("the relay's deliveries", () => {
   let db: PgDatabase;
+  const dir = mkdtempSync(join(tmpdir(), "idem-tsclient-relay-"));
   let relay: ChildProcess;
   let receiver: Server;
   const secret = newSecret();
@@ -126,7 +127,6 @@ describe("the relay's deliveries", () => {
     });
     await new Promise<void>((ok) => receiver.listen(0, "127.0.0.1", ok));
     const port = (receiver.address() as { port: number }).port;
-    const dir = mkdtempSync(join(tmpdir(), "idem-tsclient-relay-"));
     writeFileSync(join(dir, "secret"), `${secret}\n`);
     writeFileSync(
       join(dir, "idem.toml"),
@@ -146,6 +146,7 @@ describe("the relay's deliveries", () => {
     await new Promise((ok) => relay.once("exit", ok));
     receiver.close();
     db.drop();
+    rmSync(dir, { recursive: true, force: true });
   });
 
   it("each event is verified and applied once; the one whose acknowledgement was lost comes again as a duplicate", async () => {

@@ -6,7 +6,7 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
@@ -62,7 +62,10 @@ before(async () => {
 
 after(async () => {
   await Promise.all(agents.map((a) => a.close()));
+  const exited = new Promise((ok) => idem.once("exit", ok));
   idem.kill("SIGKILL");
+  await exited;
+  rmSync(dir, { recursive: true, force: true });
 });
 
 it("lists its tools: the guarded one and the read-only one", async () => {
