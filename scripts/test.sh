@@ -16,6 +16,12 @@
 #   - curl (Debian), for the walkthroughs of the README and the book, which the tests run
 #     as written (crates/idem/tests/docs.rs runs every snippet of both);
 #   - Node.js (Debian nodejs) when missing, for the book's Node.js page;
+#   - the TypeScript client (clients/typescript) and its MCP example
+#     (examples/mcp-tickets-ts): `npm ci` from the npm registry, pinned by their
+#     package-lock.json files, when node_modules is missing or older than the lockfile;
+#     after the Rust tests, `tsc --noEmit` (strict), the build and `node --test` there,
+#     against the `idem` binary built from this tree (IDEM_BIN), on SQLite and PostgreSQL;
+#     they need Node.js 20 or later (the machine's);
 #   - mdBook (crates.io, pinned below; Debian 12 has no package), installed once with
 #     `cargo install` into ${XDG_CACHE_HOME:-~/.cache}/idem/tools, which builds the book
 #     (`mdbook build docs`, into docs/book) before the tests check its links and snippets;
@@ -221,6 +227,47 @@ ensure_mcp_sdk() {
   export IDEM_MCP_VENV
 }
 
+npm_ci_if_stale() {
+  # `npm ci` in $1 (only packages from the registry, as its package-lock.json pins them) when
+  # node_modules was not installed from this very lockfile; the hash of the lockfile it was
+  # installed from is kept in node_modules/.idem-lockfile.
+  local dir=$1 hash
+  hash=$(sha256sum "$dir/package-lock.json" | cut -c1-16)
+  if [ "$(cat "$dir/node_modules/.idem-lockfile" 2>/dev/null)" != "$hash" ]; then
+    log "npm ci in $dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >&2) || return
+    printf '%s\n' "$hash" >"$dir/node_modules/.idem-lockfile"
+  fi
+}
+
+typescript_client_checks() {
+  # clients/typescript (idem-client for Node.js): tsc --noEmit (strict, the library and its
+  # tests), the build (dist/), then node --test against the idem binary of this tree; then
+  # the MCP example that uses it (its npm ci links the library, so it comes second).
+  local bin major
+  major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+  if [ "$major" -lt 20 ]; then
+    log "clients/typescript needs Node.js 20 or later; found $(node --version 2>/dev/null || echo none)"
+    return 1
+  fi
+  cargo build -p idem --locked --quiet || return
+  bin="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/idem"
+  npm_ci_if_stale clients/typescript || return
+  (
+    cd clients/typescript &&
+      npx tsc -p tsconfig.json &&
+      npx tsc --noEmit -p tsconfig.test.json &&
+      npx tsc -p tsconfig.test.json &&
+      IDEM_BIN="$bin" node --test --test-reporter=tap --test-concurrency=4 build/test/*.test.js
+  ) || return
+  npm_ci_if_stale examples/mcp-tickets-ts || return
+  (
+    cd examples/mcp-tickets-ts &&
+      npx tsc -p tsconfig.json &&
+      IDEM_BIN="$bin" node --test --test-reporter=tap build/test/*.test.js
+  )
+}
+
 ensure_python_psycopg() {
   # tests/outbox_sql.rs runs the book's Python outbox/inbox example with Debian's
   # psycopg 3 (python3-psycopg) under /usr/bin/python3, and its SQL example with psql.
@@ -232,7 +279,8 @@ ensure_python_psycopg() {
 }
 
 ensure_node() {
-  # The book's Node.js page runs with the runtime's fetch (Node.js 18 or later).
+  # The book's Node.js page runs with the runtime's fetch (Node.js 18 or later); the
+  # TypeScript client needs 20 or later, which this machine kind has (Debian 12's is 18).
   if ! command -v node >/dev/null 2>&1; then
     log "installing nodejs (Debian package)"
     as_root apt-get update -qq
@@ -302,6 +350,10 @@ log "clients/python: mypy --strict, ruff, pytest"
 python_client_checks 2>&1 | tee -a "$out"
 python_status=${PIPESTATUS[0]}
 [ "$status" -ne 0 ] || status=$python_status
+log "clients/typescript and examples/mcp-tickets-ts: npm ci, tsc, node --test"
+typescript_client_checks 2>&1 | tee -a "$out"
+typescript_status=${PIPESTATUS[0]}
+[ "$status" -ne 0 ] || status=$typescript_status
 # The optional OpenTelemetry export (cargo feature idem/otel, off by default) has its own
 # test binary; built with --workspace so features unify as above and little is rebuilt.
 log "cargo test --features idem/otel --test otel"
@@ -309,9 +361,13 @@ cargo test --workspace --features idem/otel --test otel --locked 2>&1 | tee -a "
 otel_status=${PIPESTATUS[0]}
 [ "$status" -ne 0 ] || status=$otel_status
 set -e
-# One closing line over all test binaries (cargo prints one "test result" per binary) and
-# pytest (its closing line: "N passed, M failed in S s").
+# One closing line over all test binaries (cargo prints one "test result" per binary),
+# pytest (its closing line: "N passed, M failed in S s") and node --test (TAP's closing
+# "# pass N", "# fail N" and "# cancelled N", once per run: a test cancelled because its
+# suite's hook failed counts as failed).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^=* *[0-9]+ (passed|failed)/ && / in [0-9.]+s/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     /^# pass [0-9]+$/ { p += $3 }
+     /^# (fail|cancelled) [0-9]+$/ { f += $3 }
      END { printf "summary: %d passed, %d failed\n", p, f }' "$out"
 exit "$status"

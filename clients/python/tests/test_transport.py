@@ -15,6 +15,7 @@ import pytest
 
 import idem_client
 
+from casefile import CASES
 from conftest import ADMIN_KEY, REPO, IdemServer
 from netfault import proxy_for
 
@@ -156,36 +157,9 @@ def test_no_api_key_is_refused_before_anything_is_sent(monkeypatch: pytest.Monke
         idem_client.Client("http://127.0.0.1:9")
 
 
-#: Problem types a client library's calls never meet: the operators' re-run, compensation and
-#: resolution answers, key management, idem proxy's own, and generic HTTP ones; raised as the
-#: class of their status.
-NOT_CLIENT_FACING = {
-    "not-resolvable",
-    "state-changed",
-    "instance-busy",
-    "missing-reason",
-    "plan-changed",
-    "plan-hash-required",
-    "instance-running",
-    "instance-compensated",
-    "instance-not-stopped",
-    "compensation-in-progress",
-    "nothing-to-compensate",
-    "nothing-to-rerun",
-    "step-busy",
-    "step-needs-resolution",
-    "too-many-reruns",
-    "last-admin-key",
-    "outcome-unknown",
-    "upstream-unreachable",
-    "upstream-no-answer",
-    "method-not-allowed",
-    "unsupported-media-type",
-    "clock-uncertain",
-    "internal",
-    "write-refused",
-    "write-not-stored",
-}
+#: Problem types a client library's calls never meet (raised as the class of their status):
+#: listed once for every client library in the case file.
+NOT_CLIENT_FACING = set(CASES["problems_not_client_facing"]["types"])
 
 
 def test_every_problem_type_a_client_meets_has_its_exception_class() -> None:

@@ -1,0 +1,214 @@
+/**
+ * idem's own HTTP calls, on the runtime's `fetch`, with bounded retries.
+ *
+ * Every call idem-client makes is safe to send again: an acquire is resent with the same
+ * `holder` (a resend after a lost answer gets its own grant back, README "Five minutes with
+ * curl"), a completion repeated is answered with the unchanged record, a renewal moves the
+ * lease end again, a workflow start with the same input is the same instance. So a call is
+ * retried, with full jitter (AWS Architecture Blog, "Exponential Backoff And Jitter"), when:
+ *
+ * - no connection could be made (refused, unknown host, no route): nothing was sent;
+ * - the answer was lost (a timeout, a reset, a connection closed mid-answer);
+ * - idem (or a gateway in front of it) answered `503`, `502`, `504`, `429`, `408` or
+ *   `409 contention`: nothing is known to have been recorded; `Retry-After` (RFC 9110
+ *   §10.2.3) is the floor of the wait.
+ */
+
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { NoAnswerError, type ProblemError, ServerUnreachableError, problemError } from "./errors.js";
+import type { JSONValue } from "./records.js";
+
+/** The library's name and version, sent as `User-Agent`. */
+export const USER_AGENT = "idem-client-node/0.1.0";
+
+/**
+ * How idem-client retries its own calls to idem.
+ *
+ * `attempts`: tries in all for one call (1: no retry). `baseMs` and `capMs`: the n-th retry
+ * waits a random time in [0, min(capMs, baseMs · 2^n)] ms (full jitter), at least the
+ * `Retry-After` the answer asked for. `maxRetryAfterMs`: a `Retry-After` longer than this is
+ * not waited for; the error is thrown at once with `retryAfterMs` set.
+ */
+export interface RetryPolicy {
+  readonly attempts: number;
+  readonly baseMs: number;
+  readonly capMs: number;
+  readonly maxRetryAfterMs: number;
+}
+
+/** 5 tries, 100 ms base, 2 s cap; a `Retry-After` over 10 s is not waited for. */
+export const DEFAULT_RETRY: RetryPolicy = Object.freeze({ attempts: 5, baseMs: 100, capMs: 2000, maxRetryAfterMs: 10_000 });
+
+/** Milliseconds to wait before retry number `retry` (0-based): full jitter, at least `retryAfterMs`. */
+export function retryDelayMs(policy: RetryPolicy, retry: number, retryAfterMs: number | null): number {
+  const jitter = Math.random() * Math.min(policy.capMs, policy.baseMs * 2 ** retry);
+  return Math.max(jitter, retryAfterMs ?? 0);
+}
+
+/** One HTTP answer of idem: status, headers and the JSON body (`undefined` if not JSON). */
+export interface Answer {
+  readonly status: number;
+  readonly headers: Headers;
+  readonly body: unknown;
+}
+
+/** `Retry-After` in ms: delay-seconds or an HTTP-date (RFC 9110 §10.2.3); `null` when absent or unreadable. */
+export function retryAfterMs(headers: Headers): number | null {
+  const raw = headers.get("retry-after")?.trim();
+  if (raw === undefined || raw === "") return null;
+  if (/^\d+$/.test(raw)) return Number(raw) * 1000;
+  const when = Date.parse(raw);
+  return Number.isNaN(when) ? null : Math.max(0, when - Date.now());
+}
+
+/** The error for an error answer (RFC 9457 problem document, or one made from the status for a gateway's non-problem answer). */
+export function answerError(a: Answer): ProblemError {
+  const body = a.body;
+  const problem =
+    typeof body === "object" && body !== null && typeof (body as Record<string, unknown>)["type"] === "string"
+      ? (body as Record<string, unknown>)
+      : { type: "about:blank", title: `HTTP ${a.status}`, status: a.status, detail: `HTTP ${a.status} without a problem document` };
+  return problemError(a.status, problem, a.headers.get("x-request-id"), retryAfterMs(a.headers));
+}
+
+function retryableStatus(a: Answer): boolean {
+  if ([408, 429, 502, 503, 504].includes(a.status)) return true;
+  const body = a.body as Record<string, unknown> | undefined;
+  return a.status === 409 && typeof body === "object" && body !== null && body["type"] === "/problems/contention";
+}
+
+/** Error codes (Node's and undici's) that mean no connection was made: nothing was sent. */
+const UNSENT_CODES = new Set([
+  "ECONNREFUSED",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "EADDRNOTAVAIL",
+  "UND_ERR_CONNECT_TIMEOUT",
+]);
+
+/**
+ * Whether a `fetch` rejection says that no connection was made (its `cause`, or every error of
+ * an AggregateError): a refused connection, or a port `fetch` never connects to (the Fetch
+ * standard's "bad port" list: 6000, 5060, ...).
+ */
+function unsent(e: unknown, depth = 0): boolean {
+  if (typeof e !== "object" || e === null || depth > 4) return false;
+  const { code, cause, errors, message } = e as { code?: unknown; cause?: unknown; errors?: unknown; message?: unknown };
+  if (typeof code === "string" && UNSENT_CODES.has(code)) return true;
+  if (message === "bad port") return true;
+  if (Array.isArray(errors) && errors.length > 0) return errors.every((x) => unsent(x, depth + 1));
+  return unsent(cause, depth + 1);
+}
+
+function describe(e: unknown): string {
+  if (!(e instanceof Error)) return String(e);
+  const cause = e.cause instanceof Error ? `: ${e.cause.message}` : "";
+  return `${e.name}: ${e.message}${cause}`;
+}
+
+/** One call: method, path (already percent-encoded), JSON body, how long the answer may take (ms). */
+export interface Request {
+  readonly method: "GET" | "POST";
+  readonly path: string;
+  readonly body?: JSONValue;
+  readonly timeoutMs: number;
+}
+
+/** Where idem is and how to ask it: the base URL, the headers of every call, the retry policy. */
+export class Transport {
+  readonly #base: string;
+  readonly #headers: Readonly<Record<string, string>>;
+  readonly #fetch: typeof fetch;
+  readonly policy: RetryPolicy;
+
+  constructor(base: string, headers: Record<string, string>, policy: RetryPolicy, fetchImpl: typeof fetch) {
+    this.#base = base;
+    this.#headers = headers;
+    this.policy = policy;
+    this.#fetch = fetchImpl;
+  }
+
+  /**
+   * Sends `req` (retried as the module docs say); the final answer, whatever its status.
+   *
+   * @throws ServerUnreachableError, NoAnswerError the retries are spent without an answer.
+   * @throws ProblemError the retries are spent on retryable answers (503, ...).
+   */
+  async send(req: Request): Promise<Answer> {
+    const what = `${req.method} ${req.path}`;
+    const headers: Record<string, string> = { ...this.#headers, accept: "application/json" };
+    let body: string | undefined;
+    if (req.body !== undefined) {
+      headers["content-type"] = "application/json";
+      body = JSON.stringify(req.body); // serialized once: every resend is the same request
+    }
+    let tries = 0;
+    let maybeDelivered = false;
+    let lastError: unknown;
+    let lastAnswer: Answer | undefined;
+    for (;;) {
+      let wait: number | null;
+      tries += 1;
+      try {
+        const answer = await this.#once(req, headers, body);
+        if (!retryableStatus(answer)) return answer;
+        maybeDelivered = true;
+        lastAnswer = answer;
+        lastError = undefined;
+        const ra = retryAfterMs(answer.headers);
+        wait = ra !== null && ra > this.policy.maxRetryAfterMs ? null : this.#next(tries, ra);
+      } catch (e) {
+        if (!unsent(e)) maybeDelivered = true;
+        lastError = e;
+        lastAnswer = undefined;
+        wait = this.#next(tries, null);
+      }
+      if (wait === null) {
+        if (lastAnswer !== undefined) throw answerError(lastAnswer);
+        if (maybeDelivered) {
+          throw new NoAnswerError(
+            `${what}: no answer from idem after ${tries} tries (${describe(lastError)}); it may have been recorded: ` +
+              "an acquire that was granted ends UNKNOWN when its lease runs out, never done twice",
+            tries,
+            { cause: lastError },
+          );
+        }
+        throw new ServerUnreachableError(
+          `${what}: idem could not be reached after ${tries} tries (${describe(lastError)}); nothing was sent`,
+          tries,
+          { cause: lastError },
+        );
+      }
+      await sleep(wait);
+    }
+  }
+
+  #next(tries: number, retryAfter: number | null): number | null {
+    return tries >= this.policy.attempts ? null : retryDelayMs(this.policy, tries - 1, retryAfter);
+  }
+
+  async #once(req: Request, headers: Record<string, string>, body: string | undefined): Promise<Answer> {
+    const init: RequestInit = { method: req.method, headers, signal: AbortSignal.timeout(req.timeoutMs) };
+    if (body !== undefined) init.body = body;
+    const r = await this.#fetch(this.#base + req.path, init);
+    const text = await r.text(); // a body lost mid-answer rejects here: maybe delivered
+    let parsed: unknown;
+    if ((r.headers.get("content-type") ?? "").includes("json")) {
+      try {
+        parsed = JSON.parse(text);
+      } catch {
+        parsed = undefined;
+      }
+    }
+    return { status: r.status, headers: r.headers, body: parsed };
+  }
+}
+
+/** A path segment percent-encoded (RFC 3986 §3.3), `.` and `..` included, which URL parsing would remove. */
+export function segment(s: string): string {
+  const e = encodeURIComponent(s);
+  return /^\.+$/.test(e) ? e.replaceAll(".", "%2E") : e;
+}

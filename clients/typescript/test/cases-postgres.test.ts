@@ -1,0 +1,3 @@
+import { defineCases } from "./support/cases.js";
+
+defineCases("postgres");
