@@ -434,6 +434,10 @@ impl Store for MeteredStore {
         self.0.ping().await
     }
 
+    async fn commit_durability(&self) -> Result<idem_store::CommitDurability, StoreError> {
+        self.0.commit_durability().await
+    }
+
     fn fatal(&self) -> Option<StoreError> {
         self.0.fatal()
     }

@@ -17,6 +17,7 @@
 //! applied when a store opens. Time comes from a [`Clock`].
 
 pub mod conformance;
+pub mod durability;
 mod error;
 pub mod flow;
 mod flow_row;
@@ -40,6 +41,7 @@ pub mod testing;
 pub const EVENT_CLOCK_SKEW_MS: i64 = 60_000;
 
 use async_trait::async_trait;
+pub use durability::CommitDurability;
 pub use error::{StoreError, database_message};
 use idem_core::{
     AcquireInput, Actor, Clock, Decision, Lookup, OperationEvent, OperationRecord, Outcome, RetryPolicy, State,
@@ -363,6 +365,14 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::SchemaMissing`] when the tables are gone (the database was dropped
     /// and created again under the node), else the database's error.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// What the database promises about an acknowledged commit, read from it now (on
+    /// PostgreSQL `synchronous_commit` and `synchronous_standby_names`, which a failover
+    /// can change). Required (no default), so that a store wrapping another forwards it.
+    ///
+    /// # Errors
+    /// The database's error.
+    async fn commit_durability(&self) -> Result<CommitDurability, StoreError>;
 
     /// A failure only a restart of this process ends ([`StoreError::NotDurable`]: the
     /// SQLite WAL could not be synced), for `/healthz`; `None` while the store works.

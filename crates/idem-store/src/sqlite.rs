@@ -887,6 +887,10 @@ impl Store for SqliteStore {
         crate::schema_check(applied.map_err(StoreError::from), &MIGRATOR)
     }
 
+    async fn commit_durability(&self) -> Result<crate::CommitDurability, StoreError> {
+        Ok(crate::CommitDurability::sqlite())
+    }
+
     fn fatal(&self) -> Option<StoreError> {
         self.durability.failure()
     }
