@@ -5,6 +5,7 @@ pub mod book;
 pub mod mail;
 pub mod nats;
 pub mod pg_cluster;
+pub mod pg_ha;
 pub mod proxy;
 pub mod webdriver;
 

@@ -21,12 +21,7 @@ pub struct PgCluster {
 impl PgCluster {
     /// `initdb` and start a new cluster; panics with the reason if it cannot.
     pub fn start() -> PgCluster {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL's binaries in /usr/lib/postgresql (run ./scripts/test.sh, which installs them)")
-            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-            .filter(|p| p.join("initdb").exists())
-            .max()
-            .expect("an initdb under /usr/lib/postgresql/*/bin");
+        let bin = pg_bin_dir();
         let dir = tempfile::Builder::new().prefix("idem-pg-").tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let cluster = PgCluster { bin, dir, port };
@@ -80,6 +75,16 @@ impl PgCluster {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The newest of Debian's PostgreSQL binary directories (`/usr/lib/postgresql/N/bin`).
+pub fn pg_bin_dir() -> PathBuf {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL's binaries in /usr/lib/postgresql (run ./scripts/test.sh, which installs them)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("initdb").exists())
+        .max()
+        .expect("an initdb under /usr/lib/postgresql/*/bin")
 }
 
 impl Drop for PgCluster {
