@@ -872,6 +872,10 @@ impl Store for PgStore {
         })
     }
 
+    fn answer_timeout(&self) -> Option<Duration> {
+        Some(self.config.answer_timeout())
+    }
+
     /// PostgreSQL keeps its own WAL: nothing here needs a restart of idem.
     fn fatal(&self) -> Option<StoreError> {
         None

@@ -891,6 +891,11 @@ impl Store for SqliteStore {
         Ok(crate::CommitDurability::sqlite())
     }
 
+    /// The writer waits at most SQLite's busy timeout for the file's lock.
+    fn answer_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     fn fatal(&self) -> Option<StoreError> {
         self.durability.failure()
     }
