@@ -57,8 +57,11 @@ struct Told {
     /// When each request was sent and answered, and whether it succeeded (503s and
     /// failed appends did not).
     answers: Vec<(Instant, Instant, bool)>,
-    /// Unexpected answers (a 500, a status the table does not have here).
+    /// Unexpected answers (a 500, a status the table does not have here, a key that
+    /// neither contender was granted).
     wrong: Vec<String>,
+    /// Grants and completions answered to a resend after a 503.
+    resent: (usize, usize),
     longest: Duration,
 }
 
@@ -78,12 +81,19 @@ impl Load {
     /// Sends `body` to `path` until it is answered with something other than 503 (a
     /// resend is the same request: every idem call is safe to resend); the final answer.
     async fn send(&self, node: &Server, path: &str, body: &Value) -> Option<(u16, Value)> {
+        self.send_counting(node, path, body).await.map(|(s, v, _)| (s, v))
+    }
+
+    /// [`Load::send`], also saying whether the answer came to a resend after a 503.
+    async fn send_counting(&self, node: &Server, path: &str, body: &Value) -> Option<(u16, Value, bool)> {
         let start = Instant::now();
+        let mut resent = false;
         while start.elapsed() < GIVE_UP_AFTER {
             let sent = Instant::now();
             let r = node.http.post(node.url(path)).bearer_auth(ADMIN_KEY).json(body).send().await;
             let Ok(r) = r else {
                 self.note(false, sent);
+                resent = true;
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             };
@@ -95,6 +105,7 @@ impl Load {
                     self.told.lock().unwrap().wrong.push(format!("503 without Retry-After: {v}"));
                 }
                 self.note(false, sent);
+                resent = true;
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -103,7 +114,7 @@ impl Load {
                 self.told.lock().unwrap().wrong.push(format!("{path}: {status} {v}"));
                 return None;
             }
-            return Some((status, v));
+            return Some((status, v, resent));
         }
         self.told.lock().unwrap().wrong.push(format!("{path}: still 503 after {GIVE_UP_AFTER:?}"));
         None
@@ -118,29 +129,40 @@ impl Load {
             let body = json!({"key": key, "action": "send_receipt", "payload": {"n": client},
                               "lease_ms": 120_000, "holder": holder});
             let node = nodes[n].clone();
-            async move { (holder, self.send(&node, "/v1/operations", &body).await) }
+            async move { (holder, self.send_counting(&node, "/v1/operations", &body).await) }
         };
         let ((h0, a0), (h1, a1)) = tokio::join!(contend(0), contend(1));
         let mut winner = None;
         for (n, holder, answer) in [(0, h0, a0), (1, h1, a1)] {
             match answer {
-                Some((201, v)) => {
+                Some((201, v, resent)) => {
                     let token = v["fencing_token"].as_i64().unwrap();
-                    self.told.lock().unwrap().grants.push((key.clone(), holder, token));
+                    let mut t = self.told.lock().unwrap();
+                    t.grants.push((key.clone(), holder, token));
+                    t.resent.0 += usize::from(resent);
                     winner = Some((n, token));
                 }
-                Some((409, v)) if v["type"].as_str().is_some_and(|t| t.ends_with("operation-in-progress")) => {}
-                Some((s, v)) => self.told.lock().unwrap().wrong.push(format!("acquire {key}: {s} {v}")),
+                Some((409, v, _)) if v["type"].as_str().is_some_and(|t| t.ends_with("operation-in-progress")) => {}
+                Some((s, v, _)) => self.told.lock().unwrap().wrong.push(format!("acquire {key}: {s} {v}")),
                 None => {}
             }
         }
-        let Some((n, token)) = winner else { return };
+        // Both contenders resent until answered: one of them holds the lease. Neither
+        // granted means a resend after an ambiguous 503 did not get its grant back.
+        let Some((n, token)) = winner else {
+            self.told.lock().unwrap().wrong.push(format!("acquire {key}: neither contender was granted"));
+            return;
+        };
         let provider_ref = format!("receipt-{key}");
         let body = json!({"fencing_token": token, "outcome": "succeeded", "provider_ref": provider_ref});
         let path = format!("/v1/operations/{}/complete", common::enc(&key));
-        match self.send(&nodes[1 - n], &path, &body).await {
-            Some((200, _)) => self.told.lock().unwrap().completions.push((key, provider_ref)),
-            Some((s, v)) => self.told.lock().unwrap().wrong.push(format!("complete {key}: {s} {v}")),
+        match self.send_counting(&nodes[1 - n], &path, &body).await {
+            Some((200, _, resent)) => {
+                let mut t = self.told.lock().unwrap();
+                t.completions.push((key, provider_ref));
+                t.resent.1 += usize::from(resent);
+            }
+            Some((s, v, _)) => self.told.lock().unwrap().wrong.push(format!("complete {key}: {s} {v}")),
             None => {}
         }
     }
@@ -310,10 +332,12 @@ async fn run(failovers: usize) {
     assert!(t.wrong.is_empty(), "unexpected answers: {:#?}", &t.wrong[..t.wrong.len().min(20)]);
     assert!(t.longest < LONGEST_ANSWER, "an answer took {:?}", t.longest);
     eprintln!(
-        "{} grants, {} completions, {} workflows, {} outbox appends acknowledged; all found; 0 double grants; \
-         longest answer {:.2} s",
+        "{} grants ({} of them to a resend after a 503), {} completions ({} to a resend), {} workflows, \
+         {} outbox appends acknowledged; all found; 0 double grants; longest answer {:.2} s",
         t.grants.len(),
+        t.resent.0,
         t.completions.len(),
+        t.resent.1,
         workflows.len(),
         t.appends.len(),
         t.longest.as_secs_f64()
