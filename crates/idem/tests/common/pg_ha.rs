@@ -183,9 +183,9 @@ impl HaCluster {
     pub fn kill(&mut self, n: usize) {
         let mut keeper = self.nodes[n].take().expect("node running");
         let postmaster = postmaster_pid(&self.path(&format!("node{n}")));
-        let children = children_of(keeper.id());
+        let tree = descendants_of(keeper.id());
         sigkill(keeper.id());
-        for c in children {
+        for c in tree {
             sigkill(c);
         }
         if let Some(pm) = postmaster {
@@ -271,10 +271,11 @@ impl Drop for HaCluster {
         let mut children: Vec<Child> = self.nodes.iter_mut().filter_map(Option::take).collect();
         children.extend(self.monitor.take());
         for c in &mut children {
-            for grandchild in children_of(c.id()) {
-                sigkill(grandchild);
-            }
+            let tree = descendants_of(c.id());
             sigkill(c.id());
+            for d in tree {
+                sigkill(d);
+            }
             let _ = c.wait();
         }
         for name in ["node0", "node1", "monitor"] {
@@ -328,6 +329,18 @@ fn children_exist_of_data(data: &str) -> bool {
         e.file_name().to_str().is_some_and(|n| n.chars().all(|c| c.is_ascii_digit()))
             && std::fs::read_link(e.path().join("cwd")).is_ok_and(|p| p == Path::new(data))
     })
+}
+
+/// Every process below `pid` (children, their children, …), read before any is killed.
+fn descendants_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        let children = children_of(p);
+        next.extend(&children);
+        out.extend(children);
+    }
+    out
 }
 
 /// The PIDs whose parent is `pid`.
