@@ -13,6 +13,12 @@
 #   - psycopg 3 (Debian python3-psycopg), which runs the book's Python outbox example;
 #   - libfaketime (Debian faketime), which runs one `idem serve` node of the clock-skew
 #     test with its wall clock 20 s ahead;
+#   - pg_auto_failover (Debian postgresql-15-auto-failover, pg-auto-failover-cli), the HA
+#     manager of tests/ha_failover.rs: a monitor, a primary and a synchronous standby on
+#     free loopback ports, whose primary is SIGKILLed under load; its smoke version (two
+#     failovers, both directions) runs here, the long one by ./scripts/ha_failover.sh;
+#   - iproute2 (Debian), whose network namespaces cut one `idem serve` node off its
+#     database in tests/ha_partition.rs;
 #   - curl (Debian), for the walkthroughs of the README and the book, which the tests run
 #     as written (crates/idem/tests/docs.rs runs every snippet of both);
 #   - Node.js (Debian nodejs) when missing, for the book's Node.js page;
@@ -41,6 +47,9 @@
 #                     password this script sets when the server does not trust loopback).
 # Arguments are passed to `cargo test` (e.g. `-- --nocapture`); --help prints this text
 # and installs nothing.
+# Not run here (minutes, not seconds): ./scripts/ha_failover.sh, several PostgreSQL
+# failovers in both directions under load (IDEM_HA_FAILOVERS, default 6), printing the
+# time idem answered 503 and the time to the first success after each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -135,6 +144,23 @@ ensure_faketime() {
     log "installing faketime (Debian package)"
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+  fi
+}
+
+ensure_pg_auto_failover() {
+  # tests/ha_failover.rs runs a pg_auto_failover cluster of its own (monitor, primary,
+  # synchronous standby) on loopback and kills its primary; tests/ha_partition.rs puts a
+  # node in a network namespace (ip netns, veth) and cuts its link to the database.
+  local missing=()
+  [ -x /usr/bin/pg_autoctl ] || missing+=(pg-auto-failover-cli)
+  local version
+  version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+  [ -e "/usr/lib/postgresql/$version/lib/pgautofailover.so" ] || missing+=("postgresql-$version-auto-failover")
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]} (Debian packages)"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 }
 
@@ -331,6 +357,7 @@ ensure_mcp_sdk
 ensure_mail_servers
 ensure_browser
 ensure_faketime
+ensure_pg_auto_failover
 ensure_cc
 ensure_node
 ensure_mdbook

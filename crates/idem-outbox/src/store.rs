@@ -225,6 +225,11 @@ fn sqlite(s: &str) -> String {
 const OLDER_OPEN: &str = "SELECT 1 FROM idem.outbox p WHERE p.aggregate_type = o.aggregate_type \
     AND p.aggregate_id = o.aggregate_id AND p.state IN ('PENDING', 'DEAD') AND p.seq < o.seq";
 
+/// The targets of cluster URLs ([`OutboxStore::connect`]), kept for the process so their
+/// pools follow the primary.
+static KEPT_TARGETS: std::sync::Mutex<Vec<std::sync::Arc<idem_store::postgres::target::Target>>> =
+    std::sync::Mutex::new(Vec::new());
+
 /// How long a call waits for a pooled connection before it fails: 10 s (sqlx's default
 /// is 30 s).
 const POOL_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -239,21 +244,24 @@ impl OutboxStore {
     /// [`OutboxError::NotInstalled`].
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, OutboxError> {
         let store = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(url)
-                .map_err(OutboxError::Database)?;
+            // A cluster's URL (several hosts) is followed to its primary through a
+            // failover (idem-store `postgres::target`).
+            let target = idem_store::postgres::target::Target::shared(url).map_err(OutboxError::Database)?;
             // One direct connection first: a pool retries a failing connect until its
             // acquire timeout (sqlx's default, 30 s) and then says only "pool timed out";
             // the direct attempt fails at once and names the cause (refused, no such
             // database, bad password). A relay started before its database exits, for its
             // supervisor to restart it.
-            let first = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options)
-                .await
-                .map_err(OutboxError::Database)?;
-            let pool = sqlx::postgres::PgPoolOptions::new()
+            let first = target.connect(|o| o).await.map_err(OutboxError::Database)?;
+            let options = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(max_connections)
-                .acquire_timeout(POOL_ACQUIRE_TIMEOUT)
-                .connect_lazy_with(options);
+                .acquire_timeout(POOL_ACQUIRE_TIMEOUT);
+            let pool = target.pool_lazy(options, |o| o);
             let _ = sqlx::Connection::close(first).await;
+            if target.host_count() > 1 {
+                // The pool follows the primary while its target lives: for the process.
+                KEPT_TARGETS.lock().expect("kept targets lock").push(target);
+            }
             OutboxStore::Postgres(pool)
         } else {
             let path = crate::error::sqlite_path(url);

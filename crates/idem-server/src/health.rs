@@ -6,7 +6,8 @@
 //! acquire timeout and a health checker with a shorter time-out would see a time-out
 //! instead of a 503.
 
-use idem_store::{Store, StoreError};
+use idem_store::{CommitDurability, Store, StoreError};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,11 +17,17 @@ pub const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 pub const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 /// A last probe older than this is not trusted (the prober is stuck): not ready.
 pub const STALE_AFTER: Duration = Duration::from_secs(5);
+/// The prober reads the database's durability settings every this many probes (1 s):
+/// a failover can change them.
+pub const DURABILITY_EVERY: u32 = 4;
 
 /// The database's last known state on this node.
 #[derive(Debug, Default)]
 pub struct Health {
     last: Mutex<Option<Probe>>,
+    /// What the database last said it promises about a commit ([`Store::commit_durability`]).
+    durability: Mutex<Option<CommitDurability>>,
+    probes: AtomicU32,
 }
 
 #[derive(Debug, Clone)]
@@ -109,8 +116,56 @@ impl Health {
         *last = Some(Probe { at: Instant::now(), down });
     }
 
-    /// Pings `store` once, bounded by [`PROBE_TIMEOUT`], and records the result.
+    /// What the database last said it promises about an acknowledged commit; `None`
+    /// before it was first read.
+    pub fn durability(&self) -> Option<CommitDurability> {
+        self.durability.lock().expect("health lock").clone()
+    }
+
+    /// Records what the database promises: logged and put in `/metrics` when it changed
+    /// (`idem_database_replicated_commits` 1 or 0, and
+    /// `idem_database_durability_info{synchronous_commit, synchronous_standby_names, level}`
+    /// 1 for the settings in force, 0 for those before).
+    pub fn record_durability(&self, now: CommitDurability) {
+        let mut last = self.durability.lock().expect("health lock");
+        if last.as_ref() == Some(&now) {
+            return;
+        }
+        let info = |d: &CommitDurability, v: f64| {
+            metrics::gauge!(
+                "idem_database_durability_info",
+                "synchronous_commit" => d.synchronous_commit.clone().unwrap_or_default(),
+                "synchronous_standby_names" => d.synchronous_standby_names.clone().unwrap_or_default(),
+                "level" => d.level().as_str(),
+            )
+            .set(v);
+        };
+        if let Some(before) = last.as_ref() {
+            info(before, 0.0);
+        }
+        info(&now, 1.0);
+        let replicated = now.level() == idem_store::durability::Level::Replicated;
+        metrics::gauge!("idem_database_replicated_commits").set(if replicated { 1.0 } else { 0.0 });
+        match (&*last, replicated) {
+            (Some(before), false) if before.level() > now.level() => {
+                tracing::warn!(durability = %now.describe(), "the database promises less about commits than before");
+            }
+            (None, false) if now.hosts > 1 => {
+                tracing::warn!(durability = %now.describe(), "the database's cluster has no synchronous standby");
+            }
+            _ => tracing::info!(durability = %now.describe(), "the database's durability"),
+        }
+        *last = Some(now);
+    }
+
+    /// Pings `store` once, bounded by [`PROBE_TIMEOUT`], and records the result; every
+    /// [`DURABILITY_EVERY`] probes it reads the durability settings too.
     pub async fn probe(&self, store: &dyn Store) {
+        if self.probes.fetch_add(1, Ordering::Relaxed) % DURABILITY_EVERY == 0
+            && let Ok(Ok(d)) = tokio::time::timeout(PROBE_TIMEOUT, store.commit_durability()).await
+        {
+            self.record_durability(d);
+        }
         let result = match tokio::time::timeout(PROBE_TIMEOUT, store.ping()).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err((Failure::of(&e), e.to_string())),

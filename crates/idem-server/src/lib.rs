@@ -354,7 +354,10 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         )
         .into_response();
     }
-    "ready\n".into_response()
+    match state.health.durability() {
+        Some(d) => format!("ready\ndurability: {}\n", d.describe()).into_response(),
+        None => "ready\n".into_response(),
+    }
 }
 
 /// Creates the first admin key if the store has none (DESIGN.md §10): the given secret

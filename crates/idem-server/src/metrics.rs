@@ -317,10 +317,28 @@ fn error_class(o: &Outcome) -> String {
 
 pub use idem_connect::labels::{MAX_LABEL_VALUES, bounded_label};
 
+impl MeteredStore {
+    /// `call`, given up after the store's answer timeout ([`Store::answer_timeout`]) with
+    /// [`StoreError::NoAnswer`]: a request is answered 503 instead of waiting on a
+    /// database that a network partition cut off, or on a commit that waits for a
+    /// synchronous standby that is gone (issue 33).
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match self.0.answer_timeout() {
+            None => call.await,
+            Some(limit) => tokio::time::timeout(limit, call)
+                .await
+                .unwrap_or_else(|_| Err(StoreError::NoAnswer(u64::try_from(limit.as_millis()).unwrap_or(u64::MAX)))),
+        }
+    }
+}
+
 #[async_trait]
 impl Store for MeteredStore {
     async fn acquire(&self, input: AcquireInput) -> Result<AcquireOutcome, StoreError> {
-        let out = self.0.acquire(input).await?;
+        let out = self.bounded(self.0.acquire(input)).await?;
         if out.decision == Decision::ExpireToUnknown {
             metrics::counter!("idem_lease_expiries_total").increment(1);
         }
@@ -330,7 +348,7 @@ impl Store for MeteredStore {
     async fn complete(&self, req: CompleteRequest) -> Result<CompleteOutcome, StoreError> {
         let outcome = req.outcome.name();
         let class = error_class(&req.outcome);
-        let out = self.0.complete(req).await?;
+        let out = self.bounded(self.0.complete(req)).await?;
         if out.changed {
             metrics::counter!("idem_completions_total", "action" => bounded_label("action", &out.record.action), "outcome" => outcome, "error_class" => class)
                 .increment(1);
@@ -339,40 +357,40 @@ impl Store for MeteredStore {
     }
 
     async fn renew(&self, req: idem_store::RenewRequest) -> Result<OperationRecord, StoreError> {
-        self.0.renew(req).await
+        self.bounded(self.0.renew(req)).await
     }
 
     async fn get(&self, tenant: &str, key: &str) -> Result<Option<OperationRecord>, StoreError> {
-        self.0.get(tenant, key).await
+        self.bounded(self.0.get(tenant, key)).await
     }
 
     async fn tombstone(&self, tenant: &str, key: &str) -> Result<Option<idem_core::Tombstone>, StoreError> {
-        self.0.tombstone(tenant, key).await
+        self.bounded(self.0.tombstone(tenant, key)).await
     }
 
     async fn events(&self, tenant: &str, key: &str) -> Result<Vec<OperationEvent>, StoreError> {
-        self.0.events(tenant, key).await
+        self.bounded(self.0.events(tenant, key)).await
     }
 
     async fn list(&self, tenant: &str, filter: &ListFilter) -> Result<Page, StoreError> {
-        self.0.list(tenant, filter).await
+        self.bounded(self.0.list(tenant, filter)).await
     }
 
     async fn overview(&self, tenant: Option<&str>, stale_before_ms: i64, recent: i64) -> Result<Overview, StoreError> {
-        self.0.overview(tenant, stale_before_ms, recent).await
+        self.bounded(self.0.overview(tenant, stale_before_ms, recent)).await
     }
 
     async fn due_executions(&self, connector: &str, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
-        self.0.due_executions(connector, limit).await
+        self.bounded(self.0.due_executions(connector, limit)).await
     }
 
     async fn due_reconciliations(&self, limit: i64) -> Result<Vec<OperationRecord>, StoreError> {
-        self.0.due_reconciliations(limit).await
+        self.bounded(self.0.due_reconciliations(limit)).await
     }
 
     async fn reconcile(&self, req: ReconcileRequest) -> Result<ReconcileOutcome, StoreError> {
         let result = lookup_label(&req.lookup);
-        let out = self.0.reconcile(req).await?;
+        let out = self.bounded(self.0.reconcile(req)).await?;
         if out.changed {
             metrics::counter!("idem_reconciliations_total", "result" => result).increment(1);
         }
@@ -381,17 +399,17 @@ impl Store for MeteredStore {
 
     async fn resolve(&self, req: ResolveRequest) -> Result<OperationRecord, StoreError> {
         let to = req.to.as_str();
-        let out = self.0.resolve(req).await?;
+        let out = self.bounded(self.0.resolve(req)).await?;
         metrics::counter!("idem_resolutions_total", "to" => to).increment(1);
         Ok(out)
     }
 
     async fn sweep(&self, limit: i64) -> Result<SweepOutcome, StoreError> {
-        self.0.sweep(limit).await
+        self.bounded(self.0.sweep(limit)).await
     }
 
     async fn expire_leases(&self, limit: i64) -> Result<u64, StoreError> {
-        let n = self.0.expire_leases(limit).await?;
+        let n = self.bounded(self.0.expire_leases(limit)).await?;
         metrics::counter!("idem_lease_expiries_total").increment(n);
         Ok(n)
     }
@@ -403,19 +421,19 @@ impl Store for MeteredStore {
         role: Role,
         secret: Option<String>,
     ) -> Result<(ApiKeyInfo, String), StoreError> {
-        self.0.create_api_key(tenant, principal, role, secret).await
+        self.bounded(self.0.create_api_key(tenant, principal, role, secret)).await
     }
 
     async fn authenticate(&self, secret: &str) -> Result<Option<ApiKeyInfo>, StoreError> {
-        self.0.authenticate(secret).await
+        self.bounded(self.0.authenticate(secret)).await
     }
 
     async fn list_api_keys(&self, tenant: Option<&str>) -> Result<Vec<ApiKeyInfo>, StoreError> {
-        self.0.list_api_keys(tenant).await
+        self.bounded(self.0.list_api_keys(tenant)).await
     }
 
     async fn revoke_api_key(&self, id: &str) -> Result<bool, StoreError> {
-        self.0.revoke_api_key(id).await
+        self.bounded(self.0.revoke_api_key(id)).await
     }
 
     async fn revoke_api_key_keeping_an_admin(
@@ -423,15 +441,23 @@ impl Store for MeteredStore {
         tenant: &str,
         id: &str,
     ) -> Result<idem_store::keys::Revocation, StoreError> {
-        self.0.revoke_api_key_keeping_an_admin(tenant, id).await
+        self.bounded(self.0.revoke_api_key_keeping_an_admin(tenant, id)).await
     }
 
     async fn count_api_keys(&self) -> Result<i64, StoreError> {
-        self.0.count_api_keys().await
+        self.bounded(self.0.count_api_keys()).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.0.ping().await
+    }
+
+    async fn commit_durability(&self) -> Result<idem_store::CommitDurability, StoreError> {
+        self.bounded(self.0.commit_durability()).await
+    }
+
+    fn answer_timeout(&self) -> Option<std::time::Duration> {
+        self.0.answer_timeout()
     }
 
     fn fatal(&self) -> Option<StoreError> {

@@ -70,6 +70,12 @@ pub fn store_problem(e: StoreError) -> Problem {
             )
         }
         StoreError::NotDurable(_) => not_durable(&e),
+        StoreError::NoAnswer(_) => {
+            tracing::error!(error = %e, "store unavailable");
+            let mut p = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string());
+            p.retry_after_ms = Some(UNAVAILABLE_RETRY_AFTER_MS);
+            p
+        }
         StoreError::Database(_) | StoreError::Closed => {
             tracing::error!(error = %e, "store unavailable");
             let mut p = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the database did not answer");

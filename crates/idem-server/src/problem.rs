@@ -254,7 +254,7 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "unavailable",
         "The store is unavailable",
-        "The database did not answer; nothing is known to have been recorded for this request. Retry.",
+        "The database did not answer, or stopped answering after the request was sent (a failover, a network partition: `--db-answer-timeout-ms`): the request may or may not have been recorded. Send the same request again (an acquire with the same `holder`): every call is safe to resend, and its answer says what was recorded.",
     ),
     (
         "not-durable",

@@ -49,6 +49,11 @@ pub enum StoreError {
     /// Bad input that only the store can detect (e.g. a duplicate API key).
     #[error("{0}")]
     Invalid(String),
+    /// The database did not answer within the store's answer timeout (ms)
+    /// ([`crate::StoreConfig::answer_timeout`]): what was sent may or may not have been
+    /// recorded (a commit may have been on its way); the same request sent again finds out.
+    #[error("the database did not answer within {0} ms; what was sent may or may not have been recorded")]
+    NoAnswer(u64),
     /// The database failed.
     #[error("database error: {}", database_message(.0))]
     Database(#[from] sqlx::Error),

@@ -17,6 +17,7 @@
 //! applied when a store opens. Time comes from a [`Clock`].
 
 pub mod conformance;
+pub mod durability;
 mod error;
 pub mod flow;
 mod flow_row;
@@ -40,6 +41,7 @@ pub mod testing;
 pub const EVENT_CLOCK_SKEW_MS: i64 = 60_000;
 
 use async_trait::async_trait;
+pub use durability::CommitDurability;
 pub use error::{StoreError, database_message};
 use idem_core::{
     AcquireInput, Actor, Clock, Decision, Lookup, OperationEvent, OperationRecord, Outcome, RetryPolicy, State,
@@ -230,15 +232,30 @@ pub struct StoreConfig {
     /// [`StoreError::Database`] (HTTP 503); `None` = [`DEFAULT_ACQUIRE_TIMEOUT`]. Short, so
     /// that while PostgreSQL is down every request fails fast instead of holding a worker.
     pub acquire_timeout: Option<std::time::Duration>,
+    /// PostgreSQL: how long one store call may wait for the database's answer, commit
+    /// included, before it fails with [`StoreError::NoAnswer`] (HTTP 503); `None` =
+    /// [`DEFAULT_ANSWER_TIMEOUT`]. A connection cut off by a network partition sends no
+    /// reset and would wait for TCP to give up (minutes), and a commit waiting for a
+    /// synchronous standby that is gone is not covered by `statement_timeout`. Users of
+    /// the [`Store`] apply it ([`Store::answer_timeout`]); SQLite's writer has its own
+    /// bound (the busy timeout).
+    pub answer_timeout: Option<std::time::Duration>,
 }
 
 /// Default [`StoreConfig::acquire_timeout`]: 1 s.
 pub const DEFAULT_ACQUIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Default [`StoreConfig::answer_timeout`]: 10 s, as long as SQLite's busy timeout.
+pub const DEFAULT_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl StoreConfig {
     /// [`StoreConfig::acquire_timeout`] or its default.
     pub fn acquire_timeout(&self) -> std::time::Duration {
         self.acquire_timeout.unwrap_or(DEFAULT_ACQUIRE_TIMEOUT)
+    }
+
+    /// [`StoreConfig::answer_timeout`] or its default.
+    pub fn answer_timeout(&self) -> std::time::Duration {
+        self.answer_timeout.unwrap_or(DEFAULT_ANSWER_TIMEOUT)
     }
 }
 
@@ -363,6 +380,19 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::SchemaMissing`] when the tables are gone (the database was dropped
     /// and created again under the node), else the database's error.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// What the database promises about an acknowledged commit, read from it now (on
+    /// PostgreSQL `synchronous_commit` and `synchronous_standby_names`, which a failover
+    /// can change). Required (no default), so that a store wrapping another forwards it.
+    ///
+    /// # Errors
+    /// The database's error.
+    async fn commit_durability(&self) -> Result<CommitDurability, StoreError>;
+
+    /// How long a caller should let one call wait for the database before it gives up
+    /// with [`StoreError::NoAnswer`] ([`StoreConfig::answer_timeout`] on PostgreSQL);
+    /// `None`: the store bounds its waits itself (SQLite).
+    fn answer_timeout(&self) -> Option<std::time::Duration>;
 
     /// A failure only a restart of this process ends ([`StoreError::NotDurable`]: the
     /// SQLite WAL could not be synced), for `/healthz`; `None` while the store works.

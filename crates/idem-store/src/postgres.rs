@@ -40,6 +40,7 @@ mod connections;
 mod fast;
 mod flow_fast;
 mod fresh_stats;
+pub mod target;
 
 pub use clock::{ClockStatus, DEFAULT_MAX_UNCERTAINTY_MS, DatabaseClock};
 
@@ -361,23 +362,21 @@ pub async fn connect_pool(
 /// instance's steps with every operation of the tenant in key order (found by a
 /// break-it pass: workflow steps 117/s at first, 29/s after ~90 000 operations); checked
 /// by `pool_joins_probe_by_key`.
-fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, StoreError> {
-    use std::str::FromStr;
-    let options = sqlx::postgres::PgConnectOptions::from_str(url)?;
-    Ok(options.options([
+fn pool_options(options: sqlx::postgres::PgConnectOptions) -> sqlx::postgres::PgConnectOptions {
+    options.options([
         ("plan_cache_mode", "force_generic_plan"),
         ("enable_hashjoin", "off"),
         ("enable_mergejoin", "off"),
-    ]))
+    ])
 }
 
-/// The options of the batch writers' own connections: [`connect_options`] (no hash or
+/// The options of the batch writers' own connections: [`pool_options`] (no hash or
 /// merge joins) plus no sequential scans, so every lookup of a key in the hot path's
 /// statements is a nested loop over an index probe whatever the table's size looked like
 /// when the statement was planned.
 ///
 /// The writers' statements are planned once per connection and batch size (generic plans,
-/// see [`connect_options`]) and then run for the connection's lifetime. A plan made while
+/// see [`pool_options`]) and then run for the connection's lifetime. A plan made while
 /// `operations` was small, on a fresh database before autovacuum's first ANALYZE, joined
 /// the batch's rows to `operations` with a hash join over a sequential scan of the whole
 /// table; kept, that plan read every record on every batch, its cost growing with the
@@ -398,7 +397,7 @@ fn connect_options(url: &str) -> Result<sqlx::postgres::PgConnectOptions, StoreE
 /// the batch writers for the transactional path on a pooled connection, which waits for
 /// the lock as long as it is held ([`lock_timed_out`]).
 fn writer_options(options: sqlx::postgres::PgConnectOptions) -> sqlx::postgres::PgConnectOptions {
-    options.options([("enable_seqscan", "off"), ("lock_timeout", WRITER_LOCK_TIMEOUT)])
+    pool_options(options).options([("enable_seqscan", "off"), ("lock_timeout", WRITER_LOCK_TIMEOUT)])
 }
 
 /// How long a batch writer's statement waits for a row lock before it gives up (see
@@ -447,6 +446,9 @@ pub struct PgStore {
     /// each on a pooled connection: at most half the pool, so reads and the rest keep
     /// theirs; beyond it a locked request is answered [`StoreError::Contention`] at once.
     lock_waiters: Arc<tokio::sync::Semaphore>,
+    /// Where the database is (one host, or a cluster's primary), shared by the pool, the
+    /// batch writers' connections and the listener for API key changes.
+    target: Arc<target::Target>,
 }
 
 impl PgStore {
@@ -456,7 +458,7 @@ impl PgStore {
     /// [`StoreError::Database`] if the server cannot be reached, [`StoreError::Migrate`] if
     /// migrations fail.
     pub async fn connect(url: &str, clock: Arc<dyn Clock>, config: StoreConfig) -> Result<Self, StoreError> {
-        let options = connect_options(url)?;
+        let target = target::Target::shared(url)?;
         let pool = PgPoolOptions::new()
             .max_connections(pool_size())
             // While the database is down sqlx keeps trying to connect until this runs
@@ -466,26 +468,19 @@ impl PgStore {
             // trip per statement on the hot path. Only a connection left idle for a while is
             // checked (a server restart or a dropped TCP connection shows up there); a busy
             // one has just answered.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for > IDLE_CHECK {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            });
-        let pool = connect_pool(pool, options.clone()).await?;
+            .test_before_acquire(false);
+        let pool = target.pool(pool, pool_options, Some(IDLE_CHECK)).await?;
         MIGRATOR.run(&pool).await?;
         let writers = Arc::new(Writers::spawn(&Arc::new(connections::Connections::new(
-            writer_options(options),
+            target.clone(),
+            writer_options,
             config.acquire_timeout(),
         ))));
         fresh_stats::spawn(Arc::downgrade(&writers), pool.clone());
         let keys = Arc::new(crate::key_cache::KeyCache::default());
-        key_listener::spawn(&keys, url.to_owned());
+        key_listener::spawn(&keys, target.clone());
         let lock_waiters = Arc::new(tokio::sync::Semaphore::new(pool_size() as usize / 2));
-        Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys, lock_waiters })
+        Ok(PgStore { pool, clock, config, cache: Default::default(), writers, keys, lock_waiters, target })
     }
 
     /// idem-core's plan for `req` against `rec` (the store's retry policy unless the
@@ -861,6 +856,24 @@ impl Store for PgStore {
         let applied: Result<Option<i64>, sqlx::Error> =
             sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations").fetch_one(&self.pool).await;
         crate::schema_check(applied.map_err(StoreError::from), &MIGRATOR)
+    }
+
+    async fn commit_durability(&self) -> Result<crate::CommitDurability, StoreError> {
+        let (commit, standbys): (String, String) = sqlx::query_as(
+            "SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names')",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(crate::CommitDurability {
+            synchronous_commit: Some(commit),
+            synchronous_standby_names: Some(standbys),
+            primary: Some(self.target.primary()),
+            hosts: self.target.host_count(),
+        })
+    }
+
+    fn answer_timeout(&self) -> Option<Duration> {
+        Some(self.config.answer_timeout())
     }
 
     /// PostgreSQL keeps its own WAL: nothing here needs a restart of idem.

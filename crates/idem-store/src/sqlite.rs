@@ -887,6 +887,15 @@ impl Store for SqliteStore {
         crate::schema_check(applied.map_err(StoreError::from), &MIGRATOR)
     }
 
+    async fn commit_durability(&self) -> Result<crate::CommitDurability, StoreError> {
+        Ok(crate::CommitDurability::sqlite())
+    }
+
+    /// The writer waits at most SQLite's busy timeout for the file's lock.
+    fn answer_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     fn fatal(&self) -> Option<StoreError> {
         self.durability.failure()
     }

@@ -260,6 +260,13 @@ pub struct ServeArgs {
     /// database is back.
     #[arg(long, env = "IDEM_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=60_000))]
     pub db_acquire_timeout_ms: u64,
+    /// PostgreSQL: how long a request waits for the database's answer (a statement, a
+    /// commit waiting for a synchronous standby, a row lock), in milliseconds, before it is
+    /// answered 503 `unavailable` with Retry-After: what it sent may or may not have been
+    /// recorded, and the same request sent again finds out. Bounds the wait on a database a
+    /// network partition cut off (no reset arrives; TCP would give up after minutes).
+    #[arg(long, env = "IDEM_DB_ANSWER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub db_answer_timeout_ms: u64,
     /// Secret of the admin key (tenant "default") to create on first start; without it a
     /// key is generated and printed once. 32-256 printable ASCII characters without
     /// spaces; a key that breaks this fails the start before anything is created.

@@ -121,6 +121,7 @@ async fn prepare(args: ServeArgs, lookup: Option<Arc<dyn idem_connect::Connector
     let store_config = idem_store::StoreConfig {
         retention: connect.retention()?,
         acquire_timeout: Some(Duration::from_millis(args.db_acquire_timeout_ms)),
+        answer_timeout: Some(Duration::from_millis(args.db_answer_timeout_ms)),
         ..Default::default()
     };
     let store = idem_store::open(&args.db.database_url, clock.clone(), store_config)

@@ -9,7 +9,8 @@ retried, with full jitter (AWS Architecture Blog, "Exponential Backoff And Jitte
 - no connection could be made (refused, connect timeout): nothing was sent;
 - the answer was lost (read timeout, reset, a connection closed mid-answer);
 - idem (or a gateway in front of it) answered ``503``, ``502``, ``504``, ``429``, ``408`` or
-  ``409 contention``: nothing is known to have been recorded; ``Retry-After`` (RFC 9110
+  ``409 contention``: the request may or may not have been recorded, and the resend (the
+  same request, an acquire with the same holder) reads which; ``Retry-After`` (RFC 9110
   §10.2.3) is the floor of the wait.
 """
 

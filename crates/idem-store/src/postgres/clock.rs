@@ -9,7 +9,9 @@
 //! reading with the shortest round trip, and anchors it to [`Instant`] (`CLOCK_MONOTONIC`):
 //! `now = database time at the anchor + monotonic time elapsed since`. A wrong or stepped
 //! wall clock on the node changes nothing. The reading is renewed every
-//! [`RESYNC_INTERVAL`] in the background.
+//! [`RESYNC_INTERVAL`] in the background, and at once when the database's primary moves
+//! (a failover: the new primary's clock is the ledger's from then on; the reading never
+//! moves time back).
 //!
 //! How far this can be from the database's clock (the *uncertainty*): half the anchor
 //! reading's round trip (the reply could have been read anywhere within it) plus a drift
@@ -86,6 +88,8 @@ pub fn uncertainty_ms(half_rtt_us: i64, since: Duration) -> i64 {
 /// admin page). Never goes backwards within the process.
 pub struct DatabaseClock {
     pool: PgPool,
+    /// Where the database is: kept so that the pool follows its primary.
+    _target: Arc<super::target::Target>,
     anchor: RwLock<Anchor>,
     /// The latest instant handed out (epoch ms): a new reading never moves time back.
     last_ms: AtomicI64,
@@ -117,14 +121,19 @@ impl DatabaseClock {
     /// # Errors
     /// [`StoreError::Database`] if the database cannot be reached or read.
     pub async fn connect(url: &str, max_uncertainty_ms: i64) -> Result<Arc<Self>, StoreError> {
-        let pool = super::connect_pool(
-            PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10)),
-            super::connect_options(url)?,
-        )
-        .await?;
+        let target = super::target::Target::shared(url)?;
+        let pool = target
+            .pool(
+                PgPoolOptions::new().max_connections(1).acquire_timeout(Duration::from_secs(10)),
+                super::pool_options,
+                None,
+            )
+            .await?;
         let anchor = read(&pool).await?;
+        let mut moves = target.moves();
         let clock = Arc::new(DatabaseClock {
             pool,
+            _target: target,
             anchor: RwLock::new(anchor),
             last_ms: AtomicI64::new(i64::MIN),
             max_uncertainty_ms,
@@ -138,7 +147,11 @@ impl DatabaseClock {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    // The primary moved: read the new one's clock now.
+                    Ok(()) = moves.changed() => {}
+                }
                 let Some(clock) = weak.upgrade() else { return };
                 clock.resync().await;
             }

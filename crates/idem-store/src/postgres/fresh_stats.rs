@@ -3,7 +3,7 @@
 //! and again whenever it has grown tenfold since (autovacuum would have; it may be off).
 //!
 //! Every pooled and writer connection plans a statement once and keeps the plan
-//! (`plan_cache_mode = force_generic_plan`, see `connect_options`). On a table that has
+//! (`plan_cache_mode = force_generic_plan`, see `pool_options`). On a table that has
 //! never been analyzed the planner has no statistics: `tenant = $1` gets the default
 //! selectivity (0.5 %) and, while the table is a few pages, a lookup by `(tenant, op_key)`
 //! through `operations_by_created (tenant, created_at, op_key)` — bounded by `tenant`

@@ -2,7 +2,9 @@
 //! its own `LISTEN`s on the channel migration 0004's trigger notifies, and the cache is
 //! emptied on every notification and used only while that connection is up.
 
+use super::target::Target;
 use crate::key_cache::KeyCache;
+use sqlx::postgres::PgPoolOptions;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -13,13 +15,17 @@ const RELISTEN_AFTER: Duration = Duration::from_secs(1);
 /// How often a waiting listener checks that its store still exists.
 const ALIVE_CHECK: Duration = Duration::from_secs(1);
 
-/// Listens for as long as `cache` (its store) exists. `url` is the store's database URL;
-/// the connection is outside the store's pool.
-pub(super) fn spawn(cache: &Arc<KeyCache>, url: String) {
+/// Listens for as long as `cache` (its store) exists, on the store's database (`target`:
+/// after a failover on the new primary); the connection is outside the store's pool.
+pub(super) fn spawn(cache: &Arc<KeyCache>, target: Arc<Target>) {
     let cache = Arc::downgrade(cache);
     tokio::spawn(async move {
+        // A pool of one, as `PgListener::connect` makes, that follows the primary: the
+        // listener reconnects through it after its connection was lost.
+        let options = PgPoolOptions::new().max_connections(1).max_lifetime(None).idle_timeout(None);
+        let pool = target.pool_lazy(options, |o| o);
         while cache.strong_count() > 0 {
-            match listen(&url).await {
+            match listen(&pool).await {
                 Ok(listener) => {
                     watch(&cache, listener).await;
                 }
@@ -32,6 +38,7 @@ pub(super) fn spawn(cache: &Arc<KeyCache>, url: String) {
             }
             tokio::time::sleep(RELISTEN_AFTER).await;
         }
+        pool.close().await;
     });
 }
 
@@ -66,8 +73,8 @@ async fn watch(cache: &Weak<KeyCache>, mut listener: sqlx::postgres::PgListener)
     }
 }
 
-async fn listen(url: &str) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
-    let mut listener = sqlx::postgres::PgListener::connect(url).await?;
+async fn listen(pool: &sqlx::PgPool) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
     Ok(listener)
 }

@@ -4,7 +4,9 @@
 pub mod book;
 pub mod mail;
 pub mod nats;
+pub mod netns;
 pub mod pg_cluster;
+pub mod pg_ha;
 pub mod proxy;
 pub mod webdriver;
 
@@ -63,6 +65,10 @@ pub struct Server {
     env: Vec<(String, String)>,
 }
 
+/// The environment entry that carries a server's network namespace and address through
+/// a restart (`Server::start_in_netns`); `idem` ignores it.
+const NETNS_ENV: &str = "IDEM_TEST_NETNS";
+
 pub fn idem_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_idem"))
 }
@@ -105,6 +111,15 @@ impl Server {
         Server::spawn_env(&args, db_url, None, None, env)
     }
 
+    /// `idem serve` with extra flags inside network namespace `ns` (`ip netns exec`),
+    /// listening on `ip` there.
+    pub fn start_in_netns(ns: &str, ip: &str, db_url: &str, extra: &[&str]) -> Server {
+        let mut args = vec!["serve".to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let env = vec![(NETNS_ENV.to_string(), format!("{ns} {ip}"))];
+        Server::spawn_env(&args, db_url, None, None, env)
+    }
+
     /// `idem serve` with extra flags.
     pub fn start_with_args(db_url: &str, extra: &[&str]) -> Server {
         let mut args = vec!["serve".to_string()];
@@ -139,9 +154,20 @@ impl Server {
         config_dir: Option<tempfile::TempDir>,
         env: Vec<(String, String)>,
     ) -> Server {
-        let mut cmd = Command::new(idem_bin());
+        // In a network namespace (`start_in_netns`): `ip netns exec NS idem …`, listening on
+        // the namespace's address.
+        let netns = env.iter().find(|(k, _)| k == NETNS_ENV).and_then(|(_, v)| v.split_once(' '));
+        let mut cmd = match netns {
+            Some((ns, _)) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(idem_bin());
+                c
+            }
+            None => Command::new(idem_bin()),
+        };
+        let listen = netns.map_or_else(|| "127.0.0.1:0".to_string(), |(_, ip)| format!("{ip}:0"));
         cmd.args(sub)
-            .args(["--listen", "127.0.0.1:0", "--sweep-interval-ms", "50", "--database-url", db_url])
+            .args(["--listen", &listen, "--sweep-interval-ms", "50", "--database-url", db_url])
             .env("IDEM_BOOTSTRAP_KEY", ADMIN_KEY)
             .env("RUST_LOG", "warn")
             .envs(env.iter().map(|(k, v)| (k, v)))

@@ -16,26 +16,35 @@ pub struct PgCluster {
     bin: PathBuf,
     dir: tempfile::TempDir,
     pub port: u16,
+    /// Addresses to listen on besides 127.0.0.1.
+    also_listen: Option<String>,
 }
 
 impl PgCluster {
     /// `initdb` and start a new cluster; panics with the reason if it cannot.
     pub fn start() -> PgCluster {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .expect("PostgreSQL's binaries in /usr/lib/postgresql (run ./scripts/test.sh, which installs them)")
-            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-            .filter(|p| p.join("initdb").exists())
-            .max()
-            .expect("an initdb under /usr/lib/postgresql/*/bin");
+        PgCluster::start_listening(None)
+    }
+
+    /// As [`PgCluster::start`], also listening on `also` = (address, subnet), whose
+    /// clients are trusted as loopback's are (a test's network namespace).
+    pub fn start_listening(also: Option<(&str, &str)>) -> PgCluster {
+        let bin = pg_bin_dir();
         let dir = tempfile::Builder::new().prefix("idem-pg-").tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let cluster = PgCluster { bin, dir, port };
+        let cluster = PgCluster { bin, dir, port, also_listen: also.map(|a| a.0.to_owned()) };
         if is_root() {
             let status = Command::new("chown").args(["-R", "postgres:postgres"]).arg(cluster.dir.path()).status();
             assert!(status.unwrap().success(), "chown the cluster's directory to postgres");
         }
         let data = cluster.data();
         cluster.run("initdb", &["-D", &data, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"]);
+        if let Some((_, net)) = also {
+            let hba = cluster.dir.path().join("data/pg_hba.conf");
+            let mut text = std::fs::read_to_string(&hba).unwrap();
+            text.push_str(&format!("host all all {net} trust\n"));
+            std::fs::write(&hba, text).unwrap();
+        }
         cluster.pg_ctl_start();
         cluster
     }
@@ -52,8 +61,12 @@ impl PgCluster {
 
     /// `pg_ctl start`, waiting until it accepts connections.
     pub fn pg_ctl_start(&self) {
+        let listen = match &self.also_listen {
+            Some(a) => format!("127.0.0.1,{a}"),
+            None => "127.0.0.1".to_owned(),
+        };
         let opts = format!(
-            "-c listen_addresses=127.0.0.1 -p {} -k {} -c fsync=off -c max_connections=100",
+            "-c listen_addresses={listen} -p {} -k {} -c fsync=off -c max_connections=100",
             self.port,
             self.dir.path().display()
         );
@@ -80,6 +93,16 @@ impl PgCluster {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The newest of Debian's PostgreSQL binary directories (`/usr/lib/postgresql/N/bin`).
+pub fn pg_bin_dir() -> PathBuf {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL's binaries in /usr/lib/postgresql (run ./scripts/test.sh, which installs them)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("initdb").exists())
+        .max()
+        .expect("an initdb under /usr/lib/postgresql/*/bin")
 }
 
 impl Drop for PgCluster {
