@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ._errors import (
+    AnswerMismatchError,
     ClaimNotCompletedError,
     ConnectorOwnedError,
     IdemError,
@@ -51,6 +52,7 @@ from ._errors import (
     RetryNotDueError,
     StaleFencingTokenError,
     TransportError,
+    check_answer,
 )
 from ._heartbeat import Beat
 from ._http import Answer, Request, asend, send
@@ -147,17 +149,32 @@ class Target:
     acquire_body: Mapping[str, JSON]
     complete_path: str
     server_waits: bool
+    #: The operation key an answer must be about (a step's: ``{instance}:{step}``, or a
+    #: re-run's ``{instance}:{step}:rerun-N``, idem_core::flow::step_key).
+    key: str
 
     @staticmethod
     def operation(key: str, body: Mapping[str, JSON]) -> Target:
         return Target(
-            f"operation {key!r}", "/v1/operations", body, f"/v1/operations/{_quote(key)}/complete", True
+            f"operation {key!r}", "/v1/operations", body, f"/v1/operations/{_quote(key)}/complete", True, key
         )
 
     @staticmethod
     def step(instance_id: str, step: str, body: Mapping[str, JSON]) -> Target:
         base = "/v1/workflows/" + _quote(instance_id) + "/steps/" + _quote(step)
-        return Target(f"step {step!r} of {instance_id!r}", base, body, base + "/complete", False)
+        return Target(
+            f"step {step!r} of {instance_id!r}",
+            base,
+            body,
+            base + "/complete",
+            False,
+            f"{instance_id}:{step}",
+        )
+
+    def answer_key(self, got: str) -> str:
+        """The key an answer about this target carries (``got`` when it is one), else ours."""
+        rerun = got.startswith(self.key + ":rerun-") and got.removeprefix(self.key + ":rerun-").isdigit()
+        return got if not self.server_waits and rerun else self.key
 
 
 def _quote(s: str) -> str:
@@ -202,6 +219,7 @@ class _ClaimBase:
         self._renew_every_ms = renew_every_ms if renew_every_ms is not None else max(50, lease_ms // 3)
         self._retryable = retryable
         self._final = final
+        self._holder = ""
         self._operation: Operation | None = None
         self._lease: Lease | None = None
         self._status = 0
@@ -264,7 +282,8 @@ class _ClaimBase:
 
     def _acquire_request(self, server_wait_ms: int) -> Request:
         body = dict(self._target.acquire_body)
-        body["holder"] = str(uuid.uuid4())  # one attempt's own identity (idem_core::holder)
+        self._holder = str(uuid.uuid4())  # one attempt's own identity (idem_core::holder)
+        body["holder"] = self._holder
         if server_wait_ms > 0:
             body["wait_ms"] = server_wait_ms
         return Request(
@@ -280,6 +299,10 @@ class _ClaimBase:
         """Interprets an acquire's answer; ``None`` when decided, else seconds to wait and ask again."""
         if a.status in (200, 201, 202):
             op = Operation.from_json(a.body if isinstance(a.body, dict) else {})
+            # A grant or a replay of another key must not run (or answer) this one.
+            check_answer(self._target.describe, "the key", self._target.answer_key(op.key), op.key)
+            if a.status == 201:
+                check_answer(self._target.describe, "the lease holder", self._holder, op.lease_holder)
             self._operation = op
             if a.status == 202:
                 raise OutcomeUnknownError(op) if op.state == "UNKNOWN" else OperationPendingError(op)
@@ -308,8 +331,16 @@ class _ClaimBase:
 
     def _on_complete(self, a: Answer) -> Operation:
         if a.status == 200 and isinstance(a.body, dict):
-            self._operation = Operation.from_json(a.body)
-            return self._operation
+            op = Operation.from_json(a.body)
+            try:
+                check_answer(self._target.describe, "the key", self.key, op.key)
+                check_answer(
+                    self._target.describe, "the fencing token", self.lease.fencing_token, op.fencing_token
+                )
+            except AnswerMismatchError as e:
+                raise self._not_recorded(e) from e
+            self._operation = op
+            return op
         err = a.error()
         if isinstance(err, StaleFencingTokenError):
             err.args = (
@@ -345,6 +376,14 @@ class _ClaimBase:
         """Applies a renewal's answer to the lease; False when the heartbeat should stop."""
         lease = self.lease
         if isinstance(a, Answer) and a.status == 200:
+            op = Operation.from_json(a.body if isinstance(a.body, dict) else {})
+            try:
+                check_answer(self._target.describe, "the key", self.key, op.key)
+                check_answer(
+                    self._target.describe, "the fencing token", lease.fencing_token, op.fencing_token
+                )
+            except TransportError:
+                return True  # another request's answer says nothing about this lease: renew again
             lease._renewed(sent_at)
             return True
         err = a.error() if isinstance(a, Answer) else a

@@ -16,7 +16,7 @@ import httpx
 
 from ._claim import ClaimContext, ExceptionTypes, Target
 from ._decorator import EvidenceSpec, Idempotent, KeySpec, PayloadSpec
-from ._errors import InvalidInputError
+from ._errors import InvalidInputError, check_answer
 from ._heartbeat import Heartbeats
 from ._http import USER_AGENT, Answer, Request, RetryPolicy, asend, send
 from ._json import to_json
@@ -24,6 +24,20 @@ from ._records import JSON, Instance, Operation
 
 #: Lease lengths idem accepts, in ms (README "Request fields").
 MIN_LEASE_MS, MAX_LEASE_MS = 100, 3_600_000
+
+
+#: Every live client, for the fork hook below.
+_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_CLIENTS):
+        client._after_fork_in_child()
+
+
+# A forked child (gunicorn --preload, Celery prefork, multiprocessing) inherits the parent's
+# open connections: were both to use one, each would read answers meant for the other.
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_lease(lease_ms: int, wait_ms: int) -> None:
@@ -42,6 +56,11 @@ class Client:
     retried (:class:`RetryPolicy`). ``transport`` / ``async_transport``: httpx transports (for a
     proxy or custom TLS). One client serves threads and every event loop (an
     ``httpx.AsyncClient`` per loop); close it with :meth:`close` / :meth:`aclose` or ``with``.
+
+    Fork-safe: in a child process (``os.fork``, gunicorn ``--preload``, Celery prefork,
+    ``multiprocessing``) the client drops the connections and heartbeat thread it inherited
+    and makes its own. A ``transport`` of your own holds connections the client cannot
+    rebuild: such a client raises :class:`InvalidInputError` in a child; make it after the fork.
 
     Raises:
         InvalidInputError: no API key was given or found in ``IDEM_API_KEY``.
@@ -76,16 +95,37 @@ class Client:
         self._ahttp: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
+        self._forked_with_own_transport = False
+        _CLIENTS.add(self)
 
     # --- connections -------------------------------------------------------------------
 
+    def _after_fork_in_child(self) -> None:
+        """The fork hook: forget (never close, never use) the parent's connections, lock and
+        heartbeat thread. Closing would not help: the sockets are shared with the parent."""
+        self._lock = threading.Lock()
+        self._http = None
+        self._ahttp = weakref.WeakKeyDictionary()
+        self._heartbeats.after_fork_in_child()
+        self._forked_with_own_transport = self._transport is not None or self._async_transport is not None
+
+    def _check_not_forked(self) -> None:
+        if self._forked_with_own_transport:
+            raise InvalidInputError(
+                "this Client was made with a transport of its own before os.fork(): its connections are "
+                "the parent's, and the client cannot rebuild them. Make the Client in the child (gunicorn "
+                "post_fork, Celery worker_process_init); nothing was sent"
+            )
+
     def _sync_http(self) -> httpx.Client:
+        self._check_not_forked()
         with self._lock:
             if self._http is None:
                 self._http = httpx.Client(base_url=self.url, headers=self._headers, transport=self._transport)
             return self._http
 
     def _async_http(self) -> httpx.AsyncClient:
+        self._check_not_forked()
         loop = asyncio.get_running_loop()
         with self._lock:
             http = self._ahttp.get(loop)
@@ -246,20 +286,24 @@ class Client:
         )
 
     @staticmethod
-    def _record(a: Answer) -> Operation:
+    def _record(a: Answer, key: str, fencing_token: int | None = None) -> Operation:
         if a.status != 200 or not isinstance(a.body, dict):
             raise a.error()
-        return Operation.from_json(a.body)
+        op = Operation.from_json(a.body)
+        check_answer(f"operation {key!r}", "the key", key, op.key)
+        if fencing_token is not None:
+            check_answer(f"operation {key!r}", "the fencing token", fencing_token, op.fencing_token)
+        return op
 
     def get_operation(self, key: str) -> Operation:
         """``GET /v1/operations/{key}``: the record with its ``events``.
 
         Raises: :class:`NotFoundError`, :class:`InvalidKeyError`, ..."""
-        return self._record(self._call(Request("GET", f"/v1/operations/{quote(key, safe='')}")))
+        return self._record(self._call(Request("GET", f"/v1/operations/{quote(key, safe='')}")), key)
 
     async def aget_operation(self, key: str) -> Operation:
         """As :meth:`get_operation`."""
-        return self._record(await self._acall(Request("GET", f"/v1/operations/{quote(key, safe='')}")))
+        return self._record(await self._acall(Request("GET", f"/v1/operations/{quote(key, safe='')}")), key)
 
     # --- workflows your code runs ----------------------------------------------------------
 
@@ -286,10 +330,12 @@ class Client:
         return Request("POST", "/v1/workflows", body, True)
 
     @staticmethod
-    def _instance(a: Answer) -> Instance:
+    def _instance(a: Answer, instance_id: str) -> Instance:
         if a.status not in (200, 201) or not isinstance(a.body, dict):
             raise a.error()
-        return Instance.from_json(a.body)
+        instance = Instance.from_json(a.body)
+        check_answer(f"instance {instance_id!r}", "the instance id", instance_id, instance.instance_id)
+        return instance
 
     def start_workflow(
         self,
@@ -308,7 +354,8 @@ class Client:
         workflow, input or steps, :class:`UnknownWorkflowError`, :class:`InvalidDefinitionError`,
         :class:`LateArrivalError`."""
         return self._instance(
-            self._call(self._start_request(workflow, instance_id, input, steps, source_event, trace_id))
+            self._call(self._start_request(workflow, instance_id, input, steps, source_event, trace_id)),
+            instance_id,
         )
 
     async def astart_workflow(
@@ -325,17 +372,20 @@ class Client:
         return self._instance(
             await self._acall(
                 self._start_request(workflow, instance_id, input, steps, source_event, trace_id)
-            )
+            ),
+            instance_id,
         )
 
     def get_workflow(self, instance_id: str) -> Instance:
         """``GET /v1/workflows/{instance}``: the instance with its steps and events."""
-        return self._instance(self._call(Request("GET", f"/v1/workflows/{quote(instance_id, safe='')}")))
+        return self._instance(
+            self._call(Request("GET", f"/v1/workflows/{quote(instance_id, safe='')}")), instance_id
+        )
 
     async def aget_workflow(self, instance_id: str) -> Instance:
         """As :meth:`get_workflow`."""
         return self._instance(
-            await self._acall(Request("GET", f"/v1/workflows/{quote(instance_id, safe='')}"))
+            await self._acall(Request("GET", f"/v1/workflows/{quote(instance_id, safe='')}")), instance_id
         )
 
     def step(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,14 +42,17 @@ class Heartbeats:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._pid = 0
         self._closed = False
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child (``os.register_at_fork``): the parent's thread, pool, lock and
+        claims are not the child's; start afresh (the next claim starts a thread)."""
+        self._cond = threading.Condition()
+        self._heap, self._thread, self._pool = [], None, None
 
     def start(self, beat: Beat) -> Beat:
         """Schedules ``beat``'s first renewal ``every_s`` from now."""
         with self._cond:
-            if self._pid != os.getpid():  # a forked child has no threads of its parent
-                self._thread, self._pool, self._heap, self._pid = None, None, [], os.getpid()
             self._closed = False
             heapq.heappush(self._heap, (time.monotonic() + beat.every_s, next(self._seq), beat))
             if self._thread is None:
