@@ -143,3 +143,8 @@ def test_a_completion_answered_with_another_token_is_not_taken_as_recorded() -> 
         with pytest.raises(idem_client.OutcomeNotRecordedError) as e:
             claim.succeeded("ref-1")
     assert isinstance(e.value.__cause__, idem_client.AnswerMismatchError)
+    assert (e.value.key, e.value.fencing_token, e.value.completion) == (
+        "K-1",
+        7,
+        {"outcome": "succeeded", "provider_ref": "ref-1"},
+    )

@@ -220,6 +220,7 @@ class _ClaimBase:
         self._retryable = retryable
         self._final = final
         self._holder = ""
+        self._completion: dict[str, JSON] | None = None
         self._operation: Operation | None = None
         self._lease: Lease | None = None
         self._status = 0
@@ -325,9 +326,16 @@ class _ClaimBase:
         if self._completion_tried:
             raise NotHeldError(f"{self._target.describe}: this claim was completed already")
         self._completion_tried = True
+        self._completion = dict(body)
         path = self._target.complete_path
         body["fencing_token"] = self._lease.fencing_token
         return Request("POST", path, body, True, self._client.timeout_s)
+
+    def _complete_until(self) -> float:
+        """Until when a completion is resent (monotonic): the lease's end. The effect happened
+        and resending the same completion is safe, so an idem restart during the effect does
+        not lose its outcome; after the lease's end the caller gets the token to report later."""
+        return self.lease._ends_at
 
     def _on_complete(self, a: Answer) -> Operation:
         if a.status == 200 and isinstance(a.body, dict):
@@ -353,11 +361,16 @@ class _ClaimBase:
         raise err
 
     def _not_recorded(self, e: Exception) -> OutcomeNotRecordedError:
+        token = self._lease.fencing_token if self._lease else None
         err = OutcomeNotRecordedError(
-            f"{self._target.describe}: the outcome could not be reported to idem ({e}); the operation stays "
-            "EXECUTING until its lease runs out, then it is UNKNOWN: never performed twice",
-            key=self._operation.key if self._operation else "",
+            f"{self._target.describe}: the outcome could not be reported to idem until the lease's end "
+            f"({e}); the operation stays EXECUTING until its lease runs out, then it is UNKNOWN: never "
+            "performed twice. Report it later with client.complete(e.key, e.fencing_token, e.completion) "
+            f"(fencing token {token})",
+            key=self._operation.key if self._operation else self._target.key,
             recorded_state=None,
+            fencing_token=token,
+            completion=self._completion,
         )
         err.__cause__ = e
         return err
@@ -511,14 +524,24 @@ class Claim(_ClaimBase):
         req = self._complete_request(body)
         self._stop_heartbeat()
         try:
-            a = send(self._client._sync_http(), req, self._client.retry, self._client.connect_timeout_s)
-        except TransportError as e:
+            a = send(
+                self._client._sync_http(),
+                req,
+                self._client.retry,
+                self._client.connect_timeout_s,
+                until=self._complete_until(),
+            )
+        except (TransportError, ProblemError) as e:  # a 503 (or no answer) until the lease's end
             raise self._not_recorded(e) from e
         return self._on_complete(a)
 
     def succeeded(self, provider_ref: str, result: object = None) -> Operation:
         """Completes SUCCEEDED with the provider's evidence (``provider_ref``, at most 512 bytes)
-        and an optional JSON ``result`` replayed to every later trigger."""
+        and an optional JSON ``result`` replayed to every later trigger.
+
+        The completion is resent (same token, same outcome: idempotent) until the lease's end
+        when idem does not answer; then :class:`OutcomeNotRecordedError` carries the token and
+        the completion to report later."""
         return self._complete(succeeded_body(provider_ref, result))
 
     def retryable_failure(
@@ -613,9 +636,13 @@ class AsyncClaim(_ClaimBase):
         await self._stop_heartbeat()
         try:
             a = await asend(
-                self._client._async_http(), req, self._client.retry, self._client.connect_timeout_s
+                self._client._async_http(),
+                req,
+                self._client.retry,
+                self._client.connect_timeout_s,
+                until=self._complete_until(),
             )
-        except TransportError as e:
+        except (TransportError, ProblemError) as e:  # a 503 (or no answer) until the lease's end
             raise self._not_recorded(e) from e
         return self._on_complete(a)
 

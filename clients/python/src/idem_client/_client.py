@@ -305,6 +305,36 @@ class Client:
         """As :meth:`get_operation`."""
         return self._record(await self._acall(Request("GET", f"/v1/operations/{quote(key, safe='')}")), key)
 
+    @staticmethod
+    def _complete_request(key: str, fencing_token: int, completion: Mapping[str, Any]) -> Request:
+        if not isinstance(fencing_token, int) or isinstance(fencing_token, bool):
+            raise InvalidInputError(f"fencing_token must be an integer, not {fencing_token!r}")
+        body = to_json(dict(completion), "completion")
+        assert isinstance(body, dict)
+        body["fencing_token"] = fencing_token
+        return Request("POST", f"/v1/operations/{quote(key, safe='')}/complete", body, True)
+
+    def complete(self, key: str, fencing_token: int, completion: Mapping[str, Any]) -> Operation:
+        """``POST /v1/operations/{key}/complete``: reports an outcome with a lease's fencing token,
+        outside a claim — the one an :class:`OutcomeNotRecordedError` carries
+        (``client.complete(e.key, e.fencing_token, e.completion)``), later, once idem is back.
+        ``completion`` is the body without the token: ``{"outcome": "succeeded", "provider_ref":
+        ..., "result": ...}`` and the other outcomes' fields (README "Completing"). Safe to repeat.
+        For a workflow step, ``key`` is the step's operation key (the error carries it).
+
+        Raises: :class:`StaleFencingTokenError` (another lease was granted since: nothing
+        recorded), :class:`OperationFinalError` (another outcome was recorded),
+        :class:`InvalidRequestError`, :class:`LateArrivalError`, :class:`NotFoundError`,
+        :class:`ServerUnreachableError`, :class:`NoAnswerError`."""
+        return self._record(
+            self._call(self._complete_request(key, fencing_token, completion)), key, fencing_token
+        )
+
+    async def acomplete(self, key: str, fencing_token: int, completion: Mapping[str, Any]) -> Operation:
+        """As :meth:`complete`."""
+        req = self._complete_request(key, fencing_token, completion)
+        return self._record(await self._acall(req), key, fencing_token)
+
     # --- workflows your code runs ----------------------------------------------------------
 
     @staticmethod

@@ -114,12 +114,30 @@ class OutcomeNotRecordedError(IdemError):
     the library wanted to report. ``recorded_state`` is what idem holds now when known
     (``UNKNOWN`` after the library reported it so; ``None`` when idem could not be told:
     then the lease runs out into UNKNOWN). ``result`` is what the function returned, if it
-    returned; ``__cause__`` the reason."""
+    returned; ``__cause__`` the reason.
 
-    def __init__(self, message: str, *, key: str, recorded_state: str | None, result: object = None) -> None:
+    ``fencing_token`` and ``completion`` (the completion's JSON body without the token:
+    ``outcome`` and its fields) are set when idem could not be told: keep them and report the
+    outcome later with ``client.complete(e.key, e.fencing_token, e.completion)``. idem accepts a
+    late completion with the token while no newer lease was granted (README "Leases"; a
+    ``redo_safe`` action may have been granted again, then it raises
+    :class:`StaleFencingTokenError`); its evidence settles the UNKNOWN the lease ran out into."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        recorded_state: str | None,
+        result: object = None,
+        fencing_token: int | None = None,
+        completion: dict[str, JSON] | None = None,
+    ) -> None:
         self.key = key
         self.recorded_state = recorded_state
         self.result = result
+        self.fencing_token = fencing_token
+        self.completion = completion
         super().__init__(message)
 
 
