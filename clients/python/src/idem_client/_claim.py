@@ -21,6 +21,7 @@ effect may have started), and no exception at all completes UNKNOWN and raises
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import unicodedata
@@ -93,8 +94,9 @@ class Lease:
     renewal (``lease-expired``, ``stale-fencing-token``: another attempt may act now) or when the
     lease's end passed without a successful renewal (by this process's monotonic clock,
     counted from before the request that granted or renewed it). Long work should check it
-    between steps and stop; its completion is then accepted only while no other lease was
-    granted (README "Completing").
+    between steps and stop (or, in ``async`` code, race it against :meth:`wait_lost`); its
+    completion is then accepted only while no other lease was granted (README "Completing").
+    The heartbeat renews it from the client's own thread, for ``async`` claims too.
     """
 
     def __init__(self, key: str, fencing_token: int, lease_ms: int, granted_at: float) -> None:
@@ -103,6 +105,8 @@ class Lease:
         self.lease_ms = lease_ms
         self._ends_at = granted_at + lease_ms / 1000
         self._lost = threading.Event()
+        self._waiters_lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self.lost_reason: BaseException | None = None
 
     @property
@@ -112,8 +116,25 @@ class Lease:
 
     @property
     def lost_event(self) -> threading.Event:
-        """Set when idem refused a renewal or the heartbeat saw the lease end (for waiting on it)."""
+        """Set when idem refused a renewal or the heartbeat saw the lease end (for waiting on it
+        in a thread; ``async`` code awaits :meth:`wait_lost`)."""
         return self._lost
+
+    async def wait_lost(self) -> None:
+        """Returns once the lease is lost (see :attr:`lost`): idem refused a renewal (the
+        heartbeat thread wakes this coroutine with ``loop.call_soon_threadsafe``) or the lease's
+        end passed without a renewal. Race it against the work, e.g. with ``asyncio.wait``."""
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        with self._waiters_lock:
+            self._waiters.append((loop, woken))
+        try:
+            while not self.lost:
+                with contextlib.suppress(asyncio.TimeoutError):  # the lease's end, by this clock
+                    await asyncio.wait_for(woken.wait(), max(0.001, self._ends_at - time.monotonic()))
+        finally:
+            with self._waiters_lock:
+                self._waiters.remove((loop, woken))
 
     @property
     def remaining_s(self) -> float:
@@ -134,9 +155,15 @@ class Lease:
         self._ends_at = sent_at + self.lease_ms / 1000
 
     def _lose(self, reason: BaseException | None) -> None:
-        if not self._lost.is_set():
-            self.lost_reason = reason
-            self._lost.set()
+        if self._lost.is_set():
+            return
+        self.lost_reason = reason
+        self._lost.set()
+        with self._waiters_lock:
+            waiters = list(self._waiters)
+        for loop, woken in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there any more
+                loop.call_soon_threadsafe(woken.set)
 
 
 @dataclass(frozen=True)
@@ -220,6 +247,7 @@ class _ClaimBase:
         self._retryable = retryable
         self._final = final
         self._holder = ""
+        self._beat: Beat | None = None
         self._completion: dict[str, JSON] | None = None
         self._operation: Operation | None = None
         self._lease: Lease | None = None
@@ -438,6 +466,33 @@ class _ClaimBase:
     def _needs_exit_completion(self) -> bool:
         return self.acquired and not self._completion_tried
 
+    # --- the heartbeat: the client's thread, for sync and async claims alike --------------
+
+    def _start_heartbeat(self) -> None:
+        if self.acquired and self._heartbeat:
+            self._beat = self._client._heartbeats.start(Beat(self._renew_once, self._renew_every_ms / 1000))
+
+    def _renew_once(self) -> bool:
+        """One renewal (on the client's heartbeat pool, over the sync connections, whatever
+        event loop the claim's code runs on); False: stop renewing."""
+        sent_at = time.monotonic()
+        try:
+            a: Answer | BaseException = send(
+                self._client._sync_http(),
+                self._renew_request(),
+                self._client.retry,
+                self._client.connect_timeout_s,
+            )
+        except (TransportError, ProblemError, InvalidInputError) as e:
+            a = e
+        if self._beat is None or self._beat.cancelled:
+            return False  # completed meanwhile: this answer says nothing about the lease
+        return self._on_renew(a, sent_at)
+
+    def _stop_heartbeat(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+
     def _enter_context(self) -> None:
         if self._lease is not None:
             self._ctx_token = _current.set(self._lease)
@@ -481,8 +536,6 @@ class Claim(_ClaimBase):
     record idem answers with and raise its problem (:class:`StaleFencingTokenError` when the
     lease was lost to another attempt)."""
 
-    _beat: Beat | None = None
-
     def _enter(self) -> Claim:
         deadline = time.monotonic() + self._wait_ms / 1000
         http = self._client._sync_http()
@@ -495,30 +548,9 @@ class Claim(_ClaimBase):
             if wait is None:
                 break
             time.sleep(wait)
-        if self.acquired and self._heartbeat:
-            self._beat = self._client._heartbeats.start(Beat(self._renew_once, self._renew_every_ms / 1000))
+        self._start_heartbeat()
         self._enter_context()
         return self
-
-    def _renew_once(self) -> bool:
-        """One renewal (on the client's heartbeat pool); False: stop renewing."""
-        sent_at = time.monotonic()
-        try:
-            a: Answer | BaseException = send(
-                self._client._sync_http(),
-                self._renew_request(),
-                self._client.retry,
-                self._client.connect_timeout_s,
-            )
-        except (TransportError, ProblemError) as e:
-            a = e
-        if self._beat is None or self._beat.cancelled:
-            return False  # completed meanwhile: this answer says nothing about the lease
-        return self._on_renew(a, sent_at)
-
-    def _stop_heartbeat(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
 
     def _complete(self, body: dict[str, JSON]) -> Operation:
         req = self._complete_request(body)
@@ -590,9 +622,9 @@ class Claim(_ClaimBase):
 
 
 class AsyncClaim(_ClaimBase):
-    """A claim used with ``async with``; as :class:`Claim`, with awaitable completions."""
-
-    _beat: asyncio.Task[None] | None = None
+    """A claim used with ``async with``; as :class:`Claim`, with awaitable completions. Its
+    lease is renewed from the client's heartbeat thread, so code that blocks the event loop
+    does not stop the renewals."""
 
     async def _enter(self) -> AsyncClaim:
         deadline = time.monotonic() + self._wait_ms / 1000
@@ -605,35 +637,13 @@ class AsyncClaim(_ClaimBase):
             if wait is None:
                 break
             await asyncio.sleep(wait)
-        if self.acquired and self._heartbeat:
-            self._beat = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        self._start_heartbeat()
         self._enter_context()
         return self
 
-    async def _heartbeat_loop(self) -> None:
-        http = self._client._async_http()
-        while True:
-            await asyncio.sleep(self._renew_every_ms / 1000)
-            sent_at = time.monotonic()
-            try:
-                a: Answer | BaseException = await asend(
-                    http, self._renew_request(), self._client.retry, self._client.connect_timeout_s
-                )
-            except (TransportError, ProblemError) as e:
-                a = e
-            if not self._on_renew(a, sent_at):
-                return
-
-    async def _stop_heartbeat(self) -> None:
-        beat, self._beat = self._beat, None
-        if beat is not None and not beat.done():
-            beat.cancel()
-            # wait() does not raise the beat's CancelledError, only this task's own.
-            await asyncio.wait([beat])
-
     async def _complete(self, body: dict[str, JSON]) -> Operation:
         req = self._complete_request(body)
-        await self._stop_heartbeat()
+        self._stop_heartbeat()
         try:
             a = await asend(
                 self._client._async_http(),
@@ -690,7 +700,7 @@ class AsyncClaim(_ClaimBase):
             if exc is None:
                 raise self._not_completed(rec)
         finally:
-            await self._stop_heartbeat()
+            self._stop_heartbeat()
             self._leave_context()
 
 

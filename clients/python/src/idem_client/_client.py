@@ -54,8 +54,10 @@ class Client:
     ``IDEM_API_KEY``. ``timeout_s``: how long one request may wait for its answer (plus any
     ``wait_ms``); ``connect_timeout_s``: for the connection; ``retry``: how idem's own calls are
     retried (:class:`RetryPolicy`). ``transport`` / ``async_transport``: httpx transports (for a
-    proxy or custom TLS). One client serves threads and every event loop (an
-    ``httpx.AsyncClient`` per loop); close it with :meth:`close` / :meth:`aclose` or ``with``.
+    proxy or custom TLS); with ``async_transport`` give ``transport`` too, configured alike: the
+    leases of ``async`` claims are renewed from the library's heartbeat thread, over the sync
+    transport. One client serves threads and every event loop (an ``httpx.AsyncClient`` per
+    loop); close it with :meth:`close` / :meth:`aclose` or ``with``.
 
     Fork-safe: in a child process (``os.fork``, gunicorn ``--preload``, Celery prefork,
     ``multiprocessing``) the client drops the connections and heartbeat thread it inherited
@@ -63,7 +65,8 @@ class Client:
     rebuild: such a client raises :class:`InvalidInputError` in a child; make it after the fork.
 
     Raises:
-        InvalidInputError: no API key was given or found in ``IDEM_API_KEY``.
+        InvalidInputError: no API key was given or found in ``IDEM_API_KEY``; an
+            ``async_transport`` without a ``transport``.
     """
 
     def __init__(
@@ -82,6 +85,11 @@ class Client:
         if not key:
             raise InvalidInputError(
                 "no API key: pass api_key= or set IDEM_API_KEY (idem prints one on first start)"
+            )
+        if async_transport is not None and transport is None:
+            raise InvalidInputError(
+                "async_transport= needs transport= too, configured alike: async claims renew their "
+                "leases from the library's heartbeat thread, over the sync transport"
             )
         self._headers = {"authorization": f"Bearer {key}", "user-agent": USER_AGENT}
         self.timeout_s = timeout_s

@@ -5,6 +5,10 @@ so a renewal that waits on an unreachable server does not hold back the others.
 A claim costs a heap entry, not a thread: most effects finish long before their first
 renewal (every third of the lease), and a thread per claim cost more CPU than the two HTTP
 requests of the claim (scripts measured in bench/peers).
+
+Async claims are renewed here too, not by a task on the caller's event loop: a coroutine that
+blocks its loop (``time.sleep``, ``requests.post``) would stop such a task, and the lease
+would run out while the effect is still under way.
 """
 
 from __future__ import annotations
