@@ -179,3 +179,34 @@ def test_a_result_that_cannot_be_recorded_is_not_recorded_as_success(
         assert e.value.recorded_state == "UNKNOWN", refused_by
         assert e.value.result == result
         assert c.get_operation(key).state == "UNKNOWN"
+
+
+@pytest.mark.parametrize(("ref", "kept"), [(12345, "12345"), (-7, "-7")])
+def test_an_integer_provider_ref_is_kept_as_its_decimal_string(
+    server: IdemServer, key: str, ref: int, kept: str
+) -> None:
+    """A provider's numeric id is evidence: SUCCEEDED with its decimal string, not UNKNOWN."""
+    with server.client() as c:
+
+        @c.idempotent(key="{order}", action="send", provider_ref="ref", payload=["order"])
+        def send(order: str) -> dict[str, int]:
+            return {"ref": ref}
+
+        assert send(key) == {"ref": ref}
+        op = c.get_operation(key)
+        assert (op.state, op.provider_ref) == ("SUCCEEDED", kept)
+        with c.claim(f"{key}-claim", action="send") as claim:
+            assert claim.succeeded(ref).provider_ref == kept
+
+
+@pytest.mark.parametrize("ref", [True, 1.5, None])
+def test_a_bool_or_float_provider_ref_is_no_evidence(server: IdemServer, key: str, ref: object) -> None:
+    with server.client() as c:
+
+        @c.idempotent(key="{order}", action="send", provider_ref="ref", payload=["order"])
+        def send(order: str) -> dict[str, object]:
+            return {"ref": ref}
+
+        with pytest.raises(idem_client.ResultNotStorableError, match="non-empty string or an integer"):
+            send(key)
+        assert c.get_operation(key).state == "UNKNOWN"

@@ -507,17 +507,27 @@ class _ClaimBase:
 MAX_PROVIDER_REF_BYTES = 512
 
 
-def succeeded_body(provider_ref: str, result: object) -> dict[str, JSON]:
+def evidence(provider_ref: object) -> object:
+    """The evidence as idem keeps it: a string; an integer (not a bool) becomes its decimal
+    string (a provider's numeric id, ``12345`` → ``"12345"``); anything else is left for
+    :func:`succeeded_body` to refuse."""
+    if isinstance(provider_ref, int) and not isinstance(provider_ref, bool):
+        return str(provider_ref)
+    return provider_ref
+
+
+def succeeded_body(provider_ref: str | int, result: object) -> dict[str, JSON]:
     """The body of a success; the evidence's rules (idem_core::completion) checked here."""
-    if not isinstance(provider_ref, str) or not provider_ref.strip():
+    ref = evidence(provider_ref)
+    if not isinstance(ref, str) or not ref.strip():
         raise InvalidInputError(
-            f"provider_ref must be the provider's evidence, a non-empty string; got {provider_ref!r}"
+            f"provider_ref must be the provider's evidence, a non-empty string (or an integer); got {ref!r}"
         )
-    if len(provider_ref.encode("utf-8", "replace")) > MAX_PROVIDER_REF_BYTES:
+    if len(ref.encode("utf-8", "replace")) > MAX_PROVIDER_REF_BYTES:
         raise InvalidInputError(f"provider_ref is longer than {MAX_PROVIDER_REF_BYTES} bytes")
-    if any(unicodedata.category(ch) == "Cc" for ch in provider_ref):
+    if any(unicodedata.category(ch) == "Cc" for ch in ref):
         raise InvalidInputError("provider_ref must not contain control characters")
-    body: dict[str, JSON] = {"outcome": "succeeded", "provider_ref": provider_ref}
+    body: dict[str, JSON] = {"outcome": "succeeded", "provider_ref": ref}
     if result is not None:
         body["result"] = to_json(result, "result")
     return body
@@ -567,9 +577,10 @@ class Claim(_ClaimBase):
             raise self._not_recorded(e) from e
         return self._on_complete(a)
 
-    def succeeded(self, provider_ref: str, result: object = None) -> Operation:
-        """Completes SUCCEEDED with the provider's evidence (``provider_ref``, at most 512 bytes)
-        and an optional JSON ``result`` replayed to every later trigger.
+    def succeeded(self, provider_ref: str | int, result: object = None) -> Operation:
+        """Completes SUCCEEDED with the provider's evidence (``provider_ref``: a string of at most
+        512 bytes, or an integer, kept as its decimal string) and an optional JSON ``result``
+        replayed to every later trigger — as JSON: a tuple comes back as a list.
 
         The completion is resent (same token, same outcome: idempotent) until the lease's end
         when idem does not answer; then :class:`OutcomeNotRecordedError` carries the token and
@@ -656,7 +667,7 @@ class AsyncClaim(_ClaimBase):
             raise self._not_recorded(e) from e
         return self._on_complete(a)
 
-    async def succeeded(self, provider_ref: str, result: object = None) -> Operation:
+    async def succeeded(self, provider_ref: str | int, result: object = None) -> Operation:
         """As :meth:`Claim.succeeded`."""
         return await self._complete(succeeded_body(provider_ref, result))
 

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from ._claim import AsyncClaim, Claim, ExceptionTypes, message_of, succeeded_body
+from ._claim import AsyncClaim, Claim, ExceptionTypes, evidence, message_of, succeeded_body
 from ._errors import InvalidInputError, OperationFailedError, ResultNotStorableError
 from ._json import NotJSONError, to_json
 from ._records import JSON
@@ -27,7 +27,7 @@ R = TypeVar("R")
 
 KeySpec = str | Callable[..., str]
 PayloadSpec = Sequence[str] | Callable[..., object] | None
-EvidenceSpec = str | Callable[[Any], str]
+EvidenceSpec = str | Callable[[Any], str | int]
 
 
 class Idempotent:
@@ -182,9 +182,11 @@ class Idempotent:
                 ref = _field(value, self._provider_ref)
             else:
                 ref = self._provider_ref(value)
+            ref = evidence(ref)
             if not isinstance(ref, str) or not ref.strip():
                 raise InvalidInputError(
-                    f"provider_ref read {ref!r} from the result; the evidence must be a non-empty string"
+                    f"provider_ref read {ref!r} from the result; the evidence must be a non-empty string "
+                    "or an integer"
                 )
             stored = to_json(self._serialize(value) if self._serialize else value, "result")
             succeeded_body(ref, stored)  # the evidence's rules, before anything is sent
