@@ -26,7 +26,7 @@ import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
@@ -70,7 +70,45 @@ MAX_MESSAGE_BYTES = 4096
 #: Longest ``error_class``, in characters of ``[A-Za-z0-9_.-]`` (idem_core::completion).
 MAX_ERROR_CLASS_LEN = 64
 
-ExceptionTypes = tuple[type[BaseException], ...]
+#: Which exceptions prove something (``retryable`` / ``final``): an exception class, a tuple of
+#: them (matched with ``isinstance``, as ``except`` does), or a predicate on the exception.
+ExceptionMatch = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
+
+
+def _is_exception_class(x: object) -> bool:
+    return isinstance(x, type) and issubclass(x, BaseException)
+
+
+def exception_matcher(spec: ExceptionMatch, what: str) -> Callable[[BaseException], bool]:
+    """``spec`` as a test of one exception: the raised exception itself, never its
+    ``__cause__`` or ``__context__`` (an earlier attempt that was refused says nothing about
+    the last one, which may have been sent). A predicate that raises matches nothing.
+
+    Raises:
+        InvalidInputError: ``spec`` is none of an exception class, a tuple of them, a predicate.
+    """
+    if _is_exception_class(spec) or (isinstance(spec, tuple) and all(map(_is_exception_class, spec))):
+        classes = spec
+
+        def matches(e: BaseException) -> bool:
+            return isinstance(e, classes)  # type: ignore[arg-type]
+
+        return matches
+    if callable(spec) and not isinstance(spec, (type, tuple)):
+        predicate = spec
+
+        def holds(e: BaseException) -> bool:
+            try:
+                return bool(predicate(e))
+            except Exception:
+                return False
+
+        return holds
+    raise InvalidInputError(
+        f"{what} must be an exception class, a tuple of exception classes or a predicate "
+        f"(a function of the exception), not {spec!r}"
+    )
+
 
 _current: ContextVar[Lease | None] = ContextVar("idem_client_lease", default=None)
 
@@ -235,8 +273,8 @@ class _ClaimBase:
         wait_ms: int,
         heartbeat: bool,
         renew_every_ms: int | None,
-        retryable: ExceptionTypes,
-        final: ExceptionTypes,
+        retryable: ExceptionMatch,
+        final: ExceptionMatch,
     ) -> None:
         self._client = client
         self._target = target
@@ -244,8 +282,8 @@ class _ClaimBase:
         self._wait_ms = wait_ms
         self._heartbeat = heartbeat
         self._renew_every_ms = renew_every_ms if renew_every_ms is not None else max(50, lease_ms // 3)
-        self._retryable = retryable
-        self._final = final
+        self._retryable = exception_matcher(retryable, "retryable")
+        self._final = exception_matcher(final, "final")
         self._holder = ""
         self._beat: Beat | None = None
         self._completion: dict[str, JSON] | None = None
@@ -437,7 +475,7 @@ class _ClaimBase:
     def _exit_body(self, exc: BaseException | None) -> dict[str, JSON]:
         if exc is None:
             return {"outcome": "unknown", "message": "the claim block ended without reporting an outcome"}
-        if isinstance(exc, self._retryable):
+        if self._retryable(exc):
             body: dict[str, JSON] = {
                 "outcome": "retryable_failure",
                 "error_class": error_class_of(exc),
@@ -447,7 +485,7 @@ class _ClaimBase:
             if isinstance(floor, int) and not isinstance(floor, bool) and 0 <= floor <= 86_400_000:
                 body["retry_after_ms"] = floor
             return body
-        if isinstance(exc, self._final):
+        if self._final(exc):
             return {
                 "outcome": "final_failure",
                 "error_class": error_class_of(exc),
@@ -720,6 +758,8 @@ class ClaimContext:
     :class:`Claim`) or ``async with`` (an :class:`AsyncClaim`). Nothing is sent before."""
 
     def __init__(self, client: Client, target: Target, **options: Any) -> None:
+        exception_matcher(options["retryable"], "retryable")  # refused here, before anything is sent
+        exception_matcher(options["final"], "final")
         self._client = client
         self._target = target
         self._options = options

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from ._claim import ClaimContext, ExceptionTypes, Target
+from ._claim import ClaimContext, ExceptionMatch, Target
 from ._decorator import EvidenceSpec, Idempotent, KeySpec, PayloadSpec
 from ._errors import InvalidInputError, check_answer
 from ._heartbeat import Heartbeats
@@ -196,8 +196,8 @@ class Client:
         redo_safe: bool = False,
         heartbeat: bool = True,
         renew_every_ms: int | None = None,
-        retryable: ExceptionTypes = (),
-        final: ExceptionTypes = (),
+        retryable: ExceptionMatch = (),
+        final: ExceptionMatch = (),
     ) -> ClaimContext:
         """A claim on the operation ``key`` for ``action`` with ``payload`` (the intent), to use
         with ``with`` or ``async with`` (see :mod:`idem_client._claim` and the README).
@@ -252,8 +252,8 @@ class Client:
         redo_safe: bool = False,
         heartbeat: bool = True,
         renew_every_ms: int | None = None,
-        retryable: ExceptionTypes = (),
-        final: ExceptionTypes = (),
+        retryable: ExceptionMatch = (),
+        final: ExceptionMatch = (),
         serialize: Callable[[Any], object] | None = None,
         deserialize: Callable[[JSON], Any] | None = None,
     ) -> Idempotent:
@@ -437,8 +437,8 @@ class Client:
         wait_ms: int = 0,
         heartbeat: bool = True,
         renew_every_ms: int | None = None,
-        retryable: ExceptionTypes = (),
-        final: ExceptionTypes = (),
+        retryable: ExceptionMatch = (),
+        final: ExceptionMatch = (),
     ) -> ClaimContext:
         """A claim on a step your code performs (``POST /v1/workflows/{instance}/steps/{step}``),
         used like :meth:`claim`: ``acquired`` → perform it and report it (the instance advances);
