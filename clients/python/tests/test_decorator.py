@@ -275,3 +275,17 @@ def test_retryable_that_is_no_exception_class_nor_predicate_is_refused_at_once(s
         NOWHERE.idempotent(key="{a}", action="send", provider_ref="ref", retryable=spec)  # type: ignore[arg-type]
     with pytest.raises(idem_client.InvalidInputError, match="final must be"):
         NOWHERE.claim("K-1", action="send", final=spec)  # type: ignore[arg-type]
+
+
+def test_a_replay_is_the_json_form_of_the_result(server: IdemServer, key: str) -> None:
+    """JSON has no tuples: the first call returns the function's tuple, a replay the stored list
+    (README "Results"; serialize= / deserialize= carry other types)."""
+    with server.client() as c:
+
+        @c.idempotent(key="{order}", action="send", provider_ref=lambda r: r[0], payload=["order"])
+        def send(order: str) -> tuple[str, int]:
+            return ("msg-1", 2)
+
+        assert send(key) == ("msg-1", 2)
+        replay: object = send(key)  # typed as the function's return, but JSON
+        assert replay == ["msg-1", 2]

@@ -205,10 +205,13 @@ class Client:
         ``fingerprint_fields``: JSON pointers of the payload fields that define the intent.
         ``lease_ms`` (100-3 600 000): the lease, renewed every ``renew_every_ms`` (default a third
         of it) while ``heartbeat`` is on. ``wait_ms``: how long to wait for a concurrent
-        duplicate's outcome (0: raise :class:`InProgressError` at once). ``redo_safe``: an
-        expired lease may be granted again instead of becoming UNKNOWN. ``retryable`` / ``final``:
-        the exceptions that prove nothing happened, completed as a retryable / final failure
-        when they leave the block; any other exception completes UNKNOWN.
+        duplicate's outcome (0: raise :class:`InProgressError` at once). ``redo_safe``: doing the
+        action twice is harmless, so an expired lease is granted again instead of becoming
+        UNKNOWN (default False: never redone). ``retryable`` / ``final``: the exceptions that prove
+        nothing happened, completed as a retryable / final failure when they leave the block —
+        an exception class, a tuple of them, or a predicate on the exception; the raised
+        exception itself is matched, never its ``__cause__`` / ``__context__`` (an earlier refused
+        attempt says nothing about the last one). Any other exception completes UNKNOWN.
 
         Raises (on entering, before the block runs): :class:`InvalidInputError` (bad option or
         payload), :class:`OutcomeUnknownError`, :class:`InProgressError`,
@@ -262,7 +265,8 @@ class Client:
         ``key``: a format string filled from the call's arguments by name
         (``"{order_id}:confirmation:v1"``) or a callable taking the function's arguments.
         ``action``: the kind of side effect (1-128 of ``[A-Za-z0-9_.:-]``). ``provider_ref``: the
-        evidence, read from the return value — a field (dict key or attribute) name or a callable.
+        evidence, read from the return value — a field (dict key or attribute) name or a callable;
+        a non-empty string, or an integer (kept as its decimal string).
         ``payload``: the intent — the names of the arguments that define it, a callable taking
         the function's arguments, or (default) all arguments but ``self``/``cls``.
         ``serialize`` / ``deserialize``: the return value to JSON and back, for replays (default:
@@ -271,7 +275,8 @@ class Client:
         A call raises what :meth:`claim` raises before the function runs; after it ran, the
         function's own exception (completed as a retryable or final failure when declared, else
         UNKNOWN), :class:`ResultNotStorableError`, :class:`StaleFencingTokenError`, or
-        :class:`OutcomeNotRecordedError`. A replay returns the stored result, or raises
+        :class:`OutcomeNotRecordedError`. A replay returns the stored result as JSON (a tuple
+        comes back as a list; ``deserialize`` makes it your type again), or raises
         :class:`OperationFailedError` for a FAILED operation.
         """
         _check_lease(lease_ms, wait_ms)
