@@ -79,18 +79,25 @@ def test_a_client_used_before_fork_gives_each_child_its_own_connections(
     APP = None
 
 
-def test_a_client_with_a_transport_of_its_own_refuses_to_run_in_a_child(server: IdemServer) -> None:
+def test_a_client_that_used_a_transport_of_its_own_refuses_to_run_in_a_child(
+    server: IdemServer, tmp_path: Path
+) -> None:
     """The client cannot rebuild a transport it was given: in the child it says so before
-    sending anything."""
+    sending anything, once the parent used it (unused, it holds no connection)."""
     global APP
-    effects = Path("/nonexistent/never-written")
+    effects = tmp_path / "effects"
     APP = App(idem_client.Client(server.url, ADMIN_KEY, transport=httpx.HTTPTransport()), effects)
-    APP.client.get_operation  # noqa: B018 - the parent may use it
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        [(unused, fine)] = pool.map_async(call, [f"F-{uuid.uuid4().hex[:8]}"]).get(timeout=60)
+    assert fine == {"ref": f"msg-{unused}", "order": unused}
+    with pytest.raises(idem_client.NotFoundError):
+        APP.client.get_operation(f"F-{uuid.uuid4().hex[:8]}")  # the parent uses it now
     with multiprocessing.get_context("fork").Pool(1) as pool:
         [(_, got)] = pool.map_async(call, ["F-transport"]).get(timeout=60)
     assert isinstance(got, str)
     assert got.startswith("raised invalid-input"), got
-    assert "made with a transport of its own" in got, got
+    assert "used a transport of its own" in got, got
+    assert effects.read_text().splitlines() == [unused], "the refused child did nothing"
     APP.client.close()
     APP = None
 

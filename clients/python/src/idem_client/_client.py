@@ -37,7 +37,8 @@ def _after_fork_in_child() -> None:
 
 # A forked child (gunicorn --preload, Celery prefork, multiprocessing) inherits the parent's
 # open connections: were both to use one, each would read answers meant for the other.
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_lease(lease_ms: int, wait_ms: int) -> None:
@@ -62,7 +63,8 @@ class Client:
     Fork-safe: in a child process (``os.fork``, gunicorn ``--preload``, Celery prefork,
     ``multiprocessing``) the client drops the connections and heartbeat thread it inherited
     and makes its own. A ``transport`` of your own holds connections the client cannot
-    rebuild: such a client raises :class:`InvalidInputError` in a child; make it after the fork.
+    rebuild: a client that used one before the fork raises :class:`InvalidInputError` in the
+    child; make it after the fork.
 
     Raises:
         InvalidInputError: no API key was given or found in ``IDEM_API_KEY``; an
@@ -111,17 +113,19 @@ class Client:
     def _after_fork_in_child(self) -> None:
         """The fork hook: forget (never close, never use) the parent's connections, lock and
         heartbeat thread. Closing would not help: the sockets are shared with the parent."""
+        used = self._http is not None or len(self._ahttp) > 0  # a transport never used holds nothing
+        own = self._transport is not None or self._async_transport is not None
+        self._forked_with_own_transport = self._forked_with_own_transport or (used and own)
         self._lock = threading.Lock()
         self._http = None
         self._ahttp = weakref.WeakKeyDictionary()
         self._heartbeats.after_fork_in_child()
-        self._forked_with_own_transport = self._transport is not None or self._async_transport is not None
 
     def _check_not_forked(self) -> None:
         if self._forked_with_own_transport:
             raise InvalidInputError(
-                "this Client was made with a transport of its own before os.fork(): its connections are "
-                "the parent's, and the client cannot rebuild them. Make the Client in the child (gunicorn "
+                "this Client used a transport of its own before os.fork(): its connections are the "
+                "parent's, and the client cannot rebuild them. Make the Client in the child (gunicorn "
                 "post_fork, Celery worker_process_init); nothing was sent"
             )
 
