@@ -132,7 +132,7 @@ def test_completing_twice_or_completing_a_replay_is_refused_locally(server: Idem
 
 
 async def test_an_async_function_that_blocks_its_loop_keeps_its_lease(server: IdemServer, key: str) -> None:
-    """time.sleep in an ``async def`` stops its event loop for three lease periods; the lease is
+    """time.sleep in an ``async def`` stops its event loop for 2.5 lease periods; the lease is
     renewed from the client's heartbeat thread all the same, so a redo_safe duplicate polling
     from another thread never gets a second grant: one effect, SUCCEEDED at attempt 1."""
     effects: list[str] = []
@@ -144,7 +144,7 @@ async def test_an_async_function_that_blocks_its_loop_keeps_its_lease(server: Id
         "action": "send",
         "payload": ["order"],
         "provider_ref": "ref",
-        "lease_ms": 300,
+        "lease_ms": 600,
         "redo_safe": True,
     }
 
@@ -157,7 +157,7 @@ async def test_an_async_function_that_blocks_its_loop_keeps_its_lease(server: Id
                 effects.append(order)
                 return {"ref": "msg-2"}
 
-            for _ in range(8):  # over the 0.9 s the first call blocks its loop
+            for _ in range(12):  # over the 1.5 s the first call blocks its loop
                 try:
                     answers.append(send_again(key)["ref"])
                 except idem_client.InProgressError:
@@ -170,7 +170,7 @@ async def test_an_async_function_that_blocks_its_loop_keeps_its_lease(server: Id
         async def send(order: str) -> dict[str, str]:
             effects.append(order)
             started.set()
-            time.sleep(0.9)  # noqa: ASYNC251 - the point: blocking code inside an async def
+            time.sleep(1.5)  # noqa: ASYNC251 - the point: blocking code inside an async def
             seen_lost.append(idem_client.current_lease().lost)
             return {"ref": "msg-1"}
 
