@@ -317,3 +317,29 @@ async def test_an_outcome_not_recorded_by_the_lease_end_carries_what_to_report_l
             )
     finally:
         idem.stop()
+
+
+def test_a_completion_answered_503_gives_up_at_the_lease_end_with_the_token(
+    server: IdemServer, key: str
+) -> None:
+    """A Retry-After (60 s) past the lease's end is not waited for: the completion gives up when
+    the lease ends, and the token it carries completes the operation later."""
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations/", "unavailable", times=1000, retry_after=60)
+    ran: list[str] = []
+    started = time.monotonic()
+    with (
+        idem_client.Client(proxy.url, ADMIN_KEY, retry=FAST) as c,
+        pytest.raises(idem_client.OutcomeNotRecordedError) as e,
+    ):
+        guarded(c, ran, lease_ms=1000)(key)
+    took = time.monotonic() - started
+    proxy.close()
+    assert ran == [key]
+    assert isinstance(e.value.__cause__, idem_client.StoreUnavailableError)
+    assert took < 10, f"waited {took:.1f} s: past the lease's end (1 s)"
+    with server.client() as c:
+        assert e.value.fencing_token is not None
+        assert e.value.completion is not None
+        op = c.complete(e.value.key, e.value.fencing_token, e.value.completion)
+    assert (op.state, op.provider_ref) == ("SUCCEEDED", f"msg-{key}")

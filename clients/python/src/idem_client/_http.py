@@ -152,19 +152,17 @@ class _Tries:
         self.tries += 1
         self.last_exc, self.last_answer = None, a
         self.maybe_delivered = True
-        ra = retry_after_s(a.headers)
-        if ra is not None and ra > self.policy.max_retry_after_s and self.until is None:
-            return None
-        return self._next(ra)
+        return self._next(retry_after_s(a.headers))
 
     def _next(self, retry_after: float | None) -> float | None:
         wait = self.policy.delay(self.tries - 1, retry_after)
-        if self.tries < self.policy.attempts:
-            return wait
         left = None if self.until is None else self.until - time.monotonic()
+        too_long = retry_after is not None and retry_after > self.policy.max_retry_after_s
+        if self.tries < self.policy.attempts and not too_long:
+            return wait if left is None or left <= 0 else min(wait, left)
         if left is None or left <= 0:
             return None
-        return min(wait, left)  # the last try at ``until`` at the latest
+        return min(wait, left)  # never past ``until``: the last try is at it at the latest
 
     def give_up(self) -> Exception:
         if self.last_answer is not None:
