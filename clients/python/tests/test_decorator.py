@@ -179,3 +179,113 @@ def test_a_result_that_cannot_be_recorded_is_not_recorded_as_success(
         assert e.value.recorded_state == "UNKNOWN", refused_by
         assert e.value.result == result
         assert c.get_operation(key).state == "UNKNOWN"
+
+
+@pytest.mark.parametrize(("ref", "kept"), [(12345, "12345"), (-7, "-7")])
+def test_an_integer_provider_ref_is_kept_as_its_decimal_string(
+    server: IdemServer, key: str, ref: int, kept: str
+) -> None:
+    """A provider's numeric id is evidence: SUCCEEDED with its decimal string, not UNKNOWN."""
+    with server.client() as c:
+
+        @c.idempotent(key="{order}", action="send", provider_ref="ref", payload=["order"])
+        def send(order: str) -> dict[str, int]:
+            return {"ref": ref}
+
+        assert send(key) == {"ref": ref}
+        op = c.get_operation(key)
+        assert (op.state, op.provider_ref) == ("SUCCEEDED", kept)
+        with c.claim(f"{key}-claim", action="send") as claim:
+            assert claim.succeeded(ref).provider_ref == kept
+
+
+@pytest.mark.parametrize("ref", [True, 1.5, None])
+def test_a_bool_or_float_provider_ref_is_no_evidence(server: IdemServer, key: str, ref: object) -> None:
+    with server.client() as c:
+
+        @c.idempotent(key="{order}", action="send", provider_ref="ref", payload=["order"])
+        def send(order: str) -> dict[str, object]:
+            return {"ref": ref}
+
+        with pytest.raises(idem_client.ResultNotStorableError, match="non-empty string or an integer"):
+            send(key)
+        assert c.get_operation(key).state == "UNKNOWN"
+
+
+class ProviderDownError(Exception):
+    def __init__(self, reason: BaseException) -> None:
+        super().__init__(f"the provider: {reason}")
+        self.reason = reason
+
+
+@pytest.mark.parametrize(
+    ("raised", "state"),
+    [
+        (ProviderDownError(ConnectionRefusedError(111, "refused")), "PENDING"),
+        (ProviderDownError(TimeoutError("read timed out")), "UNKNOWN"),
+        (ValueError("the predicate is not asked about this one's reason"), "UNKNOWN"),
+    ],
+)
+def test_retryable_may_be_a_predicate_on_the_raised_exception(
+    server: IdemServer, key: str, raised: Exception, state: str
+) -> None:
+    """What urllib raises (URLError with .reason) needs a look at the exception itself: a
+    predicate. One that raises (here: no .reason) matches nothing, so the outcome is UNKNOWN."""
+
+    def refused(e: BaseException) -> bool:
+        return isinstance(e.reason, ConnectionRefusedError)  # type: ignore[attr-defined]
+
+    with server.client() as c:
+
+        @c.idempotent(key="{order}", action="send", provider_ref="ref", payload=["order"], retryable=refused)
+        def send(order: str) -> dict[str, str]:
+            raise raised
+
+        with pytest.raises(type(raised)):
+            send(key)
+        assert c.get_operation(key).state == state
+
+
+def test_an_exception_is_matched_by_its_class_not_by_its_causes(server: IdemServer, key: str) -> None:
+    """A refused connection in the chain (an earlier attempt) does not prove the last attempt,
+    which raised, sent nothing: UNKNOWN."""
+    with server.client() as c:
+
+        @c.idempotent(
+            key="{order}",
+            action="send",
+            provider_ref="ref",
+            payload=["order"],
+            retryable=(ConnectionRefusedError,),
+        )
+        def send(order: str) -> dict[str, str]:
+            try:
+                raise ConnectionRefusedError(111, "refused")  # the first try
+            except ConnectionRefusedError as first:
+                raise TimeoutError("the second try timed out after sending") from first
+
+        with pytest.raises(TimeoutError):
+            send(key)
+        assert c.get_operation(key).state == "UNKNOWN"
+
+
+@pytest.mark.parametrize("spec", [("ConnectionRefusedError",), "ConnectionRefusedError", (ValueError, 3)])
+def test_retryable_that_is_no_exception_class_nor_predicate_is_refused_at_once(spec: object) -> None:
+    with pytest.raises(idem_client.InvalidInputError, match="retryable must be an exception class"):
+        NOWHERE.idempotent(key="{a}", action="send", provider_ref="ref", retryable=spec)  # type: ignore[arg-type]
+    with pytest.raises(idem_client.InvalidInputError, match="final must be"):
+        NOWHERE.claim("K-1", action="send", final=spec)  # type: ignore[arg-type]
+
+
+def test_a_replay_is_the_json_form_of_the_result(server: IdemServer, key: str) -> None:
+    """JSON has no tuples: the first call returns the function's tuple, a replay the stored list
+    (README "Results"; serialize= / deserialize= carry other types)."""
+    with server.client() as c:
+
+        @c.idempotent(key="{order}", action="send", provider_ref=lambda r: r[0], payload=["order"])
+        def send(order: str) -> tuple[str, int]:
+            return ("msg-1", 2)
+
+        assert send(key) == ("msg-1", 2)
+        replay: object = send(key)  # typed as the function's return, but JSON
+        assert replay == ["msg-1", 2]

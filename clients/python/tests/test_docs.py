@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 import standardwebhooks
@@ -96,3 +97,16 @@ def test_snippet_runs_as_written(
     finally:
         server.stop()
     assert printed.getvalue().splitlines() == expected_prints(code)
+
+
+def test_the_decorator_snippet_declares_what_httpx_raises_for_a_refused_connection() -> None:
+    """The README's decorator declares retryable what its HTTP library raises when no connection
+    was made. It said ConnectionRefusedError, which httpx (ConnectError) and urllib (URLError)
+    never raise: they wrap it, and the wrapper's class is what is matched."""
+    code = next(code for _, name, code in SNIPPETS if name == "decorator")
+    declared = re.search(r"retryable=(\(.*?\)),", code)
+    assert declared, "the decorator snippet declares retryable=(...)"
+    classes = eval(declared.group(1), {"httpx": httpx})
+    with pytest.raises(httpx.TransportError) as e:
+        httpx.post("http://127.0.0.1:9/send")  # a refused port
+    assert isinstance(e.value, classes), (e.value, classes)

@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -128,3 +129,78 @@ def test_completing_twice_or_completing_a_replay_is_refused_locally(server: Idem
                 again.unknown()
             with pytest.raises(idem_client.NotHeldError):
                 _ = again.lease
+
+
+async def test_an_async_function_that_blocks_its_loop_keeps_its_lease(server: IdemServer, key: str) -> None:
+    """time.sleep in an ``async def`` stops its event loop for 2.5 lease periods; the lease is
+    renewed from the client's heartbeat thread all the same, so a redo_safe duplicate polling
+    from another thread never gets a second grant: one effect, SUCCEEDED at attempt 1."""
+    effects: list[str] = []
+    seen_lost: list[bool] = []
+    answers: list[str] = []
+    started = threading.Event()
+    options: dict[str, Any] = {
+        "key": "{order}",
+        "action": "send",
+        "payload": ["order"],
+        "provider_ref": "ref",
+        "lease_ms": 600,
+        "redo_safe": True,
+    }
+
+    def duplicates() -> None:
+        assert started.wait(10)
+        with server.client() as other:
+
+            @other.idempotent(**options)
+            def send_again(order: str) -> dict[str, str]:
+                effects.append(order)
+                return {"ref": "msg-2"}
+
+            for _ in range(12):  # over the 1.5 s the first call blocks its loop
+                try:
+                    answers.append(send_again(key)["ref"])
+                except idem_client.InProgressError:
+                    answers.append("in-progress")
+                time.sleep(0.12)
+
+    async with server.client() as c:
+
+        @c.idempotent(**options)
+        async def send(order: str) -> dict[str, str]:
+            effects.append(order)
+            started.set()
+            time.sleep(1.5)  # noqa: ASYNC251 - the point: blocking code inside an async def
+            seen_lost.append(idem_client.current_lease().lost)
+            return {"ref": "msg-1"}
+
+        thread = threading.Thread(target=duplicates)
+        thread.start()
+        assert await send(key) == {"ref": "msg-1"}
+        await asyncio.to_thread(thread.join)
+        op = await c.aget_operation(key)
+    kinds = [e["kind"] for e in op.events]
+    assert effects == [key], (effects, answers, kinds)
+    assert seen_lost == [False]
+    assert (op.state, op.attempt, op.provider_ref) == ("SUCCEEDED", 1, "msg-1")
+    assert kinds.count("acquired") == 1, kinds
+    assert "lease_renewed" in kinds, kinds
+    assert "in-progress" in answers, answers
+    assert set(answers) <= {"in-progress", "msg-1"}, answers
+
+
+async def test_wait_lost_wakes_async_code_when_idem_refuses_a_renewal(server: IdemServer, key: str) -> None:
+    """An operator settles the operation while its 30 s lease is valid; the heartbeat thread's
+    next renewal is refused, and that news wakes the coroutine (loop.call_soon_threadsafe)
+    long before the lease's end by the clock. The late evidence then settles the UNKNOWN."""
+    async with (
+        server.client() as c,
+        c.claim(key, action="send", lease_ms=30_000, renew_every_ms=100) as claim,
+    ):
+        settled = await c.acomplete(key, claim.fencing_token, {"outcome": "unknown", "message": "by hand"})
+        assert settled.state == "UNKNOWN"
+        await asyncio.wait_for(claim.lease.wait_lost(), 5)
+        assert claim.lease.remaining_s == 0
+        assert isinstance(claim.lease.lost_reason, idem_client.ProblemError), claim.lease.lost_reason
+        assert claim.lease.lost_reason.status == 409
+        assert (await claim.succeeded("msg-1")).state == "SUCCEEDED"

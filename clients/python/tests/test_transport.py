@@ -3,6 +3,7 @@ was lost (the same holder gets the same grant), and problems as exceptions."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import threading
@@ -201,3 +202,118 @@ def test_a_new_uuid_is_sent_as_holder_per_attempt(server: IdemServer) -> None:
             assert uuid.UUID(holder).version == 4
             holders.add(holder)
     assert len(holders) == 3
+
+
+class Restart:
+    """``idem serve`` on a fixed port and SQLite file, killed and started again."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.port = free_port()
+        self.db = f"sqlite://{tmp_path / 'restart.db'}"
+        self.servers = [IdemServer(self.db, listen=f"127.0.0.1:{self.port}")]
+        self.timer: threading.Timer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def down_for(self, seconds: float) -> None:
+        """Kills the server (SIGKILL) and starts it again ``seconds`` later."""
+        self.servers[-1].stop()
+        start = lambda: self.servers.append(IdemServer(self.db, listen=f"127.0.0.1:{self.port}"))  # noqa: E731
+        self.timer = threading.Timer(seconds, start)
+        self.timer.start()
+
+    def back(self) -> None:
+        if self.timer is not None:
+            self.timer.join()
+
+    def stop(self) -> None:
+        self.back()
+        for s in self.servers:
+            s.stop()
+
+
+def test_a_completion_is_resent_until_idem_is_back_within_the_lease(tmp_path: Path, key: str) -> None:
+    """idem is killed during the function and back 2 s later: with the default RetryPolicy (5
+    tries, about 1.5 s at most) the outcome was lost; a completion is resent for as long as the
+    lease is valid, so it is recorded."""
+    idem = Restart(tmp_path)
+    ran: list[str] = []
+    try:
+        with idem_client.Client(idem.url, ADMIN_KEY) as c:
+
+            @c.idempotent(
+                key="{order}", action="send", payload=["order"], provider_ref="ref", lease_ms=15_000
+            )
+            def send(order: str) -> dict[str, str]:
+                ran.append(order)
+                idem.down_for(2.0)  # idem restarts during the effect
+                return {"ref": "msg-1"}
+
+            assert send(key) == {"ref": "msg-1"}
+            op = c.get_operation(key)
+    finally:
+        idem.stop()
+    assert ran == [key]
+    assert (op.state, op.provider_ref, op.attempt) == ("SUCCEEDED", "msg-1", 1)
+
+
+async def test_an_outcome_not_recorded_by_the_lease_end_carries_what_to_report_later(
+    tmp_path: Path, key: str
+) -> None:
+    """idem is down past the lease's end: OutcomeNotRecordedError carries the key, the fencing
+    token and the completion, and reporting it once idem is back settles the operation."""
+    idem = Restart(tmp_path)
+    try:
+        async with idem_client.Client(idem.url, ADMIN_KEY) as c:
+
+            @c.idempotent(key="{order}", action="send", payload=["order"], provider_ref="ref", lease_ms=800)
+            async def send(order: str) -> dict[str, object]:
+                idem.down_for(2.0)
+                return {"ref": "msg-1", "n": 1}
+
+            with pytest.raises(idem_client.OutcomeNotRecordedError) as e:
+                await send(key)
+            err = e.value
+            assert (err.key, err.recorded_state) == (key, None)
+            assert isinstance(err.fencing_token, int)
+            assert err.completion == {
+                "outcome": "succeeded",
+                "provider_ref": "msg-1",
+                "result": {"ref": "msg-1", "n": 1},
+            }
+            await asyncio.to_thread(idem.back)
+            op = await c.acomplete(err.key, err.fencing_token, err.completion)
+            assert (op.state, op.provider_ref, op.result) == ("SUCCEEDED", "msg-1", {"ref": "msg-1", "n": 1})
+            assert (await c.acomplete(err.key, err.fencing_token, err.completion)).state == "SUCCEEDED", (
+                "safe to repeat"
+            )
+    finally:
+        idem.stop()
+
+
+def test_a_completion_answered_503_gives_up_at_the_lease_end_with_the_token(
+    server: IdemServer, key: str
+) -> None:
+    """A Retry-After (60 s) past the lease's end is not waited for: the completion gives up when
+    the lease ends, and the token it carries completes the operation later."""
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations/", "unavailable", times=1000, retry_after=60)
+    ran: list[str] = []
+    started = time.monotonic()
+    with (
+        idem_client.Client(proxy.url, ADMIN_KEY, retry=FAST) as c,
+        pytest.raises(idem_client.OutcomeNotRecordedError) as e,
+    ):
+        guarded(c, ran, lease_ms=1000)(key)
+    took = time.monotonic() - started
+    proxy.close()
+    assert ran == [key]
+    assert isinstance(e.value.__cause__, idem_client.StoreUnavailableError)
+    assert took < 10, f"waited {took:.1f} s: past the lease's end (1 s)"
+    with server.client() as c:
+        assert e.value.fencing_token is not None
+        assert e.value.completion is not None
+        op = c.complete(e.value.key, e.value.fencing_token, e.value.completion)
+    assert (op.state, op.provider_ref) == ("SUCCEEDED", f"msg-{key}")

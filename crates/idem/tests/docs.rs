@@ -51,6 +51,13 @@ fn every_block_is_annotated() {
             "run" if !["sh", "bash", "python", "sql", "js"].contains(&b.lang.as_str()) => {
                 errors.push(format!("{}: `run` takes sh, bash, python, js or sql blocks, not {:?}", b.at(), b.lang))
             }
+            "run"
+                if b.opts.get("overlap").is_some_and(|n| {
+                    !["sh", "bash"].contains(&b.lang.as_str()) || !n.parse::<usize>().is_ok_and(|n| n >= 2)
+                }) =>
+            {
+                errors.push(format!("{}: `overlap=N` takes an sh or bash block and N of 2 or more", b.at()))
+            }
             "config" if b.lang != "toml" || !b.opts.contains_key("file") => {
                 errors.push(format!("{}: `config` is a ```toml block with file=NAME", b.at()))
             }
@@ -295,12 +302,26 @@ fn run_page(page: &Path, blocks: &[Block]) -> Result<String, String> {
                 script.push_str(&format!("psql -X -q -v ON_ERROR_STOP=1 \"$DATABASE_URL\" -f {file}\n"));
             }
             _ => {
-                promised.extend(text.lines().filter_map(|l| {
-                    let l = l.trim_start().strip_prefix("# HTTP/1.1 ")?;
-                    Some(l.split_whitespace().next()?.to_owned())
-                }));
-                script.push_str(&text);
-                script.push('\n');
+                let copies = b.opts.get("overlap").map_or(1, |n| n.parse::<usize>().unwrap_or(1));
+                for _ in 0..copies {
+                    promised.extend(text.lines().filter_map(|l| {
+                        let l = l.trim_start().strip_prefix("# HTTP/1.1 ")?;
+                        Some(l.split_whitespace().next()?.to_owned())
+                    }));
+                }
+                if copies == 1 {
+                    script.push_str(&text);
+                    script.push('\n');
+                } else {
+                    // Overlapping runs of a job (cron, CI): the copies start together in the
+                    // page's directory, each in a subshell of its own, and each one's exit
+                    // status counts.
+                    script.push_str("overlap_pids=()\n");
+                    for _ in 0..copies {
+                        script.push_str(&format!("(\n{text}\n) &\noverlap_pids+=($!)\n"));
+                    }
+                    script.push_str("for pid in \"${overlap_pids[@]}\"; do wait \"$pid\"; done\n");
+                }
             }
         }
     }

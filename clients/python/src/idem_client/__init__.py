@@ -12,6 +12,7 @@ from ._client import Client
 from ._decorator import Idempotent
 from ._errors import (
     PROBLEM_CLASSES,
+    AnswerMismatchError,
     ClaimNotCompletedError,
     ConflictError,
     ConnectorNotAllowedError,
@@ -72,6 +73,7 @@ __version__ = "0.1.0"
 __all__ = [
     "JSON",
     "PROBLEM_CLASSES",
+    "AnswerMismatchError",
     "AsyncClaim",
     "Claim",
     "ClaimContext",

@@ -21,11 +21,12 @@ effect may have started), and no exception at all completes UNKNOWN and raises
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from ._errors import (
+    AnswerMismatchError,
     ClaimNotCompletedError,
     ConnectorOwnedError,
     IdemError,
@@ -51,6 +53,7 @@ from ._errors import (
     RetryNotDueError,
     StaleFencingTokenError,
     TransportError,
+    check_answer,
 )
 from ._heartbeat import Beat
 from ._http import Answer, Request, asend, send
@@ -67,7 +70,45 @@ MAX_MESSAGE_BYTES = 4096
 #: Longest ``error_class``, in characters of ``[A-Za-z0-9_.-]`` (idem_core::completion).
 MAX_ERROR_CLASS_LEN = 64
 
-ExceptionTypes = tuple[type[BaseException], ...]
+#: Which exceptions prove something (``retryable`` / ``final``): an exception class, a tuple of
+#: them (matched with ``isinstance``, as ``except`` does), or a predicate on the exception.
+ExceptionMatch = type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
+
+
+def _is_exception_class(x: object) -> bool:
+    return isinstance(x, type) and issubclass(x, BaseException)
+
+
+def exception_matcher(spec: ExceptionMatch, what: str) -> Callable[[BaseException], bool]:
+    """``spec`` as a test of one exception: the raised exception itself, never its
+    ``__cause__`` or ``__context__`` (an earlier attempt that was refused says nothing about
+    the last one, which may have been sent). A predicate that raises matches nothing.
+
+    Raises:
+        InvalidInputError: ``spec`` is none of an exception class, a tuple of them, a predicate.
+    """
+    if _is_exception_class(spec) or (isinstance(spec, tuple) and all(map(_is_exception_class, spec))):
+        classes = spec
+
+        def matches(e: BaseException) -> bool:
+            return isinstance(e, classes)  # type: ignore[arg-type]
+
+        return matches
+    if callable(spec) and not isinstance(spec, (type, tuple)):
+        predicate = spec
+
+        def holds(e: BaseException) -> bool:
+            try:
+                return bool(predicate(e))
+            except Exception:
+                return False
+
+        return holds
+    raise InvalidInputError(
+        f"{what} must be an exception class, a tuple of exception classes or a predicate "
+        f"(a function of the exception), not {spec!r}"
+    )
+
 
 _current: ContextVar[Lease | None] = ContextVar("idem_client_lease", default=None)
 
@@ -91,8 +132,9 @@ class Lease:
     renewal (``lease-expired``, ``stale-fencing-token``: another attempt may act now) or when the
     lease's end passed without a successful renewal (by this process's monotonic clock,
     counted from before the request that granted or renewed it). Long work should check it
-    between steps and stop; its completion is then accepted only while no other lease was
-    granted (README "Completing").
+    between steps and stop (or, in ``async`` code, race it against :meth:`wait_lost`); its
+    completion is then accepted only while no other lease was granted (README "Completing").
+    The heartbeat renews it from the client's own thread, for ``async`` claims too.
     """
 
     def __init__(self, key: str, fencing_token: int, lease_ms: int, granted_at: float) -> None:
@@ -101,6 +143,8 @@ class Lease:
         self.lease_ms = lease_ms
         self._ends_at = granted_at + lease_ms / 1000
         self._lost = threading.Event()
+        self._waiters_lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self.lost_reason: BaseException | None = None
 
     @property
@@ -110,8 +154,25 @@ class Lease:
 
     @property
     def lost_event(self) -> threading.Event:
-        """Set when idem refused a renewal or the heartbeat saw the lease end (for waiting on it)."""
+        """Set when idem refused a renewal or the heartbeat saw the lease end (for waiting on it
+        in a thread; ``async`` code awaits :meth:`wait_lost`)."""
         return self._lost
+
+    async def wait_lost(self) -> None:
+        """Returns once the lease is lost (see :attr:`lost`): idem refused a renewal (the
+        heartbeat thread wakes this coroutine with ``loop.call_soon_threadsafe``) or the lease's
+        end passed without a renewal. Race it against the work, e.g. with ``asyncio.wait``."""
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        with self._waiters_lock:
+            self._waiters.append((loop, woken))
+        try:
+            while not self.lost:
+                with contextlib.suppress(asyncio.TimeoutError):  # the lease's end, by this clock
+                    await asyncio.wait_for(woken.wait(), max(0.001, self._ends_at - time.monotonic()))
+        finally:
+            with self._waiters_lock:
+                self._waiters.remove((loop, woken))
 
     @property
     def remaining_s(self) -> float:
@@ -132,9 +193,15 @@ class Lease:
         self._ends_at = sent_at + self.lease_ms / 1000
 
     def _lose(self, reason: BaseException | None) -> None:
-        if not self._lost.is_set():
-            self.lost_reason = reason
-            self._lost.set()
+        if self._lost.is_set():
+            return
+        self.lost_reason = reason
+        self._lost.set()
+        with self._waiters_lock:
+            waiters = list(self._waiters)
+        for loop, woken in waiters:
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits there any more
+                loop.call_soon_threadsafe(woken.set)
 
 
 @dataclass(frozen=True)
@@ -147,17 +214,32 @@ class Target:
     acquire_body: Mapping[str, JSON]
     complete_path: str
     server_waits: bool
+    #: The operation key an answer must be about (a step's: ``{instance}:{step}``, or a
+    #: re-run's ``{instance}:{step}:rerun-N``, idem_core::flow::step_key).
+    key: str
 
     @staticmethod
     def operation(key: str, body: Mapping[str, JSON]) -> Target:
         return Target(
-            f"operation {key!r}", "/v1/operations", body, f"/v1/operations/{_quote(key)}/complete", True
+            f"operation {key!r}", "/v1/operations", body, f"/v1/operations/{_quote(key)}/complete", True, key
         )
 
     @staticmethod
     def step(instance_id: str, step: str, body: Mapping[str, JSON]) -> Target:
         base = "/v1/workflows/" + _quote(instance_id) + "/steps/" + _quote(step)
-        return Target(f"step {step!r} of {instance_id!r}", base, body, base + "/complete", False)
+        return Target(
+            f"step {step!r} of {instance_id!r}",
+            base,
+            body,
+            base + "/complete",
+            False,
+            f"{instance_id}:{step}",
+        )
+
+    def answer_key(self, got: str) -> str:
+        """The key an answer about this target carries (``got`` when it is one), else ours."""
+        rerun = got.startswith(self.key + ":rerun-") and got.removeprefix(self.key + ":rerun-").isdigit()
+        return got if not self.server_waits and rerun else self.key
 
 
 def _quote(s: str) -> str:
@@ -191,8 +273,8 @@ class _ClaimBase:
         wait_ms: int,
         heartbeat: bool,
         renew_every_ms: int | None,
-        retryable: ExceptionTypes,
-        final: ExceptionTypes,
+        retryable: ExceptionMatch,
+        final: ExceptionMatch,
     ) -> None:
         self._client = client
         self._target = target
@@ -200,8 +282,11 @@ class _ClaimBase:
         self._wait_ms = wait_ms
         self._heartbeat = heartbeat
         self._renew_every_ms = renew_every_ms if renew_every_ms is not None else max(50, lease_ms // 3)
-        self._retryable = retryable
-        self._final = final
+        self._retryable = exception_matcher(retryable, "retryable")
+        self._final = exception_matcher(final, "final")
+        self._holder = ""
+        self._beat: Beat | None = None
+        self._completion: dict[str, JSON] | None = None
         self._operation: Operation | None = None
         self._lease: Lease | None = None
         self._status = 0
@@ -264,7 +349,8 @@ class _ClaimBase:
 
     def _acquire_request(self, server_wait_ms: int) -> Request:
         body = dict(self._target.acquire_body)
-        body["holder"] = str(uuid.uuid4())  # one attempt's own identity (idem_core::holder)
+        self._holder = str(uuid.uuid4())  # one attempt's own identity (idem_core::holder)
+        body["holder"] = self._holder
         if server_wait_ms > 0:
             body["wait_ms"] = server_wait_ms
         return Request(
@@ -280,6 +366,10 @@ class _ClaimBase:
         """Interprets an acquire's answer; ``None`` when decided, else seconds to wait and ask again."""
         if a.status in (200, 201, 202):
             op = Operation.from_json(a.body if isinstance(a.body, dict) else {})
+            # A grant or a replay of another key must not run (or answer) this one.
+            check_answer(self._target.describe, "the key", self._target.answer_key(op.key), op.key)
+            if a.status == 201:
+                check_answer(self._target.describe, "the lease holder", self._holder, op.lease_holder)
             self._operation = op
             if a.status == 202:
                 raise OutcomeUnknownError(op) if op.state == "UNKNOWN" else OperationPendingError(op)
@@ -302,14 +392,29 @@ class _ClaimBase:
         if self._completion_tried:
             raise NotHeldError(f"{self._target.describe}: this claim was completed already")
         self._completion_tried = True
+        self._completion = dict(body)
         path = self._target.complete_path
         body["fencing_token"] = self._lease.fencing_token
         return Request("POST", path, body, True, self._client.timeout_s)
 
+    def _complete_until(self) -> float:
+        """Until when a completion is resent (monotonic): the lease's end. The effect happened
+        and resending the same completion is safe, so an idem restart during the effect does
+        not lose its outcome; after the lease's end the caller gets the token to report later."""
+        return self.lease._ends_at
+
     def _on_complete(self, a: Answer) -> Operation:
         if a.status == 200 and isinstance(a.body, dict):
-            self._operation = Operation.from_json(a.body)
-            return self._operation
+            op = Operation.from_json(a.body)
+            try:
+                check_answer(self._target.describe, "the key", self.key, op.key)
+                check_answer(
+                    self._target.describe, "the fencing token", self.lease.fencing_token, op.fencing_token
+                )
+            except AnswerMismatchError as e:
+                raise self._not_recorded(e) from e
+            self._operation = op
+            return op
         err = a.error()
         if isinstance(err, StaleFencingTokenError):
             err.args = (
@@ -322,11 +427,16 @@ class _ClaimBase:
         raise err
 
     def _not_recorded(self, e: Exception) -> OutcomeNotRecordedError:
+        token = self._lease.fencing_token if self._lease else None
         err = OutcomeNotRecordedError(
-            f"{self._target.describe}: the outcome could not be reported to idem ({e}); the operation stays "
-            "EXECUTING until its lease runs out, then it is UNKNOWN: never performed twice",
-            key=self._operation.key if self._operation else "",
+            f"{self._target.describe}: the outcome could not be reported to idem until the lease's end "
+            f"({e}); the operation stays EXECUTING until its lease runs out, then it is UNKNOWN: never "
+            "performed twice. Report it later with client.complete(e.key, e.fencing_token, e.completion) "
+            f"(fencing token {token})",
+            key=self._operation.key if self._operation else self._target.key,
             recorded_state=None,
+            fencing_token=token,
+            completion=self._completion,
         )
         err.__cause__ = e
         return err
@@ -345,6 +455,14 @@ class _ClaimBase:
         """Applies a renewal's answer to the lease; False when the heartbeat should stop."""
         lease = self.lease
         if isinstance(a, Answer) and a.status == 200:
+            op = Operation.from_json(a.body if isinstance(a.body, dict) else {})
+            try:
+                check_answer(self._target.describe, "the key", self.key, op.key)
+                check_answer(
+                    self._target.describe, "the fencing token", lease.fencing_token, op.fencing_token
+                )
+            except TransportError:
+                return True  # another request's answer says nothing about this lease: renew again
             lease._renewed(sent_at)
             return True
         err = a.error() if isinstance(a, Answer) else a
@@ -357,7 +475,7 @@ class _ClaimBase:
     def _exit_body(self, exc: BaseException | None) -> dict[str, JSON]:
         if exc is None:
             return {"outcome": "unknown", "message": "the claim block ended without reporting an outcome"}
-        if isinstance(exc, self._retryable):
+        if self._retryable(exc):
             body: dict[str, JSON] = {
                 "outcome": "retryable_failure",
                 "error_class": error_class_of(exc),
@@ -367,7 +485,7 @@ class _ClaimBase:
             if isinstance(floor, int) and not isinstance(floor, bool) and 0 <= floor <= 86_400_000:
                 body["retry_after_ms"] = floor
             return body
-        if isinstance(exc, self._final):
+        if self._final(exc):
             return {
                 "outcome": "final_failure",
                 "error_class": error_class_of(exc),
@@ -386,6 +504,33 @@ class _ClaimBase:
     def _needs_exit_completion(self) -> bool:
         return self.acquired and not self._completion_tried
 
+    # --- the heartbeat: the client's thread, for sync and async claims alike --------------
+
+    def _start_heartbeat(self) -> None:
+        if self.acquired and self._heartbeat:
+            self._beat = self._client._heartbeats.start(Beat(self._renew_once, self._renew_every_ms / 1000))
+
+    def _renew_once(self) -> bool:
+        """One renewal (on the client's heartbeat pool, over the sync connections, whatever
+        event loop the claim's code runs on); False: stop renewing."""
+        sent_at = time.monotonic()
+        try:
+            a: Answer | BaseException = send(
+                self._client._sync_http(),
+                self._renew_request(),
+                self._client.retry,
+                self._client.connect_timeout_s,
+            )
+        except (TransportError, ProblemError, InvalidInputError) as e:
+            a = e
+        if self._beat is None or self._beat.cancelled:
+            return False  # completed meanwhile: this answer says nothing about the lease
+        return self._on_renew(a, sent_at)
+
+    def _stop_heartbeat(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+
     def _enter_context(self) -> None:
         if self._lease is not None:
             self._ctx_token = _current.set(self._lease)
@@ -400,17 +545,27 @@ class _ClaimBase:
 MAX_PROVIDER_REF_BYTES = 512
 
 
-def succeeded_body(provider_ref: str, result: object) -> dict[str, JSON]:
+def evidence(provider_ref: object) -> object:
+    """The evidence as idem keeps it: a string; an integer (not a bool) becomes its decimal
+    string (a provider's numeric id, ``12345`` → ``"12345"``); anything else is left for
+    :func:`succeeded_body` to refuse."""
+    if isinstance(provider_ref, int) and not isinstance(provider_ref, bool):
+        return str(provider_ref)
+    return provider_ref
+
+
+def succeeded_body(provider_ref: str | int, result: object) -> dict[str, JSON]:
     """The body of a success; the evidence's rules (idem_core::completion) checked here."""
-    if not isinstance(provider_ref, str) or not provider_ref.strip():
+    ref = evidence(provider_ref)
+    if not isinstance(ref, str) or not ref.strip():
         raise InvalidInputError(
-            f"provider_ref must be the provider's evidence, a non-empty string; got {provider_ref!r}"
+            f"provider_ref must be the provider's evidence, a non-empty string (or an integer); got {ref!r}"
         )
-    if len(provider_ref.encode("utf-8", "replace")) > MAX_PROVIDER_REF_BYTES:
+    if len(ref.encode("utf-8", "replace")) > MAX_PROVIDER_REF_BYTES:
         raise InvalidInputError(f"provider_ref is longer than {MAX_PROVIDER_REF_BYTES} bytes")
-    if any(unicodedata.category(ch) == "Cc" for ch in provider_ref):
+    if any(unicodedata.category(ch) == "Cc" for ch in ref):
         raise InvalidInputError("provider_ref must not contain control characters")
-    body: dict[str, JSON] = {"outcome": "succeeded", "provider_ref": provider_ref}
+    body: dict[str, JSON] = {"outcome": "succeeded", "provider_ref": ref}
     if result is not None:
         body["result"] = to_json(result, "result")
     return body
@@ -429,8 +584,6 @@ class Claim(_ClaimBase):
     record idem answers with and raise its problem (:class:`StaleFencingTokenError` when the
     lease was lost to another attempt)."""
 
-    _beat: Beat | None = None
-
     def _enter(self) -> Claim:
         deadline = time.monotonic() + self._wait_ms / 1000
         http = self._client._sync_http()
@@ -443,43 +596,33 @@ class Claim(_ClaimBase):
             if wait is None:
                 break
             time.sleep(wait)
-        if self.acquired and self._heartbeat:
-            self._beat = self._client._heartbeats.start(Beat(self._renew_once, self._renew_every_ms / 1000))
+        self._start_heartbeat()
         self._enter_context()
         return self
-
-    def _renew_once(self) -> bool:
-        """One renewal (on the client's heartbeat pool); False: stop renewing."""
-        sent_at = time.monotonic()
-        try:
-            a: Answer | BaseException = send(
-                self._client._sync_http(),
-                self._renew_request(),
-                self._client.retry,
-                self._client.connect_timeout_s,
-            )
-        except (TransportError, ProblemError) as e:
-            a = e
-        if self._beat is None or self._beat.cancelled:
-            return False  # completed meanwhile: this answer says nothing about the lease
-        return self._on_renew(a, sent_at)
-
-    def _stop_heartbeat(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
 
     def _complete(self, body: dict[str, JSON]) -> Operation:
         req = self._complete_request(body)
         self._stop_heartbeat()
         try:
-            a = send(self._client._sync_http(), req, self._client.retry, self._client.connect_timeout_s)
-        except TransportError as e:
+            a = send(
+                self._client._sync_http(),
+                req,
+                self._client.retry,
+                self._client.connect_timeout_s,
+                until=self._complete_until(),
+            )
+        except (TransportError, ProblemError) as e:  # a 503 (or no answer) until the lease's end
             raise self._not_recorded(e) from e
         return self._on_complete(a)
 
-    def succeeded(self, provider_ref: str, result: object = None) -> Operation:
-        """Completes SUCCEEDED with the provider's evidence (``provider_ref``, at most 512 bytes)
-        and an optional JSON ``result`` replayed to every later trigger."""
+    def succeeded(self, provider_ref: str | int, result: object = None) -> Operation:
+        """Completes SUCCEEDED with the provider's evidence (``provider_ref``: a string of at most
+        512 bytes, or an integer, kept as its decimal string) and an optional JSON ``result``
+        replayed to every later trigger — as JSON: a tuple comes back as a list.
+
+        The completion is resent (same token, same outcome: idempotent) until the lease's end
+        when idem does not answer; then :class:`OutcomeNotRecordedError` carries the token and
+        the completion to report later."""
         return self._complete(succeeded_body(provider_ref, result))
 
     def retryable_failure(
@@ -528,9 +671,9 @@ class Claim(_ClaimBase):
 
 
 class AsyncClaim(_ClaimBase):
-    """A claim used with ``async with``; as :class:`Claim`, with awaitable completions."""
-
-    _beat: asyncio.Task[None] | None = None
+    """A claim used with ``async with``; as :class:`Claim`, with awaitable completions. Its
+    lease is renewed from the client's heartbeat thread, so code that blocks the event loop
+    does not stop the renewals."""
 
     async def _enter(self) -> AsyncClaim:
         deadline = time.monotonic() + self._wait_ms / 1000
@@ -543,44 +686,26 @@ class AsyncClaim(_ClaimBase):
             if wait is None:
                 break
             await asyncio.sleep(wait)
-        if self.acquired and self._heartbeat:
-            self._beat = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        self._start_heartbeat()
         self._enter_context()
         return self
 
-    async def _heartbeat_loop(self) -> None:
-        http = self._client._async_http()
-        while True:
-            await asyncio.sleep(self._renew_every_ms / 1000)
-            sent_at = time.monotonic()
-            try:
-                a: Answer | BaseException = await asend(
-                    http, self._renew_request(), self._client.retry, self._client.connect_timeout_s
-                )
-            except (TransportError, ProblemError) as e:
-                a = e
-            if not self._on_renew(a, sent_at):
-                return
-
-    async def _stop_heartbeat(self) -> None:
-        beat, self._beat = self._beat, None
-        if beat is not None and not beat.done():
-            beat.cancel()
-            # wait() does not raise the beat's CancelledError, only this task's own.
-            await asyncio.wait([beat])
-
     async def _complete(self, body: dict[str, JSON]) -> Operation:
         req = self._complete_request(body)
-        await self._stop_heartbeat()
+        self._stop_heartbeat()
         try:
             a = await asend(
-                self._client._async_http(), req, self._client.retry, self._client.connect_timeout_s
+                self._client._async_http(),
+                req,
+                self._client.retry,
+                self._client.connect_timeout_s,
+                until=self._complete_until(),
             )
-        except TransportError as e:
+        except (TransportError, ProblemError) as e:  # a 503 (or no answer) until the lease's end
             raise self._not_recorded(e) from e
         return self._on_complete(a)
 
-    async def succeeded(self, provider_ref: str, result: object = None) -> Operation:
+    async def succeeded(self, provider_ref: str | int, result: object = None) -> Operation:
         """As :meth:`Claim.succeeded`."""
         return await self._complete(succeeded_body(provider_ref, result))
 
@@ -624,7 +749,7 @@ class AsyncClaim(_ClaimBase):
             if exc is None:
                 raise self._not_completed(rec)
         finally:
-            await self._stop_heartbeat()
+            self._stop_heartbeat()
             self._leave_context()
 
 
@@ -633,6 +758,8 @@ class ClaimContext:
     :class:`Claim`) or ``async with`` (an :class:`AsyncClaim`). Nothing is sent before."""
 
     def __init__(self, client: Client, target: Target, **options: Any) -> None:
+        exception_matcher(options["retryable"], "retryable")  # refused here, before anything is sent
+        exception_matcher(options["final"], "final")
         self._client = client
         self._target = target
         self._options = options

@@ -14,9 +14,9 @@ from urllib.parse import quote
 
 import httpx
 
-from ._claim import ClaimContext, ExceptionTypes, Target
+from ._claim import ClaimContext, ExceptionMatch, Target
 from ._decorator import EvidenceSpec, Idempotent, KeySpec, PayloadSpec
-from ._errors import InvalidInputError
+from ._errors import InvalidInputError, check_answer
 from ._heartbeat import Heartbeats
 from ._http import USER_AGENT, Answer, Request, RetryPolicy, asend, send
 from ._json import to_json
@@ -24,6 +24,21 @@ from ._records import JSON, Instance, Operation
 
 #: Lease lengths idem accepts, in ms (README "Request fields").
 MIN_LEASE_MS, MAX_LEASE_MS = 100, 3_600_000
+
+
+#: Every live client, for the fork hook below.
+_CLIENTS: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_CLIENTS):
+        client._after_fork_in_child()
+
+
+# A forked child (gunicorn --preload, Celery prefork, multiprocessing) inherits the parent's
+# open connections: were both to use one, each would read answers meant for the other.
+if hasattr(os, "register_at_fork"):  # POSIX; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_lease(lease_ms: int, wait_ms: int) -> None:
@@ -40,11 +55,20 @@ class Client:
     ``IDEM_API_KEY``. ``timeout_s``: how long one request may wait for its answer (plus any
     ``wait_ms``); ``connect_timeout_s``: for the connection; ``retry``: how idem's own calls are
     retried (:class:`RetryPolicy`). ``transport`` / ``async_transport``: httpx transports (for a
-    proxy or custom TLS). One client serves threads and every event loop (an
-    ``httpx.AsyncClient`` per loop); close it with :meth:`close` / :meth:`aclose` or ``with``.
+    proxy or custom TLS); with ``async_transport`` give ``transport`` too, configured alike: the
+    leases of ``async`` claims are renewed from the library's heartbeat thread, over the sync
+    transport. One client serves threads and every event loop (an ``httpx.AsyncClient`` per
+    loop); close it with :meth:`close` / :meth:`aclose` or ``with``.
+
+    Fork-safe: in a child process (``os.fork``, gunicorn ``--preload``, Celery prefork,
+    ``multiprocessing``) the client drops the connections and heartbeat thread it inherited
+    and makes its own. A ``transport`` of your own holds connections the client cannot
+    rebuild: a client that used one before the fork raises :class:`InvalidInputError` in the
+    child; make it after the fork.
 
     Raises:
-        InvalidInputError: no API key was given or found in ``IDEM_API_KEY``.
+        InvalidInputError: no API key was given or found in ``IDEM_API_KEY``; an
+            ``async_transport`` without a ``transport``.
     """
 
     def __init__(
@@ -64,6 +88,11 @@ class Client:
             raise InvalidInputError(
                 "no API key: pass api_key= or set IDEM_API_KEY (idem prints one on first start)"
             )
+        if async_transport is not None and transport is None:
+            raise InvalidInputError(
+                "async_transport= needs transport= too, configured alike: async claims renew their "
+                "leases from the library's heartbeat thread, over the sync transport"
+            )
         self._headers = {"authorization": f"Bearer {key}", "user-agent": USER_AGENT}
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -76,16 +105,39 @@ class Client:
         self._ahttp: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
+        self._forked_with_own_transport = False
+        _CLIENTS.add(self)
 
     # --- connections -------------------------------------------------------------------
 
+    def _after_fork_in_child(self) -> None:
+        """The fork hook: forget (never close, never use) the parent's connections, lock and
+        heartbeat thread. Closing would not help: the sockets are shared with the parent."""
+        used = self._http is not None or len(self._ahttp) > 0  # a transport never used holds nothing
+        own = self._transport is not None or self._async_transport is not None
+        self._forked_with_own_transport = self._forked_with_own_transport or (used and own)
+        self._lock = threading.Lock()
+        self._http = None
+        self._ahttp = weakref.WeakKeyDictionary()
+        self._heartbeats.after_fork_in_child()
+
+    def _check_not_forked(self) -> None:
+        if self._forked_with_own_transport:
+            raise InvalidInputError(
+                "this Client used a transport of its own before os.fork(): its connections are the "
+                "parent's, and the client cannot rebuild them. Make the Client in the child (gunicorn "
+                "post_fork, Celery worker_process_init); nothing was sent"
+            )
+
     def _sync_http(self) -> httpx.Client:
+        self._check_not_forked()
         with self._lock:
             if self._http is None:
                 self._http = httpx.Client(base_url=self.url, headers=self._headers, transport=self._transport)
             return self._http
 
     def _async_http(self) -> httpx.AsyncClient:
+        self._check_not_forked()
         loop = asyncio.get_running_loop()
         with self._lock:
             http = self._ahttp.get(loop)
@@ -148,8 +200,8 @@ class Client:
         redo_safe: bool = False,
         heartbeat: bool = True,
         renew_every_ms: int | None = None,
-        retryable: ExceptionTypes = (),
-        final: ExceptionTypes = (),
+        retryable: ExceptionMatch = (),
+        final: ExceptionMatch = (),
     ) -> ClaimContext:
         """A claim on the operation ``key`` for ``action`` with ``payload`` (the intent), to use
         with ``with`` or ``async with`` (see :mod:`idem_client._claim` and the README).
@@ -157,10 +209,13 @@ class Client:
         ``fingerprint_fields``: JSON pointers of the payload fields that define the intent.
         ``lease_ms`` (100-3 600 000): the lease, renewed every ``renew_every_ms`` (default a third
         of it) while ``heartbeat`` is on. ``wait_ms``: how long to wait for a concurrent
-        duplicate's outcome (0: raise :class:`InProgressError` at once). ``redo_safe``: an
-        expired lease may be granted again instead of becoming UNKNOWN. ``retryable`` / ``final``:
-        the exceptions that prove nothing happened, completed as a retryable / final failure
-        when they leave the block; any other exception completes UNKNOWN.
+        duplicate's outcome (0: raise :class:`InProgressError` at once). ``redo_safe``: doing the
+        action twice is harmless, so an expired lease is granted again instead of becoming
+        UNKNOWN (default False: never redone). ``retryable`` / ``final``: the exceptions that prove
+        nothing happened, completed as a retryable / final failure when they leave the block —
+        an exception class, a tuple of them, or a predicate on the exception; the raised
+        exception itself is matched, never its ``__cause__`` / ``__context__`` (an earlier refused
+        attempt says nothing about the last one). Any other exception completes UNKNOWN.
 
         Raises (on entering, before the block runs): :class:`InvalidInputError` (bad option or
         payload), :class:`OutcomeUnknownError`, :class:`InProgressError`,
@@ -204,8 +259,8 @@ class Client:
         redo_safe: bool = False,
         heartbeat: bool = True,
         renew_every_ms: int | None = None,
-        retryable: ExceptionTypes = (),
-        final: ExceptionTypes = (),
+        retryable: ExceptionMatch = (),
+        final: ExceptionMatch = (),
         serialize: Callable[[Any], object] | None = None,
         deserialize: Callable[[JSON], Any] | None = None,
     ) -> Idempotent:
@@ -214,7 +269,8 @@ class Client:
         ``key``: a format string filled from the call's arguments by name
         (``"{order_id}:confirmation:v1"``) or a callable taking the function's arguments.
         ``action``: the kind of side effect (1-128 of ``[A-Za-z0-9_.:-]``). ``provider_ref``: the
-        evidence, read from the return value — a field (dict key or attribute) name or a callable.
+        evidence, read from the return value — a field (dict key or attribute) name or a callable;
+        a non-empty string, or an integer (kept as its decimal string).
         ``payload``: the intent — the names of the arguments that define it, a callable taking
         the function's arguments, or (default) all arguments but ``self``/``cls``.
         ``serialize`` / ``deserialize``: the return value to JSON and back, for replays (default:
@@ -223,7 +279,8 @@ class Client:
         A call raises what :meth:`claim` raises before the function runs; after it ran, the
         function's own exception (completed as a retryable or final failure when declared, else
         UNKNOWN), :class:`ResultNotStorableError`, :class:`StaleFencingTokenError`, or
-        :class:`OutcomeNotRecordedError`. A replay returns the stored result, or raises
+        :class:`OutcomeNotRecordedError`. A replay returns the stored result as JSON (a tuple
+        comes back as a list; ``deserialize`` makes it your type again), or raises
         :class:`OperationFailedError` for a FAILED operation.
         """
         _check_lease(lease_ms, wait_ms)
@@ -246,20 +303,54 @@ class Client:
         )
 
     @staticmethod
-    def _record(a: Answer) -> Operation:
+    def _record(a: Answer, key: str, fencing_token: int | None = None) -> Operation:
         if a.status != 200 or not isinstance(a.body, dict):
             raise a.error()
-        return Operation.from_json(a.body)
+        op = Operation.from_json(a.body)
+        check_answer(f"operation {key!r}", "the key", key, op.key)
+        if fencing_token is not None:
+            check_answer(f"operation {key!r}", "the fencing token", fencing_token, op.fencing_token)
+        return op
 
     def get_operation(self, key: str) -> Operation:
         """``GET /v1/operations/{key}``: the record with its ``events``.
 
         Raises: :class:`NotFoundError`, :class:`InvalidKeyError`, ..."""
-        return self._record(self._call(Request("GET", f"/v1/operations/{quote(key, safe='')}")))
+        return self._record(self._call(Request("GET", f"/v1/operations/{quote(key, safe='')}")), key)
 
     async def aget_operation(self, key: str) -> Operation:
         """As :meth:`get_operation`."""
-        return self._record(await self._acall(Request("GET", f"/v1/operations/{quote(key, safe='')}")))
+        return self._record(await self._acall(Request("GET", f"/v1/operations/{quote(key, safe='')}")), key)
+
+    @staticmethod
+    def _complete_request(key: str, fencing_token: int, completion: Mapping[str, Any]) -> Request:
+        if not isinstance(fencing_token, int) or isinstance(fencing_token, bool):
+            raise InvalidInputError(f"fencing_token must be an integer, not {fencing_token!r}")
+        body = to_json(dict(completion), "completion")
+        assert isinstance(body, dict)
+        body["fencing_token"] = fencing_token
+        return Request("POST", f"/v1/operations/{quote(key, safe='')}/complete", body, True)
+
+    def complete(self, key: str, fencing_token: int, completion: Mapping[str, Any]) -> Operation:
+        """``POST /v1/operations/{key}/complete``: reports an outcome with a lease's fencing token,
+        outside a claim — the one an :class:`OutcomeNotRecordedError` carries
+        (``client.complete(e.key, e.fencing_token, e.completion)``), later, once idem is back.
+        ``completion`` is the body without the token: ``{"outcome": "succeeded", "provider_ref":
+        ..., "result": ...}`` and the other outcomes' fields (README "Completing"). Safe to repeat.
+        For a workflow step, ``key`` is the step's operation key (the error carries it).
+
+        Raises: :class:`StaleFencingTokenError` (another lease was granted since: nothing
+        recorded), :class:`OperationFinalError` (another outcome was recorded),
+        :class:`InvalidRequestError`, :class:`LateArrivalError`, :class:`NotFoundError`,
+        :class:`ServerUnreachableError`, :class:`NoAnswerError`."""
+        return self._record(
+            self._call(self._complete_request(key, fencing_token, completion)), key, fencing_token
+        )
+
+    async def acomplete(self, key: str, fencing_token: int, completion: Mapping[str, Any]) -> Operation:
+        """As :meth:`complete`."""
+        req = self._complete_request(key, fencing_token, completion)
+        return self._record(await self._acall(req), key, fencing_token)
 
     # --- workflows your code runs ----------------------------------------------------------
 
@@ -286,10 +377,12 @@ class Client:
         return Request("POST", "/v1/workflows", body, True)
 
     @staticmethod
-    def _instance(a: Answer) -> Instance:
+    def _instance(a: Answer, instance_id: str) -> Instance:
         if a.status not in (200, 201) or not isinstance(a.body, dict):
             raise a.error()
-        return Instance.from_json(a.body)
+        instance = Instance.from_json(a.body)
+        check_answer(f"instance {instance_id!r}", "the instance id", instance_id, instance.instance_id)
+        return instance
 
     def start_workflow(
         self,
@@ -308,7 +401,8 @@ class Client:
         workflow, input or steps, :class:`UnknownWorkflowError`, :class:`InvalidDefinitionError`,
         :class:`LateArrivalError`."""
         return self._instance(
-            self._call(self._start_request(workflow, instance_id, input, steps, source_event, trace_id))
+            self._call(self._start_request(workflow, instance_id, input, steps, source_event, trace_id)),
+            instance_id,
         )
 
     async def astart_workflow(
@@ -325,17 +419,20 @@ class Client:
         return self._instance(
             await self._acall(
                 self._start_request(workflow, instance_id, input, steps, source_event, trace_id)
-            )
+            ),
+            instance_id,
         )
 
     def get_workflow(self, instance_id: str) -> Instance:
         """``GET /v1/workflows/{instance}``: the instance with its steps and events."""
-        return self._instance(self._call(Request("GET", f"/v1/workflows/{quote(instance_id, safe='')}")))
+        return self._instance(
+            self._call(Request("GET", f"/v1/workflows/{quote(instance_id, safe='')}")), instance_id
+        )
 
     async def aget_workflow(self, instance_id: str) -> Instance:
         """As :meth:`get_workflow`."""
         return self._instance(
-            await self._acall(Request("GET", f"/v1/workflows/{quote(instance_id, safe='')}"))
+            await self._acall(Request("GET", f"/v1/workflows/{quote(instance_id, safe='')}")), instance_id
         )
 
     def step(
@@ -349,8 +446,8 @@ class Client:
         wait_ms: int = 0,
         heartbeat: bool = True,
         renew_every_ms: int | None = None,
-        retryable: ExceptionTypes = (),
-        final: ExceptionTypes = (),
+        retryable: ExceptionMatch = (),
+        final: ExceptionMatch = (),
     ) -> ClaimContext:
         """A claim on a step your code performs (``POST /v1/workflows/{instance}/steps/{step}``),
         used like :meth:`claim`: ``acquired`` → perform it and report it (the instance advances);

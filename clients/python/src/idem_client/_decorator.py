@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
-from ._claim import AsyncClaim, Claim, ExceptionTypes, message_of, succeeded_body
+from ._claim import AsyncClaim, Claim, ExceptionMatch, evidence, exception_matcher, message_of, succeeded_body
 from ._errors import InvalidInputError, OperationFailedError, ResultNotStorableError
 from ._json import NotJSONError, to_json
 from ._records import JSON
@@ -27,7 +27,7 @@ R = TypeVar("R")
 
 KeySpec = str | Callable[..., str]
 PayloadSpec = Sequence[str] | Callable[..., object] | None
-EvidenceSpec = str | Callable[[Any], str]
+EvidenceSpec = str | Callable[[Any], str | int]
 
 
 class Idempotent:
@@ -47,8 +47,8 @@ class Idempotent:
         redo_safe: bool,
         heartbeat: bool,
         renew_every_ms: int | None,
-        retryable: ExceptionTypes,
-        final: ExceptionTypes,
+        retryable: ExceptionMatch,
+        final: ExceptionMatch,
         serialize: Callable[[Any], object] | None,
         deserialize: Callable[[JSON], Any] | None,
     ) -> None:
@@ -58,6 +58,8 @@ class Idempotent:
             )
         if not isinstance(provider_ref, str) and not callable(provider_ref):
             raise InvalidInputError("provider_ref must name a field of the result or be a callable")
+        exception_matcher(retryable, "retryable")  # refused at decoration, not after the function ran
+        exception_matcher(final, "final")
         self._client = client
         self._key = key
         self._action = action
@@ -182,9 +184,11 @@ class Idempotent:
                 ref = _field(value, self._provider_ref)
             else:
                 ref = self._provider_ref(value)
+            ref = evidence(ref)
             if not isinstance(ref, str) or not ref.strip():
                 raise InvalidInputError(
-                    f"provider_ref read {ref!r} from the result; the evidence must be a non-empty string"
+                    f"provider_ref read {ref!r} from the result; the evidence must be a non-empty string "
+                    "or an integer"
                 )
             stored = to_json(self._serialize(value) if self._serialize else value, "result")
             succeeded_body(ref, stored)  # the evidence's rules, before anything is sent

@@ -95,17 +95,49 @@ class NoAnswerError(TransportError):
     when its lease runs out, and is not performed twice."""
 
 
+class AnswerMismatchError(NoAnswerError):
+    """An answer of idem is about another key, lease holder or fencing token than the request
+    it came back for: the request's own answer went elsewhere (a connection shared by two
+    processes, or a proxy that mixes answers up), so this request counts as one whose answer
+    was lost (:class:`NoAnswerError`). Nothing is done with the stray answer: the function
+    does not run on another key's grant, and a completion is not taken as recorded. ``expected``
+    and ``got`` name what differed."""
+
+    def __init__(self, message: str, *, expected: str, got: str) -> None:
+        self.expected = expected
+        self.got = got
+        super().__init__(message, attempts=1)
+
+
 class OutcomeNotRecordedError(IdemError):
     """The function ran (the effect may have happened) but idem did not record the outcome
     the library wanted to report. ``recorded_state`` is what idem holds now when known
     (``UNKNOWN`` after the library reported it so; ``None`` when idem could not be told:
     then the lease runs out into UNKNOWN). ``result`` is what the function returned, if it
-    returned; ``__cause__`` the reason."""
+    returned; ``__cause__`` the reason.
 
-    def __init__(self, message: str, *, key: str, recorded_state: str | None, result: object = None) -> None:
+    ``fencing_token`` and ``completion`` (the completion's JSON body without the token:
+    ``outcome`` and its fields) are set when idem could not be told: keep them and report the
+    outcome later with ``client.complete(e.key, e.fencing_token, e.completion)``. idem accepts a
+    late completion with the token while no newer lease was granted (README "Leases"; a
+    ``redo_safe`` action may have been granted again, then it raises
+    :class:`StaleFencingTokenError`); its evidence settles the UNKNOWN the lease ran out into."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str,
+        recorded_state: str | None,
+        result: object = None,
+        fencing_token: int | None = None,
+        completion: dict[str, JSON] | None = None,
+    ) -> None:
         self.key = key
         self.recorded_state = recorded_state
         self.result = result
+        self.fencing_token = fencing_token
+        self.completion = completion
         super().__init__(message)
 
 
@@ -455,3 +487,15 @@ def problem_error(
         or (ServerError if status >= 500 else ProblemError)
     )
     return cls(problem, status=status, request_id=request_id, retry_after=retry_after)
+
+
+def check_answer(what: str, field: str, expected: object, got: object) -> None:
+    """Raises :class:`AnswerMismatchError` when an answer's ``field`` is not the request's."""
+    if expected != got:
+        raise AnswerMismatchError(
+            f"{what}: idem's answer is about {field} {got!r}, the request was about {expected!r}; the "
+            "request's own answer went elsewhere (a connection shared across os.fork(), or a proxy "
+            "that mixes answers up). Nothing was done with the stray answer",
+            expected=f"{field} {expected!r}",
+            got=f"{field} {got!r}",
+        )

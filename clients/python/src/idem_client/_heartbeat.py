@@ -5,13 +5,16 @@ so a renewal that waits on an unreachable server does not hold back the others.
 A claim costs a heap entry, not a thread: most effects finish long before their first
 renewal (every third of the lease), and a thread per claim cost more CPU than the two HTTP
 requests of the claim (scripts measured in bench/peers).
+
+Async claims are renewed here too, not by a task on the caller's event loop: a coroutine that
+blocks its loop (``time.sleep``, ``requests.post``) would stop such a task, and the lease
+would run out while the effect is still under way.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -43,14 +46,17 @@ class Heartbeats:
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._pid = 0
         self._closed = False
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child (``os.register_at_fork``): the parent's thread, pool, lock and
+        claims are not the child's; start afresh (the next claim starts a thread)."""
+        self._cond = threading.Condition()
+        self._heap, self._thread, self._pool = [], None, None
 
     def start(self, beat: Beat) -> Beat:
         """Schedules ``beat``'s first renewal ``every_s`` from now."""
         with self._cond:
-            if self._pid != os.getpid():  # a forked child has no threads of its parent
-                self._thread, self._pool, self._heap, self._pid = None, None, [], os.getpid()
             self._closed = False
             heapq.heappush(self._heap, (time.monotonic() + beat.every_s, next(self._seq), beat))
             if self._thread is None:

@@ -12,6 +12,10 @@ retried, with full jitter (AWS Architecture Blog, "Exponential Backoff And Jitte
   ``409 contention``: the request may or may not have been recorded, and the resend (the
   same request, an acquire with the same holder) reads which; ``Retry-After`` (RFC 9110
   §10.2.3) is the floor of the wait.
+
+A call with ``until`` (a completion: the effect happened, and its report is idempotent) goes on
+after the policy's tries, with the same capped full-jitter waits, until that monotonic instant
+(the lease's end), so a restart of idem during the effect does not lose its outcome.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ class RetryPolicy:
     retry waits a random time in [0, min(cap_s, base_s * 2^n)] seconds (full jitter), at least
     the ``Retry-After`` the answer asked for. ``max_retry_after_s``: a ``Retry-After`` longer
     than this is not waited for; the error is raised at once with ``retry_after`` set.
+
+    A completion (the effect happened; resending it is safe) is retried beyond ``attempts``,
+    with the same waits, for as long as its lease is valid, then raises
+    :class:`OutcomeNotRecordedError` with what to report later.
     """
 
     attempts: int = 5
@@ -49,7 +57,7 @@ class RetryPolicy:
 
     def delay(self, retry: int, retry_after: float | None) -> float:
         """Seconds to wait before retry number ``retry`` (0-based)."""
-        jitter = random.uniform(0, min(self.cap_s, self.base_s * (2**retry)))
+        jitter = random.uniform(0, min(self.cap_s, self.base_s * (2 ** min(retry, 32))))
         return max(jitter, retry_after or 0.0)
 
 
@@ -123,9 +131,10 @@ _UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.Un
 class _Tries:
     """The bookkeeping of one call's tries: what happened, and what to raise at the end."""
 
-    def __init__(self, policy: RetryPolicy, what: str) -> None:
+    def __init__(self, policy: RetryPolicy, what: str, until: float | None) -> None:
         self.policy = policy
         self.what = what
+        self.until = until
         self.tries = 0
         self.maybe_delivered = False
         self.last_exc: Exception | None = None
@@ -144,15 +153,17 @@ class _Tries:
         self.tries += 1
         self.last_exc, self.last_answer = None, a
         self.maybe_delivered = True
-        ra = retry_after_s(a.headers)
-        if ra is not None and ra > self.policy.max_retry_after_s:
-            return None
-        return self._next(ra)
+        return self._next(retry_after_s(a.headers))
 
     def _next(self, retry_after: float | None) -> float | None:
-        if self.tries >= self.policy.attempts:
+        wait = self.policy.delay(self.tries - 1, retry_after)
+        left = None if self.until is None else self.until - time.monotonic()
+        too_long = retry_after is not None and retry_after > self.policy.max_retry_after_s
+        if self.tries < self.policy.attempts and not too_long:
+            return wait if left is None or left <= 0 else min(wait, left)
+        if left is None or left <= 0:
             return None
-        return self.policy.delay(self.tries - 1, retry_after)
+        return min(wait, left)  # never past ``until``: the last try is at it at the latest
 
     def give_up(self) -> Exception:
         if self.last_answer is not None:
@@ -195,14 +206,21 @@ class Request:
         return {"headers": headers, "content": content, "timeout": timeout}
 
 
-def send(client: httpx.Client, req: Request, policy: RetryPolicy, connect_timeout_s: float) -> Answer:
-    """Sends ``req`` (retried as the module docs say); the final answer, whatever its status.
+def send(
+    client: httpx.Client,
+    req: Request,
+    policy: RetryPolicy,
+    connect_timeout_s: float,
+    until: float | None = None,
+) -> Answer:
+    """Sends ``req`` (retried as the module docs say; past the policy's tries until the
+    ``time.monotonic()`` instant ``until`` when given); the final answer, whatever its status.
 
     Raises:
         ServerUnreachableError, NoAnswerError: the retries are spent without an answer.
         ProblemError: the retries are spent on retryable answers (503, ...).
     """
-    tries = _Tries(policy, f"{req.method} {req.path}")
+    tries = _Tries(policy, f"{req.method} {req.path}", until)
     kwargs = req.kwargs(connect_timeout_s)
     while True:
         try:
@@ -219,10 +237,14 @@ def send(client: httpx.Client, req: Request, policy: RetryPolicy, connect_timeou
 
 
 async def asend(
-    client: httpx.AsyncClient, req: Request, policy: RetryPolicy, connect_timeout_s: float
+    client: httpx.AsyncClient,
+    req: Request,
+    policy: RetryPolicy,
+    connect_timeout_s: float,
+    until: float | None = None,
 ) -> Answer:
     """:func:`send` for asyncio."""
-    tries = _Tries(policy, f"{req.method} {req.path}")
+    tries = _Tries(policy, f"{req.method} {req.path}", until)
     kwargs = req.kwargs(connect_timeout_s)
     while True:
         try:

@@ -15,7 +15,9 @@
 //!   NAME: the test gives it a unique name and drops it afterwards). `expect="TEXT"` (or
 //!   `"A|B"`): the page's output must contain it — with the statuses of `# HTTP/1.1 NNN`
 //!   comments, which must be the ones printed, what makes a page that runs but does the
-//!   wrong thing fail;
+//!   wrong thing fail. `overlap=N` (an `sh` block): the block runs as N copies at once in
+//!   the page's directory, each in a subshell, each one's exit status checked — two
+//!   overlapping runs of a scheduled job, which must not share state through a file;
 //! - `config`: a whole configuration file, saved as `file=NAME` in the page's directory
 //!   (so later `run` blocks can use it), parsed as TOML and checked with
 //!   `idem serve --check-config`;
