@@ -112,11 +112,23 @@ function checkedClass(errorClass: unknown): string {
   return errorClass;
 }
 
+/**
+ * The evidence as idem keeps it: a string; a safe integer (`Number.isSafeInteger`) or a
+ * `bigint` becomes its decimal string (a provider's numeric id, `12345` → `"12345"`); anything
+ * else (a boolean, a fraction, `NaN`) is left for {@link succeededBody} to refuse.
+ */
+export function evidence(providerRef: unknown): unknown {
+  if (typeof providerRef === "bigint") return providerRef.toString(10);
+  if (typeof providerRef === "number" && Number.isSafeInteger(providerRef)) return String(providerRef);
+  return providerRef;
+}
+
 /** The body of a success; the evidence's rules (idem_core::completion) checked here. */
-export function succeededBody(providerRef: unknown, result: unknown): Record<string, JSONValue> {
+export function succeededBody(rawRef: unknown, result: unknown): Record<string, JSONValue> {
+  const providerRef = evidence(rawRef);
   if (typeof providerRef !== "string" || providerRef.trim() === "") {
     throw new InvalidInputError(
-      `providerRef must be the provider's evidence, a non-empty string; got ${JSON.stringify(providerRef) ?? String(providerRef)}`,
+      `providerRef must be the provider's evidence, a non-empty string (or an integer); got ${JSON.stringify(providerRef) ?? String(providerRef)}`,
     );
   }
   if (Buffer.byteLength(providerRef.toWellFormed(), "utf8") > MAX_PROVIDER_REF_BYTES) {
@@ -358,14 +370,15 @@ export class Claim implements AsyncDisposable {
   }
 
   /**
-   * Completes SUCCEEDED with the provider's evidence (`providerRef`, at most 512 bytes of UTF-8)
-   * and an optional JSON `result` replayed to every later trigger.
+   * Completes SUCCEEDED with the provider's evidence (`providerRef`: a string of at most 512
+   * bytes of UTF-8, or an integer — a safe `number` or a `bigint` — kept as its decimal string)
+   * and an optional JSON `result` replayed to every later trigger, as JSON.
    *
    * @throws InvalidInputError bad evidence or a result that is not JSON (nothing sent yet).
    * @throws StaleFencingTokenError the lease was lost to another attempt; nothing recorded.
    * @throws OutcomeNotRecordedError idem could not be told.
    */
-  async succeeded(providerRef: string, result?: unknown): Promise<Operation> {
+  async succeeded(providerRef: string | number | bigint, result?: unknown): Promise<Operation> {
     return this.#complete(succeededBody(providerRef, result));
   }
 

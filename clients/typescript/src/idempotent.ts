@@ -9,7 +9,7 @@
  */
 
 import type { Claim, ErrorMatcher } from "./claim.js";
-import { messageOf, succeededBody } from "./claim.js";
+import { evidence, messageOf, succeededBody } from "./claim.js";
 import type { Client, ClaimOptions } from "./client.js";
 import { InvalidInputError, NotJSONError, OperationFailedError, ResultNotStorableError } from "./errors.js";
 import { toJSON } from "./json.js";
@@ -25,7 +25,8 @@ export type FieldOf<R> = unknown extends R ? string : [keyof R] extends [never] 
  * - `key`: the idempotency key, from the call's arguments (`(order) => \`${order.id}:confirm:v1\``):
  *   derive it from business ids, never from a request id or the time.
  * - `action`: the kind of side effect (1-128 of `[A-Za-z0-9_.:-]`); part of the intent.
- * - `providerRef`: the evidence, read from the result — a field name or a function.
+ * - `providerRef`: the evidence, read from the result — a field name or a function; a string,
+ *   or an integer (a safe `number` or a `bigint`) kept as its decimal string.
  * - `payload`: the intent, from the arguments (default: the arguments as a JSON array); a
  *   repeat with another payload is refused (`FingerprintMismatchError`).
  * - `retryable` / `final`: the errors that prove nothing happened, completed as a retryable /
@@ -38,7 +39,7 @@ export type FieldOf<R> = unknown extends R ? string : [keyof R] extends [never] 
 export interface IdempotentOptions<A extends unknown[], R> extends Omit<ClaimOptions, "action" | "payload"> {
   readonly key: (...args: A) => string;
   readonly action: string;
-  readonly providerRef: FieldOf<R> | ((result: R) => string);
+  readonly providerRef: FieldOf<R> | ((result: R) => string | number | bigint);
   readonly payload?: (...args: A) => unknown;
   readonly serialize?: (result: R) => unknown;
   readonly deserialize?: (stored: JSONValue) => R;
@@ -103,9 +104,10 @@ export function guard<F extends (...args: any[]) => unknown>(
         }
         ref = (value as Record<string, unknown>)[providerRef];
       }
+      ref = evidence(ref);
       if (typeof ref !== "string" || ref.trim() === "") {
         throw new InvalidInputError(
-          `providerRef read ${JSON.stringify(ref) ?? String(ref)} from the result; the evidence must be a non-empty string`,
+          `providerRef read ${JSON.stringify(ref) ?? String(ref)} from the result; the evidence must be a non-empty string or an integer`,
         );
       }
       const result = toJSON(serialize ? serialize(value) : value, "result");
