@@ -38,6 +38,7 @@ import {
   OperationPendingError,
   OutcomeNotRecordedError,
   OutcomeUnknownError,
+  ProblemError,
   RetryNotDueError,
   StaleFencingTokenError,
   TransportError,
@@ -174,6 +175,7 @@ export class Claim implements AsyncDisposable {
   #connector: boolean;
   #lease: Lease | undefined;
   #completionTried = false;
+  #completion: Readonly<Record<string, JSONValue>> | null = null;
   #beat: NodeJS.Timeout | undefined;
   #beating = false;
 
@@ -327,6 +329,7 @@ export class Claim implements AsyncDisposable {
     }
     if (this.#completionTried) throw new NotHeldError(`${this.#target.describe}: this claim was completed already`);
     this.#completionTried = true;
+    this.#completion = Object.freeze({ ...body });
     this.#stopHeartbeat();
     lease.release();
     const req: Request = {
@@ -337,15 +340,13 @@ export class Claim implements AsyncDisposable {
     };
     let a: Answer;
     try {
-      a = await this.#transport.send(req);
+      // The effect happened and resending the same completion is safe: resent until the
+      // lease's end, so an idem restart during the effect does not lose its outcome.
+      a = await this.#transport.send(req, lease.endsAt);
     } catch (e) {
-      if (!(e instanceof TransportError)) throw e;
-      throw new OutcomeNotRecordedError(
-        `${this.#target.describe}: the outcome could not be reported to idem (${e.message}); the operation stays ` +
-          "EXECUTING until its lease runs out, then it is UNKNOWN: never performed twice",
-        { key: this.#operation.key, recordedState: null },
-        { cause: e },
-      );
+      // No answer, or a 503 (or another "try again") until the lease's end.
+      if (e instanceof TransportError || e instanceof ProblemError) throw this.#notRecorded(e);
+      throw e;
     }
     if (a.status === 200 && typeof a.body === "object" && a.body !== null) {
       this.#operation = operationFrom(a.body);
@@ -369,6 +370,17 @@ export class Claim implements AsyncDisposable {
     throw err;
   }
 
+  #notRecorded(e: Error): OutcomeNotRecordedError {
+    const token = this.#lease?.fencingToken ?? null;
+    return new OutcomeNotRecordedError(
+      `${this.#target.describe}: the outcome could not be reported to idem until the lease's end (${e.message}); ` +
+        "the operation stays EXECUTING until its lease runs out, then it is UNKNOWN: never performed twice. " +
+        `Report it later with client.complete(e.key, e.fencingToken, e.completion) (fencing token ${token})`,
+      { key: this.#operation.key, recordedState: null, fencingToken: token, completion: this.#completion },
+      { cause: e },
+    );
+  }
+
   /**
    * Completes SUCCEEDED with the provider's evidence (`providerRef`: a string of at most 512
    * bytes of UTF-8, or an integer — a safe `number` or a `bigint` — kept as its decimal string)
@@ -376,7 +388,9 @@ export class Claim implements AsyncDisposable {
    *
    * @throws InvalidInputError bad evidence or a result that is not JSON (nothing sent yet).
    * @throws StaleFencingTokenError the lease was lost to another attempt; nothing recorded.
-   * @throws OutcomeNotRecordedError idem could not be told.
+   * @throws OutcomeNotRecordedError idem could not be told until the lease's end (the
+   * completion is resent, same token and outcome, for as long as the lease is valid); it
+   * carries `fencingToken` and `completion`, for `client.complete(...)` later.
    */
   async succeeded(providerRef: string | number | bigint, result?: unknown): Promise<Operation> {
     return this.#complete(succeededBody(providerRef, result));

@@ -176,6 +176,41 @@ export class Client {
     return Client.#record(a);
   }
 
+  /**
+   * `POST /v1/operations/{key}/complete`: reports an outcome with a lease's fencing token,
+   * outside a claim — the one an `OutcomeNotRecordedError` carries, later, once idem is
+   * back: `await client.complete(e.key, e.fencingToken, e.completion)`. `completion` is the body
+   * without the token, as idem takes it (snake_case): `{ outcome: "succeeded", provider_ref,
+   * result }`, `{ outcome: "retryable_failure", error_class, message, retry_after_ms }`,
+   * `{ outcome: "final_failure", error_class, message, result }` or `{ outcome: "unknown",
+   * message }`. Safe to repeat (an identical repeat is answered with the unchanged record); for
+   * a workflow step, `key` is the step's operation key (the error carries it), and the instance
+   * advances. idem accepts it while no newer lease was granted.
+   *
+   * @throws InvalidInputError a token that is not a safe integer, a completion that is not a
+   * JSON object (nothing sent).
+   * @throws StaleFencingTokenError another lease was granted since: nothing recorded.
+   * @throws OperationFinalError another outcome was recorded; InvalidRequestError,
+   * LateArrivalError, NotFoundError, ServerUnreachableError, NoAnswerError.
+   */
+  async complete(key: string, fencingToken: number, completion: Readonly<Record<string, JSONValue>>): Promise<Operation> {
+    if (typeof key !== "string") throw new InvalidInputError(`the key must be a string, not ${typeof key}`);
+    if (!Number.isSafeInteger(fencingToken)) {
+      throw new InvalidInputError(`fencingToken must be an integer, not ${JSON.stringify(fencingToken) ?? String(fencingToken)}`);
+    }
+    const body = toJSON(completion, "completion");
+    if (typeof body !== "object" || body === null || Array.isArray(body)) {
+      throw new InvalidInputError("completion must be a JSON object: { outcome, ... } without the fencing token");
+    }
+    const a = await this.#transport.send({
+      method: "POST",
+      path: `/v1/operations/${segment(key)}/complete`,
+      body: { ...body, fencing_token: fencingToken },
+      timeoutMs: this.timeoutMs,
+    });
+    return Client.#record(a);
+  }
+
   // --- workflows your code runs ------------------------------------------------------
 
   static #instance(a: Answer): Instance {
@@ -258,7 +293,9 @@ export function defaultClient(): Client {
  * `InvalidKeyError`, `InvalidInputError`, `ServerUnreachableError`, ...), or with
  * `OperationFailedError` for a replay of a FAILED operation; after `fn` ran, with `fn`'s own
  * error (completed as a retryable or final failure when declared, else UNKNOWN),
- * `ResultNotStorableError`, `StaleFencingTokenError` or `OutcomeNotRecordedError`.
+ * `ResultNotStorableError`, `StaleFencingTokenError` or `OutcomeNotRecordedError` (idem could
+ * not be told until the lease's end: it carries the fencing token and the completion, for
+ * {@link Client.complete} later).
  *
  * @throws InvalidInputError bad options (at once, nothing sent).
  */

@@ -116,21 +116,39 @@ export class NoAnswerError extends TransportError {}
  * library wanted to report. `recordedState` is what idem holds now when known (`UNKNOWN` after
  * the library reported it so; `null` when idem could not be told: then the lease runs out into
  * UNKNOWN). `result` is what the function returned, if it returned; `cause` the reason.
+ *
+ * `fencingToken` and `completion` (the completion's JSON body without the token: `outcome` and
+ * its fields, snake_case as idem takes them) are set when idem could not be told until the
+ * lease's end: keep them (a table, a durable queue) and report the outcome later with
+ * `client.complete(e.key, e.fencingToken, e.completion)`. idem accepts a late completion with
+ * the token while no newer lease was granted (README "Leases"; a `redoSafe` action may have
+ * been granted again, then it rejects with `StaleFencingTokenError`), and its evidence settles
+ * the UNKNOWN the lease ran out into. Both are `null` otherwise.
  */
 export class OutcomeNotRecordedError extends IdemError {
   readonly key: string;
   readonly recordedState: string | null;
   readonly result: unknown;
+  readonly fencingToken: number | null;
+  readonly completion: Readonly<Record<string, JSONValue>> | null;
 
   constructor(
     message: string,
-    fields: { key: string; recordedState: string | null; result?: unknown },
+    fields: {
+      key: string;
+      recordedState: string | null;
+      result?: unknown;
+      fencingToken?: number | null;
+      completion?: Readonly<Record<string, JSONValue>> | null;
+    },
     options?: ErrorOptions,
   ) {
     super(message, options);
     this.key = fields.key;
     this.recordedState = fields.recordedState;
     this.result = fields.result;
+    this.fencingToken = fields.fencingToken ?? null;
+    this.completion = fields.completion ?? null;
   }
 }
 
