@@ -43,7 +43,7 @@ import {
   StaleFencingTokenError,
   TransportError,
 } from "./errors.js";
-import { type Answer, type Request, type Transport, answerError, segment } from "./http.js";
+import { type Answer, type Request, type Transport, answerError, checkAnswer, segment } from "./http.js";
 import { toJSON } from "./json.js";
 import { Lease } from "./lease.js";
 import { type JSONValue, type Operation, operationFrom } from "./records.js";
@@ -147,11 +147,22 @@ export function succeededBody(rawRef: unknown, result: unknown): Record<string, 
  */
 export interface Target {
   readonly describe: string;
+  /**
+   * The operation key an answer must be about: the key, or a step's `{instance}:{step}`
+   * (idem_core::flow::step_key; a re-run's `{instance}:{step}:rerun-N` is taken too).
+   */
+  readonly key: string;
   readonly acquirePath: string;
   readonly acquireBody: Readonly<Record<string, JSONValue>>;
   readonly completePath: string;
   /** Whether idem waits `wait_ms` itself (operations), or the library polls (steps). */
   readonly serverWaits: boolean;
+}
+
+/** The key an answer about `target` may carry: `got` when it is one (a step's re-run), else the target's. */
+function answerKey(target: Target, got: string): string {
+  const rest = got.startsWith(`${target.key}:rerun-`) ? got.slice(target.key.length + ":rerun-".length) : "";
+  return !target.serverWaits && /^\d+$/.test(rest) ? got : target.key;
 }
 
 /** The options of a claim that are not part of the request's intent. */
@@ -202,7 +213,8 @@ export class Claim implements AsyncDisposable {
       const serverWait = target.serverWaits
         ? Math.max(0, Math.min(SERVER_MAX_WAIT_MS, Math.floor(deadline - performance.now())))
         : 0;
-      const body: Record<string, JSONValue> = { ...target.acquireBody, holder: randomUUID() }; // this attempt's own identity
+      const holder = randomUUID(); // this attempt's own identity (idem_core::holder)
+      const body: Record<string, JSONValue> = { ...target.acquireBody, holder };
       if (serverWait > 0) body["wait_ms"] = serverWait;
       const sentAt = performance.now();
       const a = await transport.send({
@@ -211,9 +223,13 @@ export class Claim implements AsyncDisposable {
         body,
         timeoutMs: b.timeoutMs + serverWait,
       });
-      if (a.status === 200 || a.status === 201) return new Claim(transport, target, b, a, sentAt);
-      if (a.status === 202) {
+      if (a.status === 200 || a.status === 201 || a.status === 202) {
+        // A grant or a replay of another key (or a grant for another holder) must not run or
+        // answer this one: the request's own answer went elsewhere.
         const op = operationFrom(a.body);
+        checkAnswer(target.describe, "the key", answerKey(target, op.key), op.key);
+        if (a.status === 201) checkAnswer(target.describe, "the lease holder", holder, op.leaseHolder);
+        if (a.status !== 202) return new Claim(transport, target, b, a, sentAt);
         throw op.state === "UNKNOWN" ? new OutcomeUnknownError(op) : new OperationPendingError(op);
       }
       const err = answerError(a);
@@ -301,7 +317,9 @@ export class Claim implements AsyncDisposable {
     }
     if (!this.#beating) return; // completed meanwhile: this answer says nothing about the lease
     if (a?.status === 200) {
-      lease.renewed(sentAt);
+      const op = operationFrom(a.body);
+      // Another request's answer says nothing about this lease: renew again at the next beat.
+      if (op.key === this.#operation.key && op.fencingToken === lease.fencingToken) lease.renewed(sentAt);
       this.#schedule();
       return;
     }
@@ -349,8 +367,15 @@ export class Claim implements AsyncDisposable {
       throw e;
     }
     if (a.status === 200 && typeof a.body === "object" && a.body !== null) {
-      this.#operation = operationFrom(a.body);
-      return this.#operation;
+      const op = operationFrom(a.body);
+      try {
+        checkAnswer(this.#target.describe, "the key", this.#operation.key, op.key);
+        checkAnswer(this.#target.describe, "the fencing token", lease.fencingToken, op.fencingToken);
+      } catch (e) {
+        throw this.#notRecorded(e as Error);
+      }
+      this.#operation = op;
+      return op;
     }
     let err = answerError(a);
     if (err instanceof StaleFencingTokenError) {
@@ -513,6 +538,7 @@ export class Claim implements AsyncDisposable {
 export function operationTarget(key: string, body: Record<string, JSONValue>): Target {
   return {
     describe: `operation ${JSON.stringify(key)}`,
+    key,
     acquirePath: "/v1/operations",
     acquireBody: body,
     completePath: `/v1/operations/${segment(key)}/complete`,
@@ -525,6 +551,7 @@ export function stepTarget(instanceId: string, step: string, body: Record<string
   const base = `/v1/workflows/${segment(instanceId)}/steps/${segment(step)}`;
   return {
     describe: `step ${JSON.stringify(step)} of ${JSON.stringify(instanceId)}`,
+    key: `${instanceId}:${step}`,
     acquirePath: base,
     acquireBody: body,
     completePath: `${base}/complete`,

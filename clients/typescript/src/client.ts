@@ -2,7 +2,7 @@
 
 import { Claim, type ErrorMatcher, operationTarget, stepTarget } from "./claim.js";
 import { InvalidInputError } from "./errors.js";
-import { DEFAULT_RETRY, type Answer, type RetryPolicy, Transport, USER_AGENT, answerError, segment } from "./http.js";
+import { DEFAULT_RETRY, type Answer, type RetryPolicy, Transport, USER_AGENT, answerError, checkAnswer, segment } from "./http.js";
 import { type Idempotent, type IdempotentOptions, guard } from "./idempotent.js";
 import { toJSON } from "./json.js";
 import { type Instance, type JSONValue, type Operation, instanceFrom, operationFrom } from "./records.js";
@@ -165,15 +165,18 @@ export class Client {
     return guard(fn, options, () => this);
   }
 
-  static #record(a: Answer): Operation {
+  static #record(a: Answer, key: string, fencingToken?: number): Operation {
     if (a.status !== 200 || typeof a.body !== "object" || a.body === null) throw answerError(a);
-    return operationFrom(a.body);
+    const op = operationFrom(a.body);
+    checkAnswer(`operation ${JSON.stringify(key)}`, "the key", key, op.key);
+    if (fencingToken !== undefined) checkAnswer(`operation ${JSON.stringify(key)}`, "the fencing token", fencingToken, op.fencingToken);
+    return op;
   }
 
   /** `GET /v1/operations/{key}`: the record with its `events`. @throws NotFoundError, InvalidKeyError, ... */
   async getOperation(key: string): Promise<Operation> {
     const a = await this.#transport.send({ method: "GET", path: `/v1/operations/${segment(key)}`, timeoutMs: this.timeoutMs });
-    return Client.#record(a);
+    return Client.#record(a, key);
   }
 
   /**
@@ -191,7 +194,8 @@ export class Client {
    * JSON object (nothing sent).
    * @throws StaleFencingTokenError another lease was granted since: nothing recorded.
    * @throws OperationFinalError another outcome was recorded; InvalidRequestError,
-   * LateArrivalError, NotFoundError, ServerUnreachableError, NoAnswerError.
+   * LateArrivalError, NotFoundError, ServerUnreachableError, NoAnswerError (and its
+   * AnswerMismatchError).
    */
   async complete(key: string, fencingToken: number, completion: Readonly<Record<string, JSONValue>>): Promise<Operation> {
     if (typeof key !== "string") throw new InvalidInputError(`the key must be a string, not ${typeof key}`);
@@ -208,14 +212,16 @@ export class Client {
       body: { ...body, fencing_token: fencingToken },
       timeoutMs: this.timeoutMs,
     });
-    return Client.#record(a);
+    return Client.#record(a, key, fencingToken);
   }
 
   // --- workflows your code runs ------------------------------------------------------
 
-  static #instance(a: Answer): Instance {
+  static #instance(a: Answer, instanceId: string): Instance {
     if ((a.status !== 200 && a.status !== 201) || typeof a.body !== "object" || a.body === null) throw answerError(a);
-    return instanceFrom(a.body);
+    const instance = instanceFrom(a.body);
+    checkAnswer(`instance ${JSON.stringify(instanceId)}`, "the instance id", instanceId, instance.instanceId);
+    return instance;
   }
 
   /**
@@ -241,7 +247,7 @@ export class Client {
     if (options.sourceEvent !== undefined) body["source_event"] = options.sourceEvent;
     if (options.traceId !== undefined) body["trace_id"] = options.traceId;
     const a = await this.#transport.send({ method: "POST", path: "/v1/workflows", body, timeoutMs: this.timeoutMs });
-    return Client.#instance(a);
+    return Client.#instance(a, instanceId);
   }
 
   /** `GET /v1/workflows/{instance}`: the instance with its steps and events. */
@@ -251,7 +257,7 @@ export class Client {
       path: `/v1/workflows/${segment(instanceId)}`,
       timeoutMs: this.timeoutMs,
     });
-    return Client.#instance(a);
+    return Client.#instance(a, instanceId);
   }
 
   /**

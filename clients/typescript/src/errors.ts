@@ -112,6 +112,26 @@ export class ServerUnreachableError extends TransportError {}
 export class NoAnswerError extends TransportError {}
 
 /**
+ * An answer of idem is about another key, lease holder or fencing token than the request it
+ * came back for: the request's own answer went elsewhere (a proxy or a connection pool that
+ * mixes answers up), so this request counts as one whose answer was lost ({@link
+ * NoAnswerError}). Nothing is done with the stray answer: the function does not run on another
+ * key's grant, a replay does not return another key's result, and a completion is not taken as
+ * recorded (it rejects with {@link OutcomeNotRecordedError}, this error as its `cause`).
+ * `expected` and `got` name what differed (`the key "K-1"`).
+ */
+export class AnswerMismatchError extends NoAnswerError {
+  readonly expected: string;
+  readonly got: string;
+
+  constructor(message: string, fields: { expected: string; got: string }) {
+    super(message, 1);
+    this.expected = fields.expected;
+    this.got = fields.got;
+  }
+}
+
+/**
  * The function ran (the effect may have happened) but idem did not record the outcome the
  * library wanted to report. `recordedState` is what idem holds now when known (`UNKNOWN` after
  * the library reported it so; `null` when idem could not be told: then the lease runs out into

@@ -24,7 +24,7 @@
 import { performance } from "node:perf_hooks";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { NoAnswerError, type ProblemError, ServerUnreachableError, problemError } from "./errors.js";
+import { AnswerMismatchError, NoAnswerError, type ProblemError, ServerUnreachableError, problemError } from "./errors.js";
 import type { JSONValue } from "./records.js";
 
 /** The library's name and version, sent as `User-Agent`. */
@@ -82,6 +82,20 @@ export function answerError(a: Answer): ProblemError {
       ? (body as Record<string, unknown>)
       : { type: "about:blank", title: `HTTP ${a.status}`, status: a.status, detail: `HTTP ${a.status} without a problem document` };
   return problemError(a.status, problem, a.headers.get("x-request-id"), retryAfterMs(a.headers));
+}
+
+/**
+ * Throws {@link AnswerMismatchError} when an answer's `field` (`the key`, `the lease
+ * holder`, `the fencing token`, `the instance id`) is not the request's.
+ */
+export function checkAnswer(what: string, field: string, expected: string | number, got: string | number | null): void {
+  if (expected === got) return;
+  throw new AnswerMismatchError(
+    `${what}: idem's answer is about ${field} ${JSON.stringify(got)}, the request was about ` +
+      `${JSON.stringify(expected)}; the request's own answer went elsewhere (a proxy or connection pool that ` +
+      "mixes answers up). Nothing was done with the stray answer",
+    { expected: `${field} ${JSON.stringify(expected)}`, got: `${field} ${JSON.stringify(got)}` },
+  );
 }
 
 function retryableStatus(a: Answer): boolean {
