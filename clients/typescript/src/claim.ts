@@ -58,19 +58,45 @@ export const MAX_ERROR_CLASS_LEN = 64;
 export const MAX_PROVIDER_REF_BYTES = 512;
 
 /**
- * Which thrown values an option names: an error class (matched with `instanceof`) or a
- * predicate (`(e) => e.code === "ECONNREFUSED"`). A function whose `prototype` is an `Error`'s
- * is taken as a class, any other as a predicate.
+ * Which thrown values an option (`retryable`, `final`) names: an error class (matched with
+ * `instanceof`) or a predicate on the thrown value (`(e) => e instanceof TypeError &&
+ * e.cause?.code === "ECONNREFUSED"`, fetch's own refused connection). A function whose
+ * `prototype` is an `Error`'s is taken as a class, any other as a predicate. The thrown value
+ * itself is judged, never its `cause` chain: the library does not look past it (README "Which
+ * errors prove nothing happened").
  */
 export type ErrorMatcher = (abstract new (...args: never[]) => Error) | ((error: unknown) => boolean);
 
-/** Whether `error` is one that `matchers` name. */
+/**
+ * Whether `error` is one that `matchers` name. A predicate that throws names nothing: an error
+ * it cannot judge proves nothing, so the outcome is UNKNOWN.
+ */
 export function matches(error: unknown, matchers: readonly ErrorMatcher[]): boolean {
   return matchers.some((m) => {
     const proto: unknown = (m as { prototype?: unknown }).prototype;
     if (proto === Error.prototype || proto instanceof Error) return error instanceof (m as abstract new () => Error);
-    return (m as (e: unknown) => boolean)(error);
+    try {
+      return (m as (e: unknown) => boolean)(error) === true;
+    } catch {
+      return false;
+    }
   });
+}
+
+/**
+ * `retryable` and `final`, checked when a claim or guarded function is made (before the
+ * function runs, not when its error is judged). @throws InvalidInputError one that is not an
+ * array of error classes and predicates.
+ */
+export function checkMatchers(options: { readonly retryable?: unknown; readonly final?: unknown }): void {
+  for (const name of ["retryable", "final"] as const) {
+    const v = options[name];
+    if (v !== undefined && !(Array.isArray(v) && v.every((m) => typeof m === "function"))) {
+      throw new InvalidInputError(
+        `${name} must be an array of error classes and predicates ((error) => boolean), such as [MyError]; got ${typeof v === "function" ? v.name || "a function" : JSON.stringify(v) ?? String(v)}`,
+      );
+    }
+  }
 }
 
 /** An error's class as an `error_class`: 1-64 characters of `[A-Za-z0-9_.-]` (its `name` when set, else its constructor's). */

@@ -1,6 +1,6 @@
 /** The client: where idem is, its API key, and the calls. */
 
-import { Claim, type ErrorMatcher, operationTarget, stepTarget } from "./claim.js";
+import { Claim, type ErrorMatcher, checkMatchers, operationTarget, stepTarget } from "./claim.js";
 import { InvalidInputError } from "./errors.js";
 import { DEFAULT_RETRY, type Answer, type RetryPolicy, Transport, USER_AGENT, answerError, checkAnswer, segment } from "./http.js";
 import { type Idempotent, type IdempotentOptions, guard } from "./idempotent.js";
@@ -36,9 +36,13 @@ export interface ClientOptions {
  * payload fields that define the intent. `leaseMs` (100-3 600 000, default 30 000): the lease,
  * renewed every `renewEveryMs` (default a third of it) while `heartbeat` is on (default).
  * `waitMs` (default 0): how long to wait for a concurrent duplicate's outcome (0: reject with
- * `InProgressError` at once). `redoSafe`: an expired lease may be granted again instead of
- * becoming UNKNOWN. `retryable` / `final`: the errors that prove nothing happened, completed by
- * `completeWithError` as a retryable / final failure; any other error completes UNKNOWN.
+ * `InProgressError` at once). `redoSafe`: doing the action twice is harmless, so an expired
+ * lease is granted again instead of becoming UNKNOWN (default false: never redone).
+ * `retryable` / `final`: the errors that prove nothing happened, completed by
+ * `completeWithError` as a retryable / final failure — error classes (`instanceof`) or
+ * predicates. The thrown error itself is judged, never its `cause` chain: an earlier attempt
+ * that was refused says nothing about the last one, which may have been sent (README "Which
+ * errors prove nothing happened"). Any other error completes UNKNOWN.
  */
 export interface ClaimOptions {
   readonly action: string;
@@ -59,7 +63,9 @@ export type StepOptions = Omit<ClaimOptions, "action" | "redoSafe">;
 /** A step of a workflow your code runs: its name, or `{ name, action, policy }` (`manual`, the default, or `redo_safe`). */
 export type StepDeclaration = string | { readonly name: string; readonly action?: string; readonly policy?: "manual" | "redo_safe" };
 
-function checkTimes(o: { leaseMs?: number; waitMs?: number; renewEveryMs?: number }): void {
+/** The options every claim has, checked before anything is sent. @throws InvalidInputError */
+function checkOptions(o: { leaseMs?: number; waitMs?: number; renewEveryMs?: number; retryable?: unknown; final?: unknown }): void {
+  checkMatchers(o);
   const lease = o.leaseMs ?? 30_000;
   if (!Number.isInteger(lease) || lease < MIN_LEASE_MS || lease > MAX_LEASE_MS) {
     throw new InvalidInputError(`leaseMs is ${lease}; it must be an integer of ${MIN_LEASE_MS}-${MAX_LEASE_MS} ms`);
@@ -125,7 +131,7 @@ export class Client {
    * ProblemError classes.
    */
   async claim(key: string, options: ClaimOptions): Promise<Claim> {
-    checkTimes(options);
+    checkOptions(options);
     if (typeof key !== "string") throw new InvalidInputError(`the key must be a string, not ${typeof key}`);
     const leaseMs = options.leaseMs ?? 30_000;
     const body: Record<string, JSONValue> = {
@@ -161,7 +167,7 @@ export class Client {
     fn: F,
     options: Omit<IdempotentOptions<Parameters<F>, Awaited<ReturnType<F>>>, "client">,
   ): Idempotent<F> {
-    checkTimes(options);
+    checkOptions(options);
     return guard(fn, options, () => this);
   }
 
@@ -269,7 +275,7 @@ export class Client {
    * UNKNOWN step rejects with OutcomeUnknownError (the instance pauses for a person).
    */
   async step(instanceId: string, step: string, options: StepOptions = {}): Promise<Claim> {
-    checkTimes(options);
+    checkOptions(options);
     const body: Record<string, JSONValue> = {
       payload: toJSON(options.payload, "payload"),
       lease_ms: options.leaseMs ?? 30_000,
@@ -309,7 +315,7 @@ export function makeIdempotent<F extends (...args: any[]) => unknown>(
   fn: F,
   options: IdempotentOptions<Parameters<F>, Awaited<ReturnType<F>>>,
 ): Idempotent<F> {
-  checkTimes(options);
+  checkOptions(options);
   const client = options.client;
   return guard(fn, options, () => client ?? defaultClient());
 }
