@@ -307,7 +307,8 @@ export function defaultClient(): Client {
  * error (completed as a retryable or final failure when declared, else UNKNOWN),
  * `ResultNotStorableError`, `StaleFencingTokenError` or `OutcomeNotRecordedError` (idem could
  * not be told until the lease's end: it carries the fencing token and the completion, for
- * {@link Client.complete} later).
+ * {@link Client.complete} later). A replay resolves to the stored result as JSON (through
+ * `deserialize` when given), not the value `fn` returned the first time.
  *
  * @throws InvalidInputError bad options (at once, nothing sent).
  */
