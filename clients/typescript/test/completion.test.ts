@@ -83,6 +83,33 @@ for (const backend of ["sqlite", "postgres"] as const) {
   });
 }
 
+it("a step's completion reported later with complete() settles the step, and the instance goes on", async () => {
+  const idem = await Restarting.start("sqlite");
+  const iid = `${newKey("ORD")}:late`;
+  try {
+    const client = idem.client();
+    await client.startWorkflow("stock-reservation", iid, { steps: ["reserve_stock", "notify"] });
+    const e = await (async () => {
+      await using s = await client.step(iid, "reserve_stock", { leaseMs: 800 });
+      await idem.downFor(2500); // the effect happens; idem is away past the lease
+      return rejection(s.succeeded("stock-ref"));
+    })();
+    assert.ok(e instanceof OutcomeNotRecordedError, String(e));
+    assert.equal(e.key, `${iid}:reserve_stock`);
+    await idem.back();
+    const op = await client.complete(e.key, e.fencingToken ?? -1, e.completion ?? {});
+    assert.deepEqual([op.state, op.providerRef], ["SUCCEEDED", "stock-ref"]);
+    {
+      await using next = await client.step(iid, "notify");
+      assert.ok(next.acquired, "the next step is granted: the instance went on");
+      await next.succeeded("notify-ref");
+    }
+    assert.equal((await client.getWorkflow(iid)).state, "SUCCEEDED");
+  } finally {
+    await idem.stop();
+  }
+});
+
 describe("a completion answered 503", () => {
   const server = useServer("sqlite");
 
