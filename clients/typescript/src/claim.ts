@@ -38,11 +38,12 @@ import {
   OperationPendingError,
   OutcomeNotRecordedError,
   OutcomeUnknownError,
+  ProblemError,
   RetryNotDueError,
   StaleFencingTokenError,
   TransportError,
 } from "./errors.js";
-import { type Answer, type Request, type Transport, answerError, segment } from "./http.js";
+import { type Answer, type Request, type Transport, answerError, checkAnswer, segment } from "./http.js";
 import { toJSON } from "./json.js";
 import { Lease } from "./lease.js";
 import { type JSONValue, type Operation, operationFrom } from "./records.js";
@@ -57,19 +58,45 @@ export const MAX_ERROR_CLASS_LEN = 64;
 export const MAX_PROVIDER_REF_BYTES = 512;
 
 /**
- * Which thrown values an option names: an error class (matched with `instanceof`) or a
- * predicate (`(e) => e.code === "ECONNREFUSED"`). A function whose `prototype` is an `Error`'s
- * is taken as a class, any other as a predicate.
+ * Which thrown values an option (`retryable`, `final`) names: an error class (matched with
+ * `instanceof`) or a predicate on the thrown value (`(e) => e instanceof TypeError &&
+ * e.cause?.code === "ECONNREFUSED"`, fetch's own refused connection). A function whose
+ * `prototype` is an `Error`'s is taken as a class, any other as a predicate. The thrown value
+ * itself is judged, never its `cause` chain: the library does not look past it (README "Which
+ * errors prove nothing happened").
  */
 export type ErrorMatcher = (abstract new (...args: never[]) => Error) | ((error: unknown) => boolean);
 
-/** Whether `error` is one that `matchers` name. */
+/**
+ * Whether `error` is one that `matchers` name. A predicate that throws names nothing: an error
+ * it cannot judge proves nothing, so the outcome is UNKNOWN.
+ */
 export function matches(error: unknown, matchers: readonly ErrorMatcher[]): boolean {
   return matchers.some((m) => {
     const proto: unknown = (m as { prototype?: unknown }).prototype;
     if (proto === Error.prototype || proto instanceof Error) return error instanceof (m as abstract new () => Error);
-    return (m as (e: unknown) => boolean)(error);
+    try {
+      return (m as (e: unknown) => boolean)(error) === true;
+    } catch {
+      return false;
+    }
   });
+}
+
+/**
+ * `retryable` and `final`, checked when a claim or guarded function is made (before the
+ * function runs, not when its error is judged). @throws InvalidInputError one that is not an
+ * array of error classes and predicates.
+ */
+export function checkMatchers(options: { readonly retryable?: unknown; readonly final?: unknown }): void {
+  for (const name of ["retryable", "final"] as const) {
+    const v = options[name];
+    if (v !== undefined && !(Array.isArray(v) && v.every((m) => typeof m === "function"))) {
+      throw new InvalidInputError(
+        `${name} must be an array of error classes and predicates ((error) => boolean), such as [MyError]; got ${typeof v === "function" ? v.name || "a function" : JSON.stringify(v) ?? String(v)}`,
+      );
+    }
+  }
 }
 
 /** An error's class as an `error_class`: 1-64 characters of `[A-Za-z0-9_.-]` (its `name` when set, else its constructor's). */
@@ -146,11 +173,22 @@ export function succeededBody(rawRef: unknown, result: unknown): Record<string, 
  */
 export interface Target {
   readonly describe: string;
+  /**
+   * The operation key an answer must be about: the key, or a step's `{instance}:{step}`
+   * (idem_core::flow::step_key; a re-run's `{instance}:{step}:rerun-N` is taken too).
+   */
+  readonly key: string;
   readonly acquirePath: string;
   readonly acquireBody: Readonly<Record<string, JSONValue>>;
   readonly completePath: string;
   /** Whether idem waits `wait_ms` itself (operations), or the library polls (steps). */
   readonly serverWaits: boolean;
+}
+
+/** The key an answer about `target` may carry: `got` when it is one (a step's re-run), else the target's. */
+function answerKey(target: Target, got: string): string {
+  const rest = got.startsWith(`${target.key}:rerun-`) ? got.slice(target.key.length + ":rerun-".length) : "";
+  return !target.serverWaits && /^\d+$/.test(rest) ? got : target.key;
 }
 
 /** The options of a claim that are not part of the request's intent. */
@@ -174,6 +212,7 @@ export class Claim implements AsyncDisposable {
   #connector: boolean;
   #lease: Lease | undefined;
   #completionTried = false;
+  #completion: Readonly<Record<string, JSONValue>> | null = null;
   #beat: NodeJS.Timeout | undefined;
   #beating = false;
 
@@ -200,7 +239,8 @@ export class Claim implements AsyncDisposable {
       const serverWait = target.serverWaits
         ? Math.max(0, Math.min(SERVER_MAX_WAIT_MS, Math.floor(deadline - performance.now())))
         : 0;
-      const body: Record<string, JSONValue> = { ...target.acquireBody, holder: randomUUID() }; // this attempt's own identity
+      const holder = randomUUID(); // this attempt's own identity (idem_core::holder)
+      const body: Record<string, JSONValue> = { ...target.acquireBody, holder };
       if (serverWait > 0) body["wait_ms"] = serverWait;
       const sentAt = performance.now();
       const a = await transport.send({
@@ -209,9 +249,13 @@ export class Claim implements AsyncDisposable {
         body,
         timeoutMs: b.timeoutMs + serverWait,
       });
-      if (a.status === 200 || a.status === 201) return new Claim(transport, target, b, a, sentAt);
-      if (a.status === 202) {
+      if (a.status === 200 || a.status === 201 || a.status === 202) {
+        // A grant or a replay of another key (or a grant for another holder) must not run or
+        // answer this one: the request's own answer went elsewhere.
         const op = operationFrom(a.body);
+        checkAnswer(target.describe, "the key", answerKey(target, op.key), op.key);
+        if (a.status === 201) checkAnswer(target.describe, "the lease holder", holder, op.leaseHolder);
+        if (a.status !== 202) return new Claim(transport, target, b, a, sentAt);
         throw op.state === "UNKNOWN" ? new OutcomeUnknownError(op) : new OperationPendingError(op);
       }
       const err = answerError(a);
@@ -299,7 +343,9 @@ export class Claim implements AsyncDisposable {
     }
     if (!this.#beating) return; // completed meanwhile: this answer says nothing about the lease
     if (a?.status === 200) {
-      lease.renewed(sentAt);
+      const op = operationFrom(a.body);
+      // Another request's answer says nothing about this lease: renew again at the next beat.
+      if (op.key === this.#operation.key && op.fencingToken === lease.fencingToken) lease.renewed(sentAt);
       this.#schedule();
       return;
     }
@@ -327,6 +373,7 @@ export class Claim implements AsyncDisposable {
     }
     if (this.#completionTried) throw new NotHeldError(`${this.#target.describe}: this claim was completed already`);
     this.#completionTried = true;
+    this.#completion = Object.freeze({ ...body });
     this.#stopHeartbeat();
     lease.release();
     const req: Request = {
@@ -337,19 +384,24 @@ export class Claim implements AsyncDisposable {
     };
     let a: Answer;
     try {
-      a = await this.#transport.send(req);
+      // The effect happened and resending the same completion is safe: resent until the
+      // lease's end, so an idem restart during the effect does not lose its outcome.
+      a = await this.#transport.send(req, lease.endsAt);
     } catch (e) {
-      if (!(e instanceof TransportError)) throw e;
-      throw new OutcomeNotRecordedError(
-        `${this.#target.describe}: the outcome could not be reported to idem (${e.message}); the operation stays ` +
-          "EXECUTING until its lease runs out, then it is UNKNOWN: never performed twice",
-        { key: this.#operation.key, recordedState: null },
-        { cause: e },
-      );
+      // No answer, or a 503 (or another "try again") until the lease's end.
+      if (e instanceof TransportError || e instanceof ProblemError) throw this.#notRecorded(e);
+      throw e;
     }
     if (a.status === 200 && typeof a.body === "object" && a.body !== null) {
-      this.#operation = operationFrom(a.body);
-      return this.#operation;
+      const op = operationFrom(a.body);
+      try {
+        checkAnswer(this.#target.describe, "the key", this.#operation.key, op.key);
+        checkAnswer(this.#target.describe, "the fencing token", lease.fencingToken, op.fencingToken);
+      } catch (e) {
+        throw this.#notRecorded(e as Error);
+      }
+      this.#operation = op;
+      return op;
     }
     let err = answerError(a);
     if (err instanceof StaleFencingTokenError) {
@@ -369,6 +421,17 @@ export class Claim implements AsyncDisposable {
     throw err;
   }
 
+  #notRecorded(e: Error): OutcomeNotRecordedError {
+    const token = this.#lease?.fencingToken ?? null;
+    return new OutcomeNotRecordedError(
+      `${this.#target.describe}: the outcome could not be reported to idem until the lease's end (${e.message}); ` +
+        "the operation stays EXECUTING until its lease runs out, then it is UNKNOWN: never performed twice. " +
+        `Report it later with client.complete(e.key, e.fencingToken, e.completion) (fencing token ${token})`,
+      { key: this.#operation.key, recordedState: null, fencingToken: token, completion: this.#completion },
+      { cause: e },
+    );
+  }
+
   /**
    * Completes SUCCEEDED with the provider's evidence (`providerRef`: a string of at most 512
    * bytes of UTF-8, or an integer — a safe `number` or a `bigint` — kept as its decimal string)
@@ -376,7 +439,9 @@ export class Claim implements AsyncDisposable {
    *
    * @throws InvalidInputError bad evidence or a result that is not JSON (nothing sent yet).
    * @throws StaleFencingTokenError the lease was lost to another attempt; nothing recorded.
-   * @throws OutcomeNotRecordedError idem could not be told.
+   * @throws OutcomeNotRecordedError idem could not be told until the lease's end (the
+   * completion is resent, same token and outcome, for as long as the lease is valid); it
+   * carries `fencingToken` and `completion`, for `client.complete(...)` later.
    */
   async succeeded(providerRef: string | number | bigint, result?: unknown): Promise<Operation> {
     return this.#complete(succeededBody(providerRef, result));
@@ -499,6 +564,7 @@ export class Claim implements AsyncDisposable {
 export function operationTarget(key: string, body: Record<string, JSONValue>): Target {
   return {
     describe: `operation ${JSON.stringify(key)}`,
+    key,
     acquirePath: "/v1/operations",
     acquireBody: body,
     completePath: `/v1/operations/${segment(key)}/complete`,
@@ -511,6 +577,7 @@ export function stepTarget(instanceId: string, step: string, body: Record<string
   const base = `/v1/workflows/${segment(instanceId)}/steps/${segment(step)}`;
   return {
     describe: `step ${JSON.stringify(step)} of ${JSON.stringify(instanceId)}`,
+    key: `${instanceId}:${step}`,
     acquirePath: base,
     acquireBody: body,
     completePath: `${base}/complete`,

@@ -1,8 +1,8 @@
 /** The client: where idem is, its API key, and the calls. */
 
-import { Claim, type ErrorMatcher, operationTarget, stepTarget } from "./claim.js";
+import { Claim, type ErrorMatcher, checkMatchers, operationTarget, stepTarget } from "./claim.js";
 import { InvalidInputError } from "./errors.js";
-import { DEFAULT_RETRY, type Answer, type RetryPolicy, Transport, USER_AGENT, answerError, segment } from "./http.js";
+import { DEFAULT_RETRY, type Answer, type RetryPolicy, Transport, USER_AGENT, answerError, checkAnswer, segment } from "./http.js";
 import { type Idempotent, type IdempotentOptions, guard } from "./idempotent.js";
 import { toJSON } from "./json.js";
 import { type Instance, type JSONValue, type Operation, instanceFrom, operationFrom } from "./records.js";
@@ -36,9 +36,13 @@ export interface ClientOptions {
  * payload fields that define the intent. `leaseMs` (100-3 600 000, default 30 000): the lease,
  * renewed every `renewEveryMs` (default a third of it) while `heartbeat` is on (default).
  * `waitMs` (default 0): how long to wait for a concurrent duplicate's outcome (0: reject with
- * `InProgressError` at once). `redoSafe`: an expired lease may be granted again instead of
- * becoming UNKNOWN. `retryable` / `final`: the errors that prove nothing happened, completed by
- * `completeWithError` as a retryable / final failure; any other error completes UNKNOWN.
+ * `InProgressError` at once). `redoSafe`: doing the action twice is harmless, so an expired
+ * lease is granted again instead of becoming UNKNOWN (default false: never redone).
+ * `retryable` / `final`: the errors that prove nothing happened, completed by
+ * `completeWithError` as a retryable / final failure — error classes (`instanceof`) or
+ * predicates. The thrown error itself is judged, never its `cause` chain: an earlier attempt
+ * that was refused says nothing about the last one, which may have been sent (README "Which
+ * errors prove nothing happened"). Any other error completes UNKNOWN.
  */
 export interface ClaimOptions {
   readonly action: string;
@@ -59,7 +63,9 @@ export type StepOptions = Omit<ClaimOptions, "action" | "redoSafe">;
 /** A step of a workflow your code runs: its name, or `{ name, action, policy }` (`manual`, the default, or `redo_safe`). */
 export type StepDeclaration = string | { readonly name: string; readonly action?: string; readonly policy?: "manual" | "redo_safe" };
 
-function checkTimes(o: { leaseMs?: number; waitMs?: number; renewEveryMs?: number }): void {
+/** The options every claim has, checked before anything is sent. @throws InvalidInputError */
+function checkOptions(o: { leaseMs?: number; waitMs?: number; renewEveryMs?: number; retryable?: unknown; final?: unknown }): void {
+  checkMatchers(o);
   const lease = o.leaseMs ?? 30_000;
   if (!Number.isInteger(lease) || lease < MIN_LEASE_MS || lease > MAX_LEASE_MS) {
     throw new InvalidInputError(`leaseMs is ${lease}; it must be an integer of ${MIN_LEASE_MS}-${MAX_LEASE_MS} ms`);
@@ -125,7 +131,7 @@ export class Client {
    * ProblemError classes.
    */
   async claim(key: string, options: ClaimOptions): Promise<Claim> {
-    checkTimes(options);
+    checkOptions(options);
     if (typeof key !== "string") throw new InvalidInputError(`the key must be a string, not ${typeof key}`);
     const leaseMs = options.leaseMs ?? 30_000;
     const body: Record<string, JSONValue> = {
@@ -161,26 +167,67 @@ export class Client {
     fn: F,
     options: Omit<IdempotentOptions<Parameters<F>, Awaited<ReturnType<F>>>, "client">,
   ): Idempotent<F> {
-    checkTimes(options);
+    checkOptions(options);
     return guard(fn, options, () => this);
   }
 
-  static #record(a: Answer): Operation {
+  static #record(a: Answer, key: string, fencingToken?: number): Operation {
     if (a.status !== 200 || typeof a.body !== "object" || a.body === null) throw answerError(a);
-    return operationFrom(a.body);
+    const op = operationFrom(a.body);
+    checkAnswer(`operation ${JSON.stringify(key)}`, "the key", key, op.key);
+    if (fencingToken !== undefined) checkAnswer(`operation ${JSON.stringify(key)}`, "the fencing token", fencingToken, op.fencingToken);
+    return op;
   }
 
   /** `GET /v1/operations/{key}`: the record with its `events`. @throws NotFoundError, InvalidKeyError, ... */
   async getOperation(key: string): Promise<Operation> {
     const a = await this.#transport.send({ method: "GET", path: `/v1/operations/${segment(key)}`, timeoutMs: this.timeoutMs });
-    return Client.#record(a);
+    return Client.#record(a, key);
+  }
+
+  /**
+   * `POST /v1/operations/{key}/complete`: reports an outcome with a lease's fencing token,
+   * outside a claim — the one an `OutcomeNotRecordedError` carries, later, once idem is
+   * back: `await client.complete(e.key, e.fencingToken, e.completion)`. `completion` is the body
+   * without the token, as idem takes it (snake_case): `{ outcome: "succeeded", provider_ref,
+   * result }`, `{ outcome: "retryable_failure", error_class, message, retry_after_ms }`,
+   * `{ outcome: "final_failure", error_class, message, result }` or `{ outcome: "unknown",
+   * message }`. Safe to repeat (an identical repeat is answered with the unchanged record); for
+   * a workflow step, `key` is the step's operation key (the error carries it), and the instance
+   * advances. idem accepts it while no newer lease was granted.
+   *
+   * @throws InvalidInputError a token that is not a safe integer, a completion that is not a
+   * JSON object (nothing sent).
+   * @throws StaleFencingTokenError another lease was granted since: nothing recorded.
+   * @throws OperationFinalError another outcome was recorded; InvalidRequestError,
+   * LateArrivalError, NotFoundError, ServerUnreachableError, NoAnswerError (and its
+   * AnswerMismatchError).
+   */
+  async complete(key: string, fencingToken: number, completion: Readonly<Record<string, JSONValue>>): Promise<Operation> {
+    if (typeof key !== "string") throw new InvalidInputError(`the key must be a string, not ${typeof key}`);
+    if (!Number.isSafeInteger(fencingToken)) {
+      throw new InvalidInputError(`fencingToken must be an integer, not ${JSON.stringify(fencingToken) ?? String(fencingToken)}`);
+    }
+    const body = toJSON(completion, "completion");
+    if (typeof body !== "object" || body === null || Array.isArray(body)) {
+      throw new InvalidInputError("completion must be a JSON object: { outcome, ... } without the fencing token");
+    }
+    const a = await this.#transport.send({
+      method: "POST",
+      path: `/v1/operations/${segment(key)}/complete`,
+      body: { ...body, fencing_token: fencingToken },
+      timeoutMs: this.timeoutMs,
+    });
+    return Client.#record(a, key, fencingToken);
   }
 
   // --- workflows your code runs ------------------------------------------------------
 
-  static #instance(a: Answer): Instance {
+  static #instance(a: Answer, instanceId: string): Instance {
     if ((a.status !== 200 && a.status !== 201) || typeof a.body !== "object" || a.body === null) throw answerError(a);
-    return instanceFrom(a.body);
+    const instance = instanceFrom(a.body);
+    checkAnswer(`instance ${JSON.stringify(instanceId)}`, "the instance id", instanceId, instance.instanceId);
+    return instance;
   }
 
   /**
@@ -206,7 +253,7 @@ export class Client {
     if (options.sourceEvent !== undefined) body["source_event"] = options.sourceEvent;
     if (options.traceId !== undefined) body["trace_id"] = options.traceId;
     const a = await this.#transport.send({ method: "POST", path: "/v1/workflows", body, timeoutMs: this.timeoutMs });
-    return Client.#instance(a);
+    return Client.#instance(a, instanceId);
   }
 
   /** `GET /v1/workflows/{instance}`: the instance with its steps and events. */
@@ -216,7 +263,7 @@ export class Client {
       path: `/v1/workflows/${segment(instanceId)}`,
       timeoutMs: this.timeoutMs,
     });
-    return Client.#instance(a);
+    return Client.#instance(a, instanceId);
   }
 
   /**
@@ -228,7 +275,7 @@ export class Client {
    * UNKNOWN step rejects with OutcomeUnknownError (the instance pauses for a person).
    */
   async step(instanceId: string, step: string, options: StepOptions = {}): Promise<Claim> {
-    checkTimes(options);
+    checkOptions(options);
     const body: Record<string, JSONValue> = {
       payload: toJSON(options.payload, "payload"),
       lease_ms: options.leaseMs ?? 30_000,
@@ -258,7 +305,10 @@ export function defaultClient(): Client {
  * `InvalidKeyError`, `InvalidInputError`, `ServerUnreachableError`, ...), or with
  * `OperationFailedError` for a replay of a FAILED operation; after `fn` ran, with `fn`'s own
  * error (completed as a retryable or final failure when declared, else UNKNOWN),
- * `ResultNotStorableError`, `StaleFencingTokenError` or `OutcomeNotRecordedError`.
+ * `ResultNotStorableError`, `StaleFencingTokenError` or `OutcomeNotRecordedError` (idem could
+ * not be told until the lease's end: it carries the fencing token and the completion, for
+ * {@link Client.complete} later). A replay resolves to the stored result as JSON (through
+ * `deserialize` when given), not the value `fn` returned the first time.
  *
  * @throws InvalidInputError bad options (at once, nothing sent).
  */
@@ -266,7 +316,7 @@ export function makeIdempotent<F extends (...args: any[]) => unknown>(
   fn: F,
   options: IdempotentOptions<Parameters<F>, Awaited<ReturnType<F>>>,
 ): Idempotent<F> {
-  checkTimes(options);
+  checkOptions(options);
   const client = options.client;
   return guard(fn, options, () => client ?? defaultClient());
 }

@@ -112,25 +112,63 @@ export class ServerUnreachableError extends TransportError {}
 export class NoAnswerError extends TransportError {}
 
 /**
+ * An answer of idem is about another key, lease holder or fencing token than the request it
+ * came back for: the request's own answer went elsewhere (a proxy or a connection pool that
+ * mixes answers up), so this request counts as one whose answer was lost ({@link
+ * NoAnswerError}). Nothing is done with the stray answer: the function does not run on another
+ * key's grant, a replay does not return another key's result, and a completion is not taken as
+ * recorded (it rejects with {@link OutcomeNotRecordedError}, this error as its `cause`).
+ * `expected` and `got` name what differed (`the key "K-1"`).
+ */
+export class AnswerMismatchError extends NoAnswerError {
+  readonly expected: string;
+  readonly got: string;
+
+  constructor(message: string, fields: { expected: string; got: string }) {
+    super(message, 1);
+    this.expected = fields.expected;
+    this.got = fields.got;
+  }
+}
+
+/**
  * The function ran (the effect may have happened) but idem did not record the outcome the
  * library wanted to report. `recordedState` is what idem holds now when known (`UNKNOWN` after
  * the library reported it so; `null` when idem could not be told: then the lease runs out into
  * UNKNOWN). `result` is what the function returned, if it returned; `cause` the reason.
+ *
+ * `fencingToken` and `completion` (the completion's JSON body without the token: `outcome` and
+ * its fields, snake_case as idem takes them) are set when idem could not be told until the
+ * lease's end: keep them (a table, a durable queue) and report the outcome later with
+ * `client.complete(e.key, e.fencingToken, e.completion)`. idem accepts a late completion with
+ * the token while no newer lease was granted (README "Leases"; a `redoSafe` action may have
+ * been granted again, then it rejects with `StaleFencingTokenError`), and its evidence settles
+ * the UNKNOWN the lease ran out into. Both are `null` otherwise.
  */
 export class OutcomeNotRecordedError extends IdemError {
   readonly key: string;
   readonly recordedState: string | null;
   readonly result: unknown;
+  readonly fencingToken: number | null;
+  readonly completion: Readonly<Record<string, JSONValue>> | null;
 
   constructor(
     message: string,
-    fields: { key: string; recordedState: string | null; result?: unknown },
+    fields: {
+      key: string;
+      recordedState: string | null;
+      result?: unknown;
+      fencingToken?: number | null;
+      completion?: Readonly<Record<string, JSONValue>> | null;
+    },
     options?: ErrorOptions,
   ) {
     super(message, options);
     this.key = fields.key;
     this.recordedState = fields.recordedState;
     this.result = fields.result;
+    this.fencingToken = fields.fencingToken ?? null;
+    this.completion = fields.completion ?? null;
   }
 }
 

@@ -12,11 +12,19 @@
  * - idem (or a gateway in front of it) answered `503`, `502`, `504`, `429`, `408` or
  *   `409 contention`: nothing is known to have been recorded; `Retry-After` (RFC 9110
  *   §10.2.3) is the floor of the wait.
+ *
+ * A call with `until` (a completion: the effect happened, and its report is idempotent) is
+ * resent, with the same capped full-jitter waits, until that instant (the lease's end) however
+ * many tries that takes, and no wait runs past it, whatever `Retry-After` asks: an idem restart
+ * during the effect does not lose its outcome, and a completion gives up when its lease ends
+ * (its error carries what to report later). One sent after `until` is a late completion and
+ * gets the policy's tries, as any call.
  */
 
+import { performance } from "node:perf_hooks";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { NoAnswerError, type ProblemError, ServerUnreachableError, problemError } from "./errors.js";
+import { AnswerMismatchError, NoAnswerError, type ProblemError, ServerUnreachableError, problemError } from "./errors.js";
 import type { JSONValue } from "./records.js";
 
 /** The library's name and version, sent as `User-Agent`. */
@@ -29,6 +37,10 @@ export const USER_AGENT = "idem-client-node/0.1.0";
  * waits a random time in [0, min(capMs, baseMs · 2^n)] ms (full jitter), at least the
  * `Retry-After` the answer asked for. `maxRetryAfterMs`: a `Retry-After` longer than this is
  * not waited for; the error is thrown at once with `retryAfterMs` set.
+ *
+ * A completion (the effect happened; resending it is safe) is retried beyond `attempts`, with
+ * the same waits, for as long as its lease is valid, and never waits past the lease's end;
+ * then it rejects with `OutcomeNotRecordedError`, which carries what to report later.
  */
 export interface RetryPolicy {
   readonly attempts: number;
@@ -42,7 +54,7 @@ export const DEFAULT_RETRY: RetryPolicy = Object.freeze({ attempts: 5, baseMs: 1
 
 /** Milliseconds to wait before retry number `retry` (0-based): full jitter, at least `retryAfterMs`. */
 export function retryDelayMs(policy: RetryPolicy, retry: number, retryAfterMs: number | null): number {
-  const jitter = Math.random() * Math.min(policy.capMs, policy.baseMs * 2 ** retry);
+  const jitter = Math.random() * Math.min(policy.capMs, policy.baseMs * 2 ** Math.min(retry, 32));
   return Math.max(jitter, retryAfterMs ?? 0);
 }
 
@@ -70,6 +82,20 @@ export function answerError(a: Answer): ProblemError {
       ? (body as Record<string, unknown>)
       : { type: "about:blank", title: `HTTP ${a.status}`, status: a.status, detail: `HTTP ${a.status} without a problem document` };
   return problemError(a.status, problem, a.headers.get("x-request-id"), retryAfterMs(a.headers));
+}
+
+/**
+ * Throws {@link AnswerMismatchError} when an answer's `field` (`the key`, `the lease
+ * holder`, `the fencing token`, `the instance id`) is not the request's.
+ */
+export function checkAnswer(what: string, field: string, expected: string | number, got: string | number | null): void {
+  if (expected === got) return;
+  throw new AnswerMismatchError(
+    `${what}: idem's answer is about ${field} ${JSON.stringify(got)}, the request was about ` +
+      `${JSON.stringify(expected)}; the request's own answer went elsewhere (a proxy or connection pool that ` +
+      "mixes answers up). Nothing was done with the stray answer",
+    { expected: `${field} ${JSON.stringify(expected)}`, got: `${field} ${JSON.stringify(got)}` },
+  );
 }
 
 function retryableStatus(a: Answer): boolean {
@@ -132,12 +158,14 @@ export class Transport {
   }
 
   /**
-   * Sends `req` (retried as the module docs say); the final answer, whatever its status.
+   * Sends `req` (retried as the module docs say; with `until`, a `performance.now()` instant,
+   * resent until then instead of the policy's tries while it is ahead); the final answer,
+   * whatever its status.
    *
    * @throws ServerUnreachableError, NoAnswerError the retries are spent without an answer.
    * @throws ProblemError the retries are spent on retryable answers (503, ...).
    */
-  async send(req: Request): Promise<Answer> {
+  async send(req: Request, until?: number): Promise<Answer> {
     const what = `${req.method} ${req.path}`;
     const headers: Record<string, string> = { ...this.#headers, accept: "application/json" };
     let body: string | undefined;
@@ -145,6 +173,7 @@ export class Transport {
       headers["content-type"] = "application/json";
       body = JSON.stringify(req.body); // serialized once: every resend is the same request
     }
+    const deadline = until !== undefined && until > performance.now() ? until : undefined;
     let tries = 0;
     let maybeDelivered = false;
     let lastError: unknown;
@@ -158,13 +187,12 @@ export class Transport {
         maybeDelivered = true;
         lastAnswer = answer;
         lastError = undefined;
-        const ra = retryAfterMs(answer.headers);
-        wait = ra !== null && ra > this.policy.maxRetryAfterMs ? null : this.#next(tries, ra);
+        wait = this.#next(tries, retryAfterMs(answer.headers), deadline);
       } catch (e) {
         if (!unsent(e)) maybeDelivered = true;
         lastError = e;
         lastAnswer = undefined;
-        wait = this.#next(tries, null);
+        wait = this.#next(tries, null, deadline);
       }
       if (wait === null) {
         if (lastAnswer !== undefined) throw answerError(lastAnswer);
@@ -186,8 +214,15 @@ export class Transport {
     }
   }
 
-  #next(tries: number, retryAfter: number | null): number | null {
-    return tries >= this.policy.attempts ? null : retryDelayMs(this.policy, tries - 1, retryAfter);
+  /** Milliseconds to wait before the next try, or `null` to give up (see the module docs). */
+  #next(tries: number, retryAfter: number | null, until: number | undefined): number | null {
+    const wait = retryDelayMs(this.policy, tries - 1, retryAfter);
+    if (until !== undefined) {
+      const left = until - performance.now();
+      return left > 0 ? Math.min(wait, left) : null; // never past `until`: the last try is at it at the latest
+    }
+    const tooLong = retryAfter !== null && retryAfter > this.policy.maxRetryAfterMs;
+    return tries >= this.policy.attempts || tooLong ? null : wait;
   }
 
   async #once(req: Request, headers: Record<string, string>, body: string | undefined): Promise<Answer> {

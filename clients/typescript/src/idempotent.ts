@@ -30,7 +30,9 @@ export type FieldOf<R> = unknown extends R ? string : [keyof R] extends [never] 
  * - `payload`: the intent, from the arguments (default: the arguments as a JSON array); a
  *   repeat with another payload is refused (`FingerprintMismatchError`).
  * - `retryable` / `final`: the errors that prove nothing happened, completed as a retryable /
- *   final failure; any other error completes UNKNOWN.
+ *   final failure — error classes or predicates, judging the thrown error itself, never its
+ *   `cause` chain (README "Which errors prove nothing happened"); any other error completes
+ *   UNKNOWN.
  * - `serialize` / `deserialize`: the result to JSON and back, for replays (default: the value
  *   itself, which must be JSON).
  * - `client`: the client to use (default: one made from `IDEM_URL` and `IDEM_API_KEY` at the

@@ -79,6 +79,11 @@ export class Lease {
     return this.#controller.signal.aborted ? 0 : Math.max(0, this.#endsAt - performance.now());
   }
 
+  /** @internal The lease's end: a `performance.now()` instant (the grant's or last renewal's send time plus `leaseMs`). */
+  get endsAt(): number {
+    return this.#endsAt;
+  }
+
   /** Throws the reason the lease was lost ({@link LeaseLostError} or idem's refusal), if it was. */
   throwIfLost(): void {
     if (!this.lost) return;

@@ -151,6 +151,25 @@ describe("makeIdempotent against a server", () => {
     assert.deepEqual((await client.getOperation(key)).result, { messageId: `m-${key}`, sentAt: "2026-12-01T10:00:00.000Z" });
   });
 
+  it("a replay resolves to the stored JSON, not the value the first call returned", async () => {
+    // serialize without deserialize: the first call returns the function's Date, a replay the
+    // stored string (README "Results").
+    const client = server.client();
+    const sentAt = new Date("2026-12-01T10:00:00Z");
+    const send = client.makeIdempotent(async (_order: string) => ({ ref: 12345, sentAt }), {
+      key: (order) => order,
+      action: "send",
+      providerRef: "ref",
+      serialize: (r) => ({ ref: r.ref, sentAt: r.sentAt.toISOString() }),
+    });
+    const key = newKey();
+    const first = await send(key);
+    assert.equal(first.sentAt, sentAt);
+    const replay: unknown = await send(key); // typed as the function's result, but JSON
+    assert.deepEqual(replay, { ref: 12345, sentAt: "2026-12-01T10:00:00.000Z" });
+    assert.equal((await client.getOperation(key)).providerRef, "12345", "integer evidence, as its decimal string");
+  });
+
   it("a failed operation is replayed as its error", async () => {
     const client = server.client();
     class CardDeclinedError extends Error {}

@@ -146,6 +146,35 @@ describe("leases", () => {
     assert.throws(() => again.lease, NotHeldError);
   });
 
+  it("a function that blocks the event loop past its lease: lost by the clock at once, the signal at the next turn", async () => {
+    // The heartbeat is a timer on the blocked loop: no renewal during the 1.5 s block of a
+    // 600 ms lease (README "A blocked event loop"). Right after it, before any timer ran, the
+    // lease is lost by the clock; the signal aborts at the loop's next turn; nobody took the
+    // lease since, so the late completion settles the UNKNOWN.
+    const key = newKey();
+    const client = server.client();
+    const seen: { lost?: boolean; aborted?: boolean; reason?: unknown } = {};
+    const send = client.makeIdempotent(
+      async (_order: string) => {
+        const lease = currentLease();
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1500); // blocks the loop
+        seen.lost = lease.lost;
+        seen.aborted = lease.signal.aborted;
+        if (!lease.signal.aborted) await once(lease.signal, "abort");
+        seen.reason = lease.signal.reason;
+        return { ref: "msg-1" };
+      },
+      { key: (order) => order, action: "send", providerRef: "ref", leaseMs: 600 },
+    );
+    assert.deepEqual(await send(key), { ref: "msg-1" });
+    assert.deepEqual([seen.lost, seen.aborted], [true, false]);
+    assert.ok(seen.reason instanceof LeaseLostError, String(seen.reason));
+    const op = await client.getOperation(key);
+    assert.deepEqual([op.state, op.attempt], ["SUCCEEDED", 1]);
+    assert.ok(op.events.some((e) => e.kind === "lease_expired"), op.events.map((e) => e.kind).join(" "));
+    assert.ok(!op.events.some((e) => e.kind === "lease_renewed"), "no renewal while the loop was blocked");
+  });
+
   it("slow claims side by side are each renewed and none is lost", async () => {
     const client = server.client();
     const keys = [newKey("HB"), newKey("HB"), newKey("HB")];

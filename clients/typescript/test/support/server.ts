@@ -16,6 +16,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 
 import { Client, type ClientOptions } from "idem-client";
@@ -106,17 +107,12 @@ export class IdemServer implements RunningServer {
 
   /** Starts `idem serve` on `backend` ("sqlite": a fresh file; "postgres": a fresh database). */
   static async start(backend: "sqlite" | "postgres", listen = "127.0.0.1:0"): Promise<IdemServer> {
-    let databaseUrl: string;
-    let cleanup: () => void;
-    if (backend === "sqlite") {
-      const dir = mkdtempSync(join(tmpdir(), "idem-tsclient-"));
-      databaseUrl = `sqlite://${join(dir, "idem.db")}`;
-      cleanup = () => rmSync(dir, { recursive: true, force: true });
-    } else {
-      const db = new PgDatabase();
-      databaseUrl = db.url;
-      cleanup = () => db.drop();
-    }
+    const db = freshDatabase(backend);
+    return IdemServer.serve(db.url, listen, db.remove);
+  }
+
+  /** Starts `idem serve` on an existing database (kept when it stops). */
+  static async serve(databaseUrl: string, listen: string, cleanup: () => void = () => {}): Promise<IdemServer> {
     const proc = spawn(
       idemBin(),
       ["serve", "--listen", listen, "--sweep-interval-ms", "50", "--database-url", databaseUrl],
@@ -154,6 +150,69 @@ export class IdemServer implements RunningServer {
     }
     running.delete(this.#proc);
     this.#cleanup();
+  }
+}
+
+/** A fresh database on `backend` (a SQLite file in a directory of its own, or a PostgreSQL database) and how to remove it. */
+export function freshDatabase(backend: "sqlite" | "postgres"): { url: string; remove: () => void } {
+  if (backend === "sqlite") {
+    const dir = mkdtempSync(join(tmpdir(), "idem-tsclient-"));
+    return { url: `sqlite://${join(dir, "idem.db")}`, remove: () => rmSync(dir, { recursive: true, force: true }) };
+  }
+  const db = new PgDatabase();
+  return { url: db.url, remove: () => db.drop() };
+}
+
+/**
+ * `idem serve` on a fixed port and database, killed (SIGKILL) and started again: what a
+ * client meets when idem restarts during an effect.
+ */
+export class Restarting {
+  readonly url: string;
+  readonly #db: { url: string; remove: () => void };
+  readonly #listen: string;
+  readonly #servers: IdemServer[] = [];
+  #back: Promise<void> = Promise.resolve();
+
+  private constructor(db: { url: string; remove: () => void }, port: number) {
+    this.#db = db;
+    this.#listen = `127.0.0.1:${port}`;
+    this.url = `http://${this.#listen}`;
+  }
+
+  static async start(backend: "sqlite" | "postgres"): Promise<Restarting> {
+    const r = new Restarting(freshDatabase(backend), await freePort());
+    r.#servers.push(await IdemServer.serve(r.#db.url, r.#listen));
+    return r;
+  }
+
+  /** A client of the server with the admin key. */
+  client(options: ClientOptions = {}): Client {
+    return new Client({ url: this.url, apiKey: ADMIN_KEY, ...options });
+  }
+
+  /** Kills the server (SIGKILL) and starts it again on the same port and database `ms` later. */
+  async downFor(ms: number): Promise<void> {
+    await this.#servers.at(-1)?.stop();
+    this.#back = sleep(ms).then(async () => {
+      this.#servers.push(await IdemServer.serve(this.#db.url, this.#listen));
+    });
+    this.#back.catch(() => {}); // reported by back() and stop()
+  }
+
+  /** Resolves when the server is up again. */
+  back(): Promise<void> {
+    return this.#back;
+  }
+
+  /** Stops every server and removes the database. */
+  async stop(): Promise<void> {
+    try {
+      await this.#back;
+    } finally {
+      for (const s of this.#servers) await s.stop();
+      this.#db.remove();
+    }
   }
 }
 
