@@ -23,7 +23,7 @@ describe("leases", () => {
   const server = useServer("sqlite");
 
   it("a renewal refused aborts the signal with idem's problem; a late completion still settles it", async () => {
-    // The heartbeat renews too late (every 700 ms for a 300 ms lease): the lease's own timer
+    // The heartbeat renews too late (every 1 400 ms for a 600 ms lease): the lease's own timer
     // aborts the signal at its end, then idem refuses the renewal (lease-expired). Nobody took
     // the lease since, so the completion is still accepted and settles the UNKNOWN.
     const key = newKey();
@@ -37,10 +37,10 @@ describe("leases", () => {
         await once(lease.signal, "abort");
         seen.push(lease.signal.reason);
         assert.throws(() => lease.throwIfLost(), LeaseLostError);
-        await sleep(600); // the renewal is refused meanwhile
+        await sleep(1200); // the renewal is refused meanwhile
         return { ref: "msg-1" };
       },
-      { key: (order) => order, payload: (order) => ({ order }), action: "send", providerRef: "ref", leaseMs: 300, renewEveryMs: 700 },
+      { key: (order) => order, payload: (order) => ({ order }), action: "send", providerRef: "ref", leaseMs: 600, renewEveryMs: 1400 },
     );
     assert.deepEqual(await send(key), { ref: "msg-1" });
     assert.ok(seen[0] instanceof LeaseLostError, String(seen[0]));
@@ -180,8 +180,10 @@ describe("leases", () => {
     const keys = [newKey("HB"), newKey("HB"), newKey("HB")];
     await Promise.all(
       keys.map(async (key) => {
-        await using claim = await client.claim(key, { action: "send", payload: null, leaseMs: 300 });
-        await sleep(700);
+        // 900 ms leases renewed every 300 ms, for 2 s: a loaded machine's late timer must
+        // not lose a lease that a real heartbeat keeps (300 ms leases failed under load).
+        await using claim = await client.claim(key, { action: "send", payload: null, leaseMs: 900 });
+        await sleep(2000);
         assert.equal(claim.lease.lost, false);
         await claim.succeeded("ref-1");
       }),

@@ -69,8 +69,8 @@ describe("workflow steps", () => {
     const slow = `${newKey("ORD")}:slow`;
     await c.startWorkflow("stock-reservation", slow, { steps: ["pack"] });
     {
-      await using s = await c.step(slow, "pack", { leaseMs: 300 });
-      await sleep(700); // longer than the lease: the heartbeat renews the step's operation
+      await using s = await c.step(slow, "pack", { leaseMs: 900 });
+      await sleep(2000); // longer than the lease: the heartbeat renews the step's operation
       assert.equal(s.lease.lost, false);
       await s.succeeded("pack-ref");
     }
