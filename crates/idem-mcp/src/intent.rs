@@ -40,6 +40,11 @@ pub enum IntentError {
     /// The arguments cannot be fingerprinted (member names equal after NFC, too deep).
     #[error("the arguments cannot be fingerprinted: {0}")]
     Fingerprint(String),
+    /// A number the fingerprint cannot tell from its neighbours: an integer beyond ±2^53
+    /// (I-JSON, RFC 7493 §2.2), which RFC 8785 writes as the nearest double, so
+    /// `9007199254740993` and `9007199254740992` would be one intent.
+    #[error("{0}")]
+    Number(String),
 }
 
 /// Longest task id, bytes.
@@ -89,6 +94,9 @@ pub fn intent_of(
         return Err(IntentError::TooLarge(size, max_argument_bytes));
     }
     idem_core::check_depth(&args).map_err(IntentError::Fingerprint)?;
+    // The server receives the exact integer, the fingerprint its nearest double: refuse what
+    // they would disagree on, as the HTTP API does (json_number).
+    idem_core::json_number::check_numbers(&args.to_string()).map_err(|e| IntentError::Number(e.to_string()))?;
     let named = match intent {
         None => args.clone(),
         Some(fields) => {
@@ -184,6 +192,24 @@ mod tests {
         assert!(intent_of("s", &"a".repeat(256), &long_tool, &a, None, None, 100).unwrap().key.len() <= 255);
         for bad in ["", "   ", " t", "t\n"] {
             assert!(matches!(intent_of("s", bad, "x", &a, None, None, 100), Err(IntentError::TaskId(_))), "{bad:?}");
+        }
+        // Integers beyond ±2^53 would fingerprint as their nearest double: refused, the
+        // neighbours on both sides and inside objects and arrays alike.
+        for n in [json!(9_007_199_254_740_993u64), json!(-9_007_199_254_740_993i64), json!(u64::MAX)] {
+            for v in [json!({"id": n}), json!({"order": {"id": n}}), json!({"ids": [1, n]})] {
+                assert!(
+                    matches!(intent_of("s", "t", "x", &args(v.clone()), None, None, 1000), Err(IntentError::Number(_))),
+                    "{v}"
+                );
+            }
+        }
+        for fine in [
+            json!({"id": 9_007_199_254_740_992u64}),
+            json!({"id": -9_007_199_254_740_992i64}),
+            json!({"id": "9007199254740993"}),
+            json!({"x": 1.5}),
+        ] {
+            assert!(intent_of("s", "t", "x", &args(fine.clone()), None, None, 1000).is_ok(), "{fine}");
         }
         let big = args(json!({"body": "x".repeat(200)}));
         assert!(matches!(intent_of("s", "t", "x", &big, None, None, 100), Err(IntentError::TooLarge(_, 100))));
