@@ -239,6 +239,15 @@ impl Downstream {
         }
     }
 
+    /// Drops the current connection (its session): the next call connects again.
+    pub async fn reset(&self) {
+        if let Some(c) = self.conn.lock().await.take() {
+            *self.tools.lock().expect("tools lock") = None;
+            let mut c = c;
+            let _ = c.service.close().await;
+        }
+    }
+
     /// Drops the connection `peer` belongs to, if it is still the current one.
     async fn forget(&self, peer: &Peer<RoleClient>) {
         let mut conn = self.conn.lock().await;

@@ -173,7 +173,11 @@ impl Guard {
                 let fields = cfg.intent.clone().unwrap_or_default();
                 let text = texts::mismatch(op, &differing, &fields);
                 return (
-                    Ok(texts::result(&text, true, meta("mismatch", Some(op), Some(rec.state.as_str()), None))),
+                    Ok(texts::result(
+                        &text,
+                        true,
+                        meta("mismatch", Some(op), Some(rec.state.as_str()), Some(&rfc3339(rec.created_at))),
+                    )),
                     "mismatch",
                 );
             }

@@ -269,8 +269,41 @@ pub async fn send_call(
         Ok(Err(ServiceError::TransportClosed)) => {
             Sent::Lost("the connection to the server ended before its answer".into())
         }
-        Ok(Err(e)) => Sent::Lost(format!("no answer came back ({e})")),
+        Ok(Err(e)) if connection_refused(&e) => {
+            // Streamable HTTP opens a connection per request: a refused connection carried
+            // nothing (a reset or a timeout after connecting might have), so the call was
+            // not made and a repeat may send it. The session is dropped, so the next call
+            // starts a new one with the server when it is back.
+            tracing::warn!(error = %e, "idem mcp: no connection to the tool server; nothing was sent");
+            downstream.reset().await;
+            Sent::NotSent("no connection could be made to its URL: it is not running".into())
+        }
+        Ok(Err(e)) => {
+            // The transport's own error names Rust types and internals: logged, not shown.
+            tracing::warn!(error = %e, "idem mcp: no answer from the tool server");
+            Sent::Lost("no answer came back (the transport to the server failed after the call was sent)".into())
+        }
     }
+}
+
+/// Whether `e` says no connection to the server could be made (refused, no route, connect
+/// timeout): the request never left, as opposed to a reset or timeout after connecting.
+/// rmcp's Streamable HTTP error does not expose its client error as a source, so that one
+/// is looked into by type (reqwest's `is_connect`); elsewhere the chain of sources is
+/// searched for an `ECONNREFUSED`.
+fn connection_refused(e: &ServiceError) -> bool {
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return true;
+        }
+        if let Some(StreamableHttpError::Client(c)) = err.downcast_ref::<StreamableHttpError<reqwest::Error>>() {
+            return c.is_connect();
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// A paginated list request's envelope.

@@ -198,6 +198,58 @@ fn a_streamable_http_server_behind_the_guard() {
     assert_eq!(env.tickets(), 1);
 }
 
+/// A Streamable HTTP server that is down refuses the connection: a new call is "not
+/// performed … Nothing was sent" (never UNKNOWN, no Rust internals), and once the server is
+/// back the same guard starts a new session and sends it. The call that killed the server
+/// stays unknown. One ticket per intent.
+#[test]
+fn a_streamable_http_server_that_is_down_gets_nothing_sent_and_is_reached_again() {
+    let env = Env::new(NO_LOOKUP);
+    let port = mcp_support::free_port();
+    let start = || {
+        let child = Command::new(mcp_support::python())
+            .args([mcp_support::script("tickets_server.py"), "--db".into(), env.tickets.clone()])
+            .args(["--transport", "http", "--port", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        mcp_support::Killed(child)
+    };
+    let first = start();
+    mcp_support::wait_port(port);
+    let mut args = env.guard_args(&["--server-url", &format!("http://127.0.0.1:{port}/mcp")], "normal");
+    let dashes = args.iter().position(|a| a == "--").unwrap();
+    args.truncate(dashes);
+    let t = task("task-16");
+    let crash = json!({"call": "create_ticket", "args": {"customer": "c-16", "title": "crash now"}, "meta": t});
+    let next = json!({"call": "create_ticket", "args": {"customer": "c-16", "title": "after the crash"}, "meta": t});
+    let steps = json!([crash, {"sleep_s": 1}, next, {"sleep_s": 6}, next]);
+    let out = std::thread::scope(|s| {
+        let restarted = s.spawn(|| {
+            // The server exits inside the first call; it comes back while the agent sleeps.
+            let mut first = first;
+            let _ = first.0.wait();
+            std::thread::sleep(Duration::from_secs(3));
+            let again = start();
+            mcp_support::wait_port(port);
+            again
+        });
+        let out = env.agent_stdio(&steps, &args);
+        drop(restarted.join().unwrap());
+        out
+    });
+    assert!(text(&out[0]).starts_with("idem: outcome unknown: "), "{}", out[0]);
+    assert_eq!(
+        text(&out[1]),
+        "idem: not performed: the call could not be sent to the tool server (no connection could be made to its URL: it is not running); nothing happened, so the same call may be made again.",
+        "{}",
+        out[1]
+    );
+    assert!(from_server(&out[2]), "the same call once the server is back is sent: {}", out[2]);
+    assert_eq!(env.tickets(), 2, "the crashed call's ticket and the one sent after the restart");
+}
+
 /// Two guards (two agents, one task) on a shared PostgreSQL ledger: one ticket, the other
 /// agent gets the replay.
 #[test]
