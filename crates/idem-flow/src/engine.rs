@@ -36,7 +36,7 @@ struct Job<'a> {
     connector: &'a str,
     /// Whether an expired lease is re-granted (policy `redo_safe`).
     redo_safe: bool,
-    /// `step` or `compensation`, for metrics.
+    /// `step`, `branch` (of a parallel group) or `compensation`, for metrics.
     kind: &'static str,
 }
 
@@ -49,7 +49,7 @@ impl<'a> Job<'a> {
             action: &step.action,
             connector: step.connector.as_deref().unwrap_or_default(),
             redo_safe: step.policy == RecoveryPolicy::RedoSafe,
-            kind: "step",
+            kind: if step.group.is_some() { "branch" } else { "step" },
         }
     }
 
@@ -161,6 +161,13 @@ impl Flows {
                     self.redo(&inst, &def.steps[index], &checkpoints[index]).await?;
                     continue;
                 }
+                Next::Parallel { runs } => match self.run_branches(&inst, &def, &mut checkpoints, runs).await? {
+                    None => {
+                        known = Some((inst, checkpoints));
+                        continue;
+                    }
+                    Some(next) => next,
+                },
                 other => other,
             };
             let Some((record, events)) = plan_instance_update(&inst, &def, &next, &Actor::system(), now) else {
@@ -239,6 +246,9 @@ impl Flows {
                 let done = self.executor.run_attempt(out.record).await?;
                 metrics::histogram!("idem_workflow_step_seconds", "kind" => job.kind)
                     .record(started.elapsed().as_secs_f64());
+                if job.kind == "branch" {
+                    metrics::counter!("idem_workflow_branches_total", "outcome" => done.state.as_str()).increment(1);
+                }
                 idem_connect::crash::crash_point("flow.after_step", job.key);
                 StepRun::Progressed(Box::new(done))
             }
@@ -265,6 +275,60 @@ impl Flows {
                 ),
             }),
         })
+    }
+
+    /// Performs the branches of a parallel group at once (each its own operation: a grant
+    /// leads to a call, anything else is read from its record), and redoes the UNKNOWN
+    /// `redo_safe` ones. Updates `checkpoints` with what progressed; `None` when something
+    /// did (plan again), else what to write: a pause if one branch's key holds another
+    /// operation, else the earliest wait.
+    async fn run_branches(
+        &self,
+        inst: &InstanceRecord,
+        def: &Definition,
+        checkpoints: &mut [Checkpoint],
+        runs: Vec<Next>,
+    ) -> Result<Option<Next>, FlowError> {
+        let mut calls = Vec::with_capacity(runs.len());
+        let mut progressed = false;
+        for run in runs {
+            match run {
+                Next::Run { index, payload } => calls.push((index, payload)),
+                Next::Redo { index } => {
+                    self.redo(inst, &def.steps[index], &checkpoints[index]).await?;
+                    progressed = true;
+                }
+                other => return Err(FlowError::Invalid(format!("{other:?} was planned as a branch"))),
+            }
+        }
+        let results = {
+            let cps = &*checkpoints;
+            let jobs = calls.into_iter().map(|(index, payload)| {
+                let job = Job::step(&def.steps[index], &cps[index]);
+                async move { (index, self.run_operation(inst, job, payload).await) }
+            });
+            futures_util::future::join_all(jobs).await
+        };
+        let mut blocked: Option<Next> = None;
+        for (index, result) in results {
+            match result? {
+                StepRun::Progressed(op) => {
+                    let cp = &mut checkpoints[index];
+                    *cp = Checkpoint::with_compensation(cp.row.clone(), Some(*op), cp.compensation.take());
+                    progressed = true;
+                }
+                StepRun::Blocked(next) => {
+                    let earlier = |n: &Next| match n {
+                        Next::Wait { until_ms, .. } => *until_ms,
+                        _ => i64::MIN,
+                    };
+                    if blocked.as_ref().is_none_or(|b| earlier(&next) < earlier(b)) {
+                        blocked = Some(next);
+                    }
+                }
+            }
+        }
+        Ok(if progressed { None } else { blocked })
     }
 
     /// Moves an UNKNOWN `redo_safe` step's operation back to PENDING (an audited system

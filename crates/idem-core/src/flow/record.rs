@@ -73,7 +73,8 @@ pub fn validate_workflow_name(name: &str) -> Result<(), String> {
     if ok { Ok(()) } else { Err(format!("a workflow name is 1-{MAX_WORKFLOW_NAME_LEN} characters of [A-Za-z0-9_.-]")) }
 }
 
-/// The idempotency key of step `step` of instance `instance`: `{instance}:{step}`.
+/// The idempotency key of step `step` of instance `instance`: `{instance}:{step}`; for a
+/// branch of a parallel group, `step` is `{group}:{branch}` ([`StepDef::key_name`]).
 pub fn step_key(instance: &str, step: &str) -> String {
     format!("{instance}:{step}")
 }
@@ -178,7 +179,7 @@ impl StepRow {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let op_key = step_key(instance_id, &s.name);
+                let op_key = step_key(instance_id, &s.key_name());
                 StepRow {
                     tenant: tenant.to_owned(),
                     instance_id: instance_id.to_owned(),

@@ -206,16 +206,19 @@ pub fn plan_rerun(
     }
     let ctx = input_context(inst, checkpoints);
     let mut steps = Vec::with_capacity(def.steps.len());
-    let mut first_open = true;
+    // The first step that has not SUCCEEDED, with the branches of its parallel group: each
+    // of them that failed is redone, each UNKNOWN one looked up (they run at once).
+    let mut first_open: Option<std::ops::Range<usize>> = None;
     let mut all_kept_before = true;
-    for (step, c) in def.steps.iter().zip(checkpoints) {
+    for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
         let is_named = named.contains(&step.name);
         let foreign = c.foreign_step_operation(step).is_some();
         let state = c.operation.as_ref().map(|o| o.state);
-        let first = first_open && (foreign || state != Some(State::Succeeded));
-        if first {
-            first_open = false;
+        let open = foreign || state != Some(State::Succeeded);
+        if open && first_open.is_none() {
+            first_open = Some(def.span(index));
         }
+        let first = open && first_open.as_ref().is_some_and(|span| span.contains(&index));
         let disposition = match (state, is_named) {
             _ if foreign => StepDisposition::Redone,
             (None, _) => StepDisposition::Runs,
@@ -239,7 +242,7 @@ pub fn plan_rerun(
                 if n > MAX_RERUNS {
                     return Err(RerunRefusal::TooManyReruns(step.name.clone()));
                 }
-                rerun_key(&inst.instance_id, &step.name, n)
+                rerun_key(&inst.instance_id, &step.key_name(), n)
             }
             _ => c.row.op_key.clone(),
         };

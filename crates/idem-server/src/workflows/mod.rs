@@ -140,7 +140,10 @@ pub async fn start(
         source_event: body.source_event,
         trace_id: body.trace_id,
         steps: body.steps.map(|steps| {
-            steps.into_iter().map(|s| StepDecl { name: s.name, action: s.action, policy: s.policy }).collect()
+            steps
+                .into_iter()
+                .map(|s| StepDecl { name: s.name, action: s.action, policy: s.policy, group: s.group })
+                .collect()
         }),
         actor: caller.actor(),
     };
