@@ -407,3 +407,21 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .map(|(_, v)| v.parse::<f64>().unwrap())
         .sum()
 }
+
+/// `GET /v1/workflows/{id}` as the admin: the instance with its steps, groups and events.
+pub async fn instance(s: &Server, id: &str) -> Value {
+    s.get(ADMIN_KEY, &format!("/v1/workflows/{}", enc(id))).await.body
+}
+
+/// Polls workflow instance `id` until `done` holds (at most `secs` seconds); returns it.
+pub async fn wait_instance(s: &Server, id: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+    let start = std::time::Instant::now();
+    loop {
+        let v = instance(s, id).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(secs), "gave up waiting on instance {id}: {v:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
