@@ -71,6 +71,7 @@ struct StepConfig {
     input: Option<Value>,
     compensation: Option<CompensationConfig>,
     group: Option<String>,
+    for_each: Option<idem_core::flow::definition::ForEachDef>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -122,6 +123,7 @@ pub fn definitions(config: &Config, registry: &Registry) -> Result<BTreeMap<Stri
                 }),
                 connector,
                 group: s.group,
+                for_each: s.for_each,
             });
         }
         let mut groups = Vec::with_capacity(wf.groups.len());

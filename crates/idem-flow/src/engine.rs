@@ -11,7 +11,7 @@
 use crate::{FlowError, Flows};
 use idem_core::flow::StepRow;
 use idem_core::flow::{
-    Checkpoint, Definition, InstanceRecord, InstanceState, Next, RecoveryPolicy, StepDef, plan_advance,
+    Checkpoint, Definition, InstanceRecord, InstanceState, ItemCheckpoint, Next, RecoveryPolicy, StepDef, plan_advance,
     plan_instance_update,
 };
 use idem_core::{AcquireInput, Actor, Decision, State};
@@ -41,11 +41,12 @@ struct Job<'a> {
 }
 
 impl<'a> Job<'a> {
-    /// Step `step` (a connector step: `plan_advance` runs no other).
-    fn step(step: &'a StepDef, cp: &'a Checkpoint) -> Self {
+    /// Step `step` (a connector step: `plan_advance` runs no other), or an item of it,
+    /// under operation key `key`.
+    fn step(step: &'a StepDef, index: usize, key: &'a str) -> Self {
         Job {
-            index: cp.row.position as usize,
-            key: &cp.row.op_key,
+            index,
+            key,
             action: &step.action,
             connector: step.connector.as_deref().unwrap_or_default(),
             redo_safe: step.policy == RecoveryPolicy::RedoSafe,
@@ -53,18 +54,66 @@ impl<'a> Job<'a> {
         }
     }
 
-    /// The compensation of `step`, if it has one with a connector.
-    fn compensation(step: &'a StepDef, cp: &'a Checkpoint) -> Option<Self> {
+    /// The compensation of `step` (or of an item of it) under key `key`, if it has one with
+    /// a connector.
+    fn compensation(step: &'a StepDef, index: usize, key: &'a str) -> Option<Self> {
         let comp = step.compensation.as_ref()?;
         Some(Job {
-            index: cp.row.position as usize,
-            key: &cp.row.comp_key,
+            index,
+            key,
             action: &comp.action,
             connector: comp.connector.as_deref()?,
             redo_safe: false,
             kind: "compensation",
         })
     }
+}
+
+/// Where an operation's record goes in the checkpoints: step `index`'s (or its item
+/// `item`'s) operation, or its compensation's.
+struct Target {
+    index: usize,
+    item: Option<String>,
+    compensation: bool,
+}
+
+impl Target {
+    /// Puts `op` where it belongs, deriving the states again.
+    fn record(self, checkpoints: &mut [Checkpoint], op: Box<idem_core::OperationRecord>) {
+        let cp = &mut checkpoints[self.index];
+        let put = |operation: &mut Option<idem_core::OperationRecord>,
+                   comp: &mut Option<idem_core::OperationRecord>| {
+            if self.compensation { *comp = Some(*op) } else { *operation = Some(*op) }
+        };
+        match &self.item {
+            None => {
+                let (mut operation, mut comp) = (cp.operation.take(), cp.compensation.take());
+                put(&mut operation, &mut comp);
+                let items = std::mem::take(&mut cp.items);
+                *cp = Checkpoint::with_compensation(cp.row.clone(), operation, comp);
+                cp.items = items;
+            }
+            Some(id) => {
+                let mut items = std::mem::take(&mut cp.items);
+                if let Some(i) = items.iter_mut().find(|i| &i.row.item == id) {
+                    let (mut operation, mut comp) = (i.operation.take(), i.compensation.take());
+                    put(&mut operation, &mut comp);
+                    *i = ItemCheckpoint::of(i.row.clone(), operation, comp);
+                }
+                *cp = Checkpoint::with_items(cp.row.clone(), items);
+            }
+        }
+    }
+}
+
+/// What one attempt at a `Run`, `Compensate` or `Redo` led to.
+enum Attempt {
+    /// The operation moved (or was found finished): its record as stored now.
+    Done(Target, Box<idem_core::OperationRecord>),
+    /// An UNKNOWN `redo_safe` operation was moved back to PENDING.
+    Redone,
+    /// It cannot move now: write this.
+    Blocked(Next),
 }
 
 /// What performing a `Run` or a `Compensate` led to.
@@ -131,35 +180,14 @@ impl Flows {
             let now = self.clock.now_ms();
             let next = plan_advance(&inst, &def, &checkpoints, now)?;
             let next = match next {
-                Next::Run { index, payload } => {
-                    let job = Job::step(&def.steps[index], &checkpoints[index]);
-                    match self.run_operation(&inst, job, payload).await? {
-                        StepRun::Progressed(op) => {
-                            let cp = &mut checkpoints[index];
-                            *cp = Checkpoint::with_compensation(cp.row.clone(), Some(*op), cp.compensation.take());
+                Next::Run { .. } | Next::Compensate { .. } | Next::Redo { .. } | Next::Item { .. } => {
+                    match self.perform(&inst, &def, &mut checkpoints, next).await? {
+                        None => {
                             known = Some((inst, checkpoints));
                             continue;
                         }
-                        StepRun::Blocked(next) => next,
+                        Some(next) => next,
                     }
-                }
-                Next::Compensate { index, payload } => {
-                    let Some(job) = Job::compensation(&def.steps[index], &checkpoints[index]) else {
-                        return Err(FlowError::Invalid("a compensation without a connector was planned".into()));
-                    };
-                    match self.run_operation(&inst, job, payload).await? {
-                        StepRun::Progressed(op) => {
-                            let cp = &mut checkpoints[index];
-                            *cp = Checkpoint::with_compensation(cp.row.clone(), cp.operation.take(), Some(*op));
-                            known = Some((inst, checkpoints));
-                            continue;
-                        }
-                        StepRun::Blocked(next) => next,
-                    }
-                }
-                Next::Redo { index } => {
-                    self.redo(&inst, &def.steps[index], &checkpoints[index]).await?;
-                    continue;
                 }
                 Next::Parallel { runs } => match self.run_branches(&inst, &def, &mut checkpoints, runs).await? {
                     None => {
@@ -168,6 +196,12 @@ impl Flows {
                     }
                     Some(next) => next,
                 },
+                Next::PlanItems { items, .. } => {
+                    // Written once (identical rows from another pass change nothing); then
+                    // read back with their operations.
+                    flows.add_items(items).await?;
+                    continue;
+                }
                 other => other,
             };
             let Some((record, events)) = plan_instance_update(&inst, &def, &next, &Actor::system(), now) else {
@@ -289,35 +323,21 @@ impl Flows {
         checkpoints: &mut [Checkpoint],
         runs: Vec<Next>,
     ) -> Result<Option<Next>, FlowError> {
-        let mut calls = Vec::with_capacity(runs.len());
-        let mut progressed = false;
-        for run in runs {
-            match run {
-                Next::Run { index, payload } => calls.push((index, payload)),
-                Next::Redo { index } => {
-                    self.redo(inst, &def.steps[index], &checkpoints[index]).await?;
-                    progressed = true;
-                }
-                other => return Err(FlowError::Invalid(format!("{other:?} was planned as a branch"))),
-            }
-        }
         let results = {
-            let cps = &*checkpoints;
-            let jobs = calls.into_iter().map(|(index, payload)| {
-                let job = Job::step(&def.steps[index], &cps[index]);
-                async move { (index, self.run_operation(inst, job, payload).await) }
-            });
+            let (cps, me) = (&*checkpoints, self);
+            let jobs = runs.into_iter().map(|run| async move { me.attempt(inst, def, cps, run).await });
             futures_util::future::join_all(jobs).await
         };
+        let mut progressed = false;
         let mut blocked: Option<Next> = None;
-        for (index, result) in results {
+        for result in results {
             match result? {
-                StepRun::Progressed(op) => {
-                    let cp = &mut checkpoints[index];
-                    *cp = Checkpoint::with_compensation(cp.row.clone(), Some(*op), cp.compensation.take());
+                Attempt::Done(target, op) => {
+                    target.record(checkpoints, op);
                     progressed = true;
                 }
-                StepRun::Blocked(next) => {
+                Attempt::Redone => progressed = true,
+                Attempt::Blocked(next) => {
                     let earlier = |n: &Next| match n {
                         Next::Wait { until_ms, .. } => *until_ms,
                         _ => i64::MIN,
@@ -331,12 +351,74 @@ impl Flows {
         Ok(if progressed { None } else { blocked })
     }
 
+    /// Performs one `Run`, `Compensate` or `Redo` (of a step, or wrapped in `Item` for an
+    /// item): `None` when it progressed (`checkpoints` updated: plan again), else what to
+    /// write.
+    async fn perform(
+        &self,
+        inst: &InstanceRecord,
+        def: &Definition,
+        checkpoints: &mut [Checkpoint],
+        next: Next,
+    ) -> Result<Option<Next>, FlowError> {
+        Ok(match self.attempt(inst, def, checkpoints, next).await? {
+            Attempt::Done(target, op) => {
+                target.record(checkpoints, op);
+                None
+            }
+            Attempt::Redone => None,
+            Attempt::Blocked(next) => Some(next),
+        })
+    }
+
+    /// One `Run`, `Compensate` or `Redo`, against the checkpoints as read.
+    async fn attempt(
+        &self,
+        inst: &InstanceRecord,
+        def: &Definition,
+        checkpoints: &[Checkpoint],
+        next: Next,
+    ) -> Result<Attempt, FlowError> {
+        let (item, next) = match next {
+            Next::Item { item, next } => (Some(item), *next),
+            other => (None, other),
+        };
+        let index = match &next {
+            Next::Run { index, .. } | Next::Compensate { index, .. } | Next::Redo { index } => *index,
+            other => return Err(FlowError::Invalid(format!("{other:?} cannot be performed"))),
+        };
+        let cp = &checkpoints[index];
+        let (op_key, comp_key) = match &item {
+            None => (cp.row.op_key.as_str(), cp.row.comp_key.as_str()),
+            Some(id) => match cp.items.iter().find(|i| &i.row.item == id) {
+                Some(i) => (i.row.op_key.as_str(), i.row.comp_key.as_str()),
+                None => return Err(FlowError::Invalid(format!("item {id:?} was planned but is not stored"))),
+            },
+        };
+        let step = &def.steps[index];
+        let (job, compensation, payload) = match next {
+            Next::Run { payload, .. } => (Job::step(step, index, op_key), false, payload),
+            Next::Compensate { payload, .. } => match Job::compensation(step, index, comp_key) {
+                Some(job) => (job, true, payload),
+                None => return Err(FlowError::Invalid("a compensation without a connector was planned".into())),
+            },
+            _ => {
+                self.redo(inst, step, op_key).await?;
+                return Ok(Attempt::Redone);
+            }
+        };
+        Ok(match self.run_operation(inst, job, payload).await? {
+            StepRun::Progressed(op) => Attempt::Done(Target { index, item, compensation }, op),
+            StepRun::Blocked(next) => Attempt::Blocked(next),
+        })
+    }
+
     /// Moves an UNKNOWN `redo_safe` step's operation back to PENDING (an audited system
     /// resolution), so the next round runs it again.
-    async fn redo(&self, inst: &InstanceRecord, step: &StepDef, cp: &Checkpoint) -> Result<(), FlowError> {
+    async fn redo(&self, inst: &InstanceRecord, step: &StepDef, key: &str) -> Result<(), FlowError> {
         let req = ResolveRequest {
             tenant: inst.tenant.clone(),
-            key: cp.row.op_key.clone(),
+            key: key.to_owned(),
             to: State::Pending,
             expected_state: Some(State::Unknown),
             reason: format!(

@@ -99,6 +99,7 @@ impl Flows {
                             input: Value::Null,
                             compensation: None,
                             group: s.group.clone(),
+                            for_each: None,
                         })
                         .collect(),
                     groups: Vec::new(),

@@ -8,11 +8,14 @@
 
 mod common;
 
-use common::{ADMIN_KEY, Backend, Db, Resp, Server, enc, instance, start_provider, wait_instance};
+use common::{
+    ADMIN_KEY, Backend, Db, Resp, Server, crash_at_then_restart, enc, instance, start_provider, ui_session,
+    wait_instance,
+};
 use idem::acceptance::provider::{Provider, Step};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BRANCHES: [&str; 3] = ["email", "chat", "data"];
 
@@ -104,6 +107,11 @@ async fn fan_out_runs_every_branch_once_and_joins(b: Backend) {
     assert_eq!(start(&s, id).await.status, 200);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_effects_once(&provider, &instance(&s, id).await, id);
+    // The admin page shows the group with each branch's state.
+    let cookie = ui_session(&s, ADMIN_KEY).await;
+    let page = s.http.get(s.url(&format!("/ui/workflows/{}", enc(id)))).header("cookie", cookie).send().await.unwrap();
+    let page = page.text().await.unwrap();
+    assert!(page.contains("Parallel groups") && page.contains("notify"), "{page}");
     let metrics = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains("idem_workflow_branches_total"), "/metrics counts branches");
 }
@@ -135,15 +143,8 @@ async fn kill_9_at_every_branch_boundary(b: Backend) {
         let id = format!("ORD-{i}:{}", point.replace('.', "-"));
         let crash_at = format!("{point}@{id}:{step}");
         drop(s);
-        let crashing = Server::start_with_config_env(&db.url, &config, &[("IDEM_TEST_CRASH_AT", &crash_at)]);
-        assert_eq!(start(&crashing, &id).await.status, 201);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while crashing.http.get(crashing.url("/healthz")).send().await.is_ok() {
-            assert!(Instant::now() < deadline, "{crash_at}: the server never reached its crash point");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        drop(crashing);
-        s = Server::start_with_config(&db.url, &config);
+        let body = json!({"workflow": "fan-out", "instance_id": id, "input": {"customer": "C-1"}});
+        s = crash_at_then_restart(&db.url, &config, &crash_at, &body).await;
         let v = wait_instance(&s, &id, 30, |v| v["state"] != "RUNNING").await;
         assert_effects_once(&provider, &v, &id);
         eprintln!("kill -9 at {crash_at}: finished, each branch and the join once");

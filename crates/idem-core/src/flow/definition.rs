@@ -103,6 +103,29 @@ pub struct StepDef {
     /// of them. The branch's operation key is `{instance}:{group}:{step}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Perform the step once for each item of a list (see [`super::items`]): each item is
+    /// its own operation, keyed `{instance}:{step}:{id}` by the item's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<ForEachDef>,
+}
+
+/// A step for each item of a list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForEachDef {
+    /// JSON pointer of the list: into the instance input (`/input/recipients`) or an
+    /// earlier step's result (`/steps/NAME/result/lines`).
+    pub items: String,
+    /// JSON pointer, inside one item, of its identity (`/id`): a string of
+    /// `[A-Za-z0-9_.-]` or an integer. The item's key ends with it, so a reordered list
+    /// redoes nothing; two items with one identity and different contents fail the step.
+    pub id: String,
+    /// Most items in flight at once (`None`: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// What a failed or UNKNOWN item does: pause the instance (default) or compensate.
+    #[serde(default)]
+    pub on_failure: GroupFailure,
 }
 
 impl StepDef {
@@ -258,6 +281,10 @@ impl Definition {
                 return err(f("action"), "an action is 1-128 characters of [A-Za-z0-9_.:-]".into());
             }
             self.check_group(i, &f("group"))?;
+            if let Some(fe) = &step.for_each {
+                let before = &self.steps[..i];
+                check_for_each(step, fe, before, &f("for_each"))?;
+            }
             let caps = match &step.connector {
                 None => None,
                 Some(c) => match connector(c) {
@@ -295,7 +322,7 @@ impl Definition {
             }
             // A branch reads the steps before its group, never a sibling (it runs meanwhile).
             let before = &self.steps[..self.span(i).start];
-            check_references(&step.input, before, None, &f("input"))?;
+            check_references(&step.input, before, None, step.for_each.is_some(), &f("input"))?;
             if let Some(comp) = &step.compensation {
                 let cf = |name: &str| format!("{prefix}.steps[{i}].compensation.{name}");
                 if !valid_action(&comp.action) {
@@ -312,7 +339,7 @@ impl Definition {
                         "a compensation your code performs takes its payload from your code".into(),
                     );
                 }
-                check_references(&comp.input, before, Some(&step.name), &cf("input"))?;
+                check_references(&comp.input, before, Some(&step.name), step.for_each.is_some(), &cf("input"))?;
             }
         }
         for (g, group) in self.groups.iter().enumerate() {
@@ -364,6 +391,33 @@ impl Definition {
     }
 }
 
+/// Checks a step's `for_each`: a connector performs it (idem runs each item), it is no
+/// branch of a group, its list comes from the input or an earlier step's result, its `id`
+/// is a JSON pointer.
+fn check_for_each(step: &StepDef, fe: &ForEachDef, before: &[StepDef], field: &str) -> Result<(), DefinitionError> {
+    let bad = |name: &str, message: String| Err(DefinitionError { field: format!("{field}.{name}"), message });
+    if step.connector.is_none() {
+        return bad("items", "a step for each item is performed by idem: give it a connector".into());
+    }
+    if step.group.is_some() {
+        return bad(
+            "items",
+            "a step for each item cannot also be a branch of a group: make it a step of its own".into(),
+        );
+    }
+    if !(fe.items.starts_with("/input") || fe.items.starts_with("/steps/")) {
+        return bad("items", format!("{:?}: the list comes from /input/... or /steps/NAME/result/...", fe.items));
+    }
+    check_references(&serde_json::json!({"from": fe.items}), before, None, false, &format!("{field}.items"))?;
+    if !fe.id.starts_with('/') {
+        return bad("id", format!("{:?}: the identity is a JSON pointer into the item, such as \"/id\"", fe.id));
+    }
+    if fe.max_concurrency == Some(0) {
+        return bad("max_concurrency", "at least 1 item must be able to run (leave it out for all at once)".into());
+    }
+    Ok(())
+}
+
 /// Checks that every `from` pointer of `template` names something that will exist when the
 /// step runs: the instance input, the instance's own fields, or an earlier step's result or
 /// provider reference (or, for a compensation, its own step's).
@@ -371,6 +425,7 @@ fn check_references(
     template: &Value,
     earlier: &[StepDef],
     own: Option<&str>,
+    item: bool,
     field: &str,
 ) -> Result<(), DefinitionError> {
     for (at, pointer) in references(template).map_err(|message| DefinitionError { field: field.into(), message })? {
@@ -378,6 +433,7 @@ fn check_references(
         let mut parts = pointer.split('/').skip(1);
         match parts.next() {
             Some("input") => {}
+            Some("item") if item => {}
             Some("instance") => match parts.next() {
                 Some("id" | "workflow" | "source_event") if parts.next().is_none() => {}
                 _ => return Err(bad(format!("{pointer:?}: /instance has id, workflow and source_event"))),
@@ -399,7 +455,7 @@ fn check_references(
             }
             _ => {
                 return Err(bad(format!(
-                    "{pointer:?} must start with /input, /instance or /steps (a JSON pointer, RFC 6901)"
+                    "{pointer:?} must start with /input, /instance or /steps (or /item, in a step for each item) (a JSON pointer, RFC 6901)"
                 )));
             }
         }

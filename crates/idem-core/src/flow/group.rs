@@ -121,7 +121,7 @@ impl fmt::Display for GroupState {
 }
 
 /// Whether `c`'s operation is in flight: EXECUTING under a live lease.
-fn is_in_flight(c: &Checkpoint, now_ms: i64) -> bool {
+pub(super) fn is_in_flight(c: &Checkpoint, now_ms: i64) -> bool {
     c.operation
         .as_ref()
         .is_some_and(|op| op.state == State::Executing && op.lease_expires_at.is_some_and(|end| end > now_ms))
@@ -145,7 +145,10 @@ pub(super) fn next_group(
             None => {}
             Some(run @ (Next::Run { .. } | Next::Redo { .. })) => runs.push(run),
             Some(wait @ (Next::Wait { .. } | Next::WaitForCaller { .. })) => waits.push(wait),
-            Some(stop) => return Some(stopped(def, checkpoints, group, settings.on_failure, span.end, stop)),
+            Some(stop) => {
+                let label = |i: usize| format!("branch {:?} of group {group:?}", def.steps[i].name);
+                return Some(stopped(def, checkpoints, &label, settings.on_failure, span.end, stop));
+            }
         }
     }
     let room = settings.max_concurrency.map_or(usize::MAX, |m| (m as usize).saturating_sub(in_flight));
@@ -158,7 +161,7 @@ pub(super) fn next_group(
 }
 
 /// When a wait ends.
-fn until(next: &Next) -> i64 {
+pub(super) fn until(next: &Next) -> i64 {
     match next {
         Next::Wait { until_ms, .. } | Next::WaitForCaller { until_ms, .. } => *until_ms,
         _ => i64::MAX,
@@ -169,10 +172,10 @@ fn until(next: &Next) -> i64 {
 /// built, an UNKNOWN outcome its policy leaves to a person or to compensation, a key
 /// conflict): what `on_failure` makes of it. A key conflict always pauses: the operation
 /// under the branch's key is not its effect, and only a person can tell what to do.
-fn stopped(
+pub(super) fn stopped(
     def: &Definition,
     checkpoints: &[Checkpoint],
-    group: &str,
+    label: &dyn Fn(usize) -> String,
     on_failure: GroupFailure,
     end: usize,
     stop: Next,
@@ -186,17 +189,17 @@ fn stopped(
         Next::BeginCompensation { index, reason } => (index, "branch_unknown", reason),
         other => return other,
     };
-    let branch = &def.steps[index].name;
+    let what = label(index);
     match on_failure {
         GroupFailure::Pause => Next::Pause {
             index,
             class,
             reason: format!(
-                "branch {branch:?} of group {group:?}: {reason}; the group pauses the instance (on_failure = pause), the other branches keep their states"
+                "{what}: {reason}; it pauses the instance (on_failure = pause), the others keep their states"
             ),
         },
         GroupFailure::Compensate => {
-            let reason = format!("branch {branch:?} of group {group:?}: {reason} (on_failure = compensate)");
+            let reason = format!("{what}: {reason} (on_failure = compensate)");
             failed_finally(def, checkpoints, index, end, reason)
         }
     }

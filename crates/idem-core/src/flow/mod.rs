@@ -36,6 +36,8 @@
 //!   thing to do for an instance), [`plan_instance_update`] (the instance write for it).
 //! - [`group`]: parallel groups — branches that run at once, the join, what a failed
 //!   branch does ([`GroupState`], its table).
+//! - [`items`]: a step for each item of a list — each item its own operation, keyed by
+//!   its identity.
 //! - [`recovery`]: [`plan_recovery`], the per-policy answer for a step whose outcome is
 //!   UNKNOWN or whose worker died.
 //! - [`rerun`]: guarded operator re-runs: [`plan_rerun`] (the dry run, with a plan hash)
@@ -50,6 +52,7 @@
 pub mod definition;
 pub mod group;
 pub mod input;
+pub mod items;
 pub mod plan;
 pub mod record;
 pub mod recovery;
@@ -59,17 +62,20 @@ pub mod state;
 #[cfg(test)]
 mod canned;
 
-pub use definition::{CompensationDef, Definition, DefinitionError, GroupDef, GroupFailure, RecoveryPolicy, StepDef};
+pub use definition::{
+    CompensationDef, Definition, DefinitionError, ForEachDef, GroupDef, GroupFailure, RecoveryPolicy, StepDef,
+};
 pub use group::{GroupState, groups_of};
 pub use input::{InputError, build_step_input};
+pub use items::plan_items;
 pub use plan::{
     CompensationRefusal, Next, StartDecision, StartInput, StartPlan, needs_compensation, plan_advance,
     plan_instance_update, plan_operator_compensation, plan_start,
 };
 pub use record::{
-    Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, InstanceTombstone, Progress, StepRow,
-    compensation_key, compensation_rerun_key, rerun_key, step_fingerprint, step_key, validate_instance_id,
-    validate_step_name, validate_workflow_name,
+    Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, InstanceTombstone, ItemCheckpoint, ItemRow, Progress,
+    StepRow, compensation_key, compensation_rerun_key, item_key, rerun_key, step_fingerprint, step_key,
+    validate_instance_id, validate_step_name, validate_workflow_name,
 };
 pub use recovery::{Recovery, plan_recovery};
 pub use rerun::{

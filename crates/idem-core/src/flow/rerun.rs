@@ -148,6 +148,13 @@ pub enum RerunRefusal {
         "step {0:?} is UNKNOWN and cannot be looked up (no lookup): resolve it (idem ops resolve), or name it to redo it on purpose"
     )]
     NeedsResolution(String),
+    /// A named step runs for each item of a list, or one of its items FAILED or is
+    /// UNKNOWN: re-running items is not supported; compensate the instance or start a new
+    /// one.
+    #[error(
+        "step {0:?} runs for each item of a list: its items cannot be re-run; compensate the instance (or resolve an UNKNOWN item), or start a new instance"
+    )]
+    ItemsNotRerunnable(String),
     /// A step was re-run too often.
     #[error("step {0:?} was re-run {MAX_RERUNS} times; start a new instance")]
     TooManyReruns(String),
@@ -203,6 +210,12 @@ pub fn plan_rerun(
             return Err(RerunRefusal::Compensating(n.clone()));
         }
         return plan_compensation_rerun(inst, def, checkpoints, has_lookup);
+    }
+    for (step, c) in def.steps.iter().zip(checkpoints).filter(|(s, _)| s.for_each.is_some()) {
+        let stuck = c.items.iter().any(|i| matches!(i.state, StepState::Failed | StepState::Unknown));
+        if named.contains(&step.name) || stuck {
+            return Err(RerunRefusal::ItemsNotRerunnable(step.name.clone()));
+        }
     }
     let ctx = input_context(inst, checkpoints);
     let mut steps = Vec::with_capacity(def.steps.len());

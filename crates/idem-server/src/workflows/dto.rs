@@ -128,6 +128,27 @@ pub struct CheckpointView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = "notify")]
     pub group: Option<String>,
+    /// For a step for each item of a list: its items, in the list's order, each its own
+    /// operation (`{instance}:{step}:{item}`); absent for other steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<ItemView>>,
+}
+
+/// One item of a step for each item.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ItemView {
+    /// The item's identity (the value of the step's `for_each.id` field).
+    #[schema(example = "r-17")]
+    pub item: String,
+    /// Key of the item's operation.
+    pub operation_key: String,
+    /// NOT_STARTED, PENDING, EXECUTING, SUCCEEDED, FAILED, UNKNOWN or COMPENSATED.
+    #[schema(example = "SUCCEEDED")]
+    pub state: String,
+    /// The provider's reference for the item's effect.
+    pub provider_ref: Option<String>,
+    /// Attempts granted so far.
+    pub attempts: i64,
 }
 
 /// A parallel group of an instance: its branches run at once, the step after it waits for
@@ -205,6 +226,18 @@ impl CheckpointView {
             completed_at: op.and_then(|o| o.completed_at).map(rfc3339),
             compensation_key: c.row.comp_key.clone(),
             group: def.group.clone(),
+            items: def.for_each.as_ref().map(|_| {
+                c.items
+                    .iter()
+                    .map(|i| ItemView {
+                        item: i.row.item.clone(),
+                        operation_key: i.row.op_key.clone(),
+                        state: i.state.as_str().into(),
+                        provider_ref: i.operation.as_ref().and_then(|o| o.provider_ref.clone()),
+                        attempts: i.operation.as_ref().map_or(0, |o| o.attempt_count),
+                    })
+                    .collect()
+            }),
             compensation: c.compensation.as_ref().map(|k| CompensationView {
                 action: k.action.clone(),
                 state: k.state.as_str().into(),

@@ -89,6 +89,7 @@ fn rerun_problem(r: idem_core::flow::RerunRefusal, detail: String) -> Problem {
         R::NothingToRedo => (StatusCode::CONFLICT, "nothing-to-rerun"),
         R::NeedsResolution(_) => (StatusCode::CONFLICT, "step-needs-resolution"),
         R::TooManyReruns(_) => (StatusCode::CONFLICT, "too-many-reruns"),
+        R::ItemsNotRerunnable(_) => (StatusCode::CONFLICT, "items-not-rerunnable"),
         R::PlanChanged { .. } => (StatusCode::CONFLICT, "plan-changed"),
         // RFC 6585 §3: the server requires the request to be conditional (on a plan hash).
         R::PlanHashRequired { .. } => (StatusCode::PRECONDITION_REQUIRED, "plan-hash-required"),
@@ -367,7 +368,7 @@ pub async fn complete_step(
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The key's role is not `operator` or `admin`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such instance in the caller's tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Refused, nothing changed: `plan-changed` (the instance changed since the approved plan), `instance-running`, `instance-compensated`, `step-busy`, `compensation-in-progress`, `nothing-to-rerun`, `step-needs-resolution`, `too-many-reruns`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Refused, nothing changed: `plan-changed` (the instance changed since the approved plan), `instance-running`, `instance-compensated`, `step-busy`, `compensation-in-progress`, `nothing-to-rerun`, `step-needs-resolution`, `too-many-reruns`, `items-not-rerunnable` (a step for each item)", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The instance was removed after its retention window", body = Problem, content_type = "application/problem+json"),
         (status = 428, description = "`plan-hash-required`: the re-run redoes a step that SUCCEEDED or is UNKNOWN (a new side effect), so it runs only with the `plan_hash` of a dry run (RFC 6585 §3); the detail names the steps and the plan hash now", body = Problem, content_type = "application/problem+json"),
     ),

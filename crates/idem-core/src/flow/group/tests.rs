@@ -187,7 +187,7 @@ fn a_failed_branch_pauses_the_instance_under_pause() {
         let n = next(&def, &inst, &[S, others[0], f, others[1]]);
         let Next::Pause { index, class, reason } = &n else { panic!("{n:?}") };
         assert_eq!((*index, *class), (2, "branch_failed"));
-        assert!(reason.contains("group \"notify\"") && reason.contains("pause"), "{reason}");
+        assert!(reason.contains("branch \"chat\" of group \"notify\"") && reason.contains("pause"), "{reason}");
     }
     // Paused: it stays paused while the branch is FAILED; a late sibling's success changes
     // nothing, and nothing after the group runs.
