@@ -226,7 +226,12 @@ pub fn plan_rerun(
     for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
         let is_named = named.contains(&step.name);
         let foreign = c.foreign_step_operation(step).is_some();
-        let state = c.operation.as_ref().map(|o| o.state);
+        // A step for each item has no operation of its own: SUCCEEDED once all its items are
+        // (kept), else still to run (its stopped items were refused above).
+        let state = match step.for_each {
+            Some(_) => (c.state == StepState::Succeeded).then_some(State::Succeeded),
+            None => c.operation.as_ref().map(|o| o.state),
+        };
         let open = foreign || state != Some(State::Succeeded);
         if open && first_open.is_none() {
             first_open = Some(def.span(index));

@@ -207,3 +207,22 @@ fn a_bad_for_each_is_refused_naming_its_field() {
     check(&|d| d.steps[1].group = Some("g".into()), "workflows.w.steps[1].for_each.items");
     def("pause").validate("workflows.w", &caps).unwrap();
 }
+
+/// A re-run keeps a step for each item whose items all SUCCEEDED and redoes the failed
+/// step after it; one with a failed item is refused (items are not re-run).
+#[test]
+fn a_rerun_keeps_finished_items_and_refuses_failed_ones() {
+    use crate::flow::rerun::{RerunRefusal, StepDisposition, plan_rerun};
+    let d = def("pause");
+    let mut inst = instance(&d, &["r1", "r2"]);
+    inst.state = InstanceState::Failed;
+    let mut checkpoints = cps(&d, S, &[("r1", S, None), ("r2", S, None)]);
+    checkpoints[2] =
+        Checkpoint::of(checkpoints[2].row.clone(), Some(op(&step_key(ID, "close"), "close", State::Failed)));
+    let plan = plan_rerun(&inst, &d, &checkpoints, &[], &|_| false).unwrap();
+    let dispositions: Vec<_> = plan.steps.iter().map(|p| p.disposition).collect();
+    assert_eq!(dispositions, [StepDisposition::Kept, StepDisposition::Kept, StepDisposition::Redone]);
+    let failed = cps(&d, S, &[("r1", S, None), ("r2", Some(State::Failed), None)]);
+    let refused = plan_rerun(&inst, &d, &failed, &[], &|_| false).unwrap_err();
+    assert_eq!(refused, RerunRefusal::ItemsNotRerunnable("send".into()));
+}
