@@ -36,7 +36,8 @@ struct Job<'a> {
     connector: &'a str,
     /// Whether an expired lease is re-granted (policy `redo_safe`).
     redo_safe: bool,
-    /// `step`, `branch` (of a parallel group) or `compensation`, for metrics.
+    /// `step`, `branch` (of a parallel group), `item` (of a step for each item) or
+    /// `compensation`, for metrics.
     kind: &'static str,
 }
 
@@ -50,7 +51,11 @@ impl<'a> Job<'a> {
             action: &step.action,
             connector: step.connector.as_deref().unwrap_or_default(),
             redo_safe: step.policy == RecoveryPolicy::RedoSafe,
-            kind: if step.group.is_some() { "branch" } else { "step" },
+            kind: match (&step.group, &step.for_each) {
+                (Some(_), _) => "branch",
+                (None, Some(_)) => "item",
+                (None, None) => "step",
+            },
         }
     }
 
@@ -280,8 +285,9 @@ impl Flows {
                 let done = self.executor.run_attempt(out.record).await?;
                 metrics::histogram!("idem_workflow_step_seconds", "kind" => job.kind)
                     .record(started.elapsed().as_secs_f64());
-                if job.kind == "branch" {
-                    metrics::counter!("idem_workflow_branches_total", "outcome" => done.state.as_str()).increment(1);
+                if matches!(job.kind, "branch" | "item") {
+                    metrics::counter!("idem_workflow_branches_total", "kind" => job.kind, "outcome" => done.state.as_str())
+                        .increment(1);
                 }
                 idem_connect::crash::crash_point("flow.after_step", job.key);
                 StepRun::Progressed(Box::new(done))

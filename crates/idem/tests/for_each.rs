@@ -78,6 +78,9 @@ async fn each_item_once_then_the_next_step(b: Backend) {
     assert_eq!(items, RECIPIENTS.map(Value::from).to_vec(), "{v:#}");
     assert_eq!(v["steps"][1]["items"][0]["operation_key"], "ORD-1:each:send:r1");
     assert_eq!(v["steps"][1]["state"], "SUCCEEDED");
+    let metrics = s.http.get(s.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let items = metrics.lines().find(|l| l.starts_with("idem_workflow_branches_total") && l.contains("kind=\"item\""));
+    assert!(items.is_some_and(|l| l.contains("SUCCEEDED")), "/metrics counts the items:\n{metrics}");
     // The same start again, even with the list reordered under the same input? No: another
     // input is another intent (422); the same input is the same instance, nothing redone.
     assert_eq!(start(&s, id, &RECIPIENTS).await.status, 200);
