@@ -307,6 +307,8 @@ pub async fn acquire_step(
         crate::logging::record_key(&idem_core::flow::step_key(&call.instance_id, &call.step));
     }
     let out = state.flows.acquire_step(call).await.map_err(|e| rid(flow_problem(e)))?;
+    // The key the step's operation has: `{instance}:{group}:{step}` for a branch.
+    crate::logging::record_key(&out.record.key);
     state.answered_trigger(&out.decision, &caller.tenant, &out.record.key, caller.request_id.as_deref());
     Ok(trigger_answer(out, &caller))
 }
@@ -348,6 +350,7 @@ pub async fn complete_step(
         policy: None,
     };
     let done = state.flows.complete_step(call).await.map_err(|e| rid(flow_problem(e)))?;
+    crate::logging::record_key(&done.record.key);
     Ok((StatusCode::OK, axum::Json(OperationView::of(done.record))).into_response())
 }
 
