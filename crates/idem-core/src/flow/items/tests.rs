@@ -166,7 +166,7 @@ fn a_failed_item_compensates_exactly_the_completed_items_each_once() {
                     Checkpoint::with_compensation(
                         c.row,
                         c.operation,
-                        Some(op(&"ORD-7:intake:create_order:compensate".to_string(), "cancel_order", State::Succeeded)),
+                        Some(op("ORD-7:intake:create_order:compensate", "cancel_order", State::Succeeded)),
                     )
                 } else {
                     c
