@@ -13,6 +13,8 @@ served document (crates/idem-server/src/openapi_contract.rs). Each hook keeps ge
 - JSON Schema counts `5.0` as an integer; idem reads integers as JSON integers, so a
   generated integral float in a top-level field is sent as the integer it denotes;
 - the test server declares no workflow: a start must bring its `steps`, named once each;
+  a step's `group` must be consecutive with its siblings, no step's name, and leave
+  `{group}:{name}` within 48 characters (a generated group that breaks one is dropped);
 - a key in the body and in the `Idempotency-Key` header must be the same, and one of them
   must be there;
 - client JSON (`payload`, `result`, `input`) holds I-JSON numbers (within ±2^53);
@@ -26,6 +28,27 @@ import uuid
 from collections.abc import Mapping
 
 import schemathesis
+
+
+def _keep_groups_valid(steps):
+    """Drops each generated `group` that breaks a rule across steps (see the module doc)."""
+    names = {s.get("name") for s in steps}
+    closed, previous = set(), None
+    for step in steps:
+        group = step.get("group")
+        name = step.get("name") if isinstance(step.get("name"), str) else ""
+        if isinstance(group, str) and (
+            group in names
+            or group in closed
+            or len(group) + 1 + len(name) > 48
+            or group.startswith(("compensate", "rerun-"))
+        ):
+            del step["group"]
+            group = None
+        if previous is not None and previous != group:
+            closed.add(previous)
+        previous = group if isinstance(group, str) else None
+
 
 _serial = itertools.count()
 
@@ -107,6 +130,7 @@ def before_call(ctx, case, kwargs):
                     if isinstance(step, dict) and step.get("name") not in seen:
                         seen.add(step.get("name"))
                         steps.append(step)
+                _keep_groups_valid(steps)
                 body["steps"] = steps
             is_acquire = "action" in body and "outcome" not in body and "workflow" not in body
             has_header = isinstance(case.headers, Mapping) and case.headers.get("Idempotency-Key")

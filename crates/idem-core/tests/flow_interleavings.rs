@@ -12,6 +12,10 @@
 //! At the end, with calls that now succeed and truthful operators, every instance reaches
 //! SUCCEEDED, FAILED or COMPENSATED: no instance is left RUNNING with nothing due.
 //!
+//! A second model runs `reserve` and `charge` as branches of a parallel group (at most two
+//! in flight, `on_failure` either way) before a fourth step `notify`: the step after the
+//! join never starts before every branch SUCCEEDED.
+//!
 //! The model: three steps — `create_order` (a provider with a lookup, `lookup_before_redo`,
 //! compensated by `cancel_order` on it), `reserve` (no lookup, `manual`, compensated by
 //! `release` on a provider without a lookup), `charge` (`redo_safe`: its provider
@@ -44,6 +48,24 @@ fn def() -> Definition {
              "compensation": {"action": "release", "connector": "stock"}},
             {"name": "charge", "action": "charge", "connector": "pay", "policy": "redo_safe"}
         ]
+    }))
+    .unwrap()
+}
+
+/// [`def`] with `reserve` and `charge` as branches of parallel group `pay` (compensated on
+/// a failure; at most `max` in flight), and a `notify` step after the join.
+fn grouped(on_failure: &str, max: u32) -> Definition {
+    serde_json::from_value(json!({
+        "name": "prop-group",
+        "steps": [
+            {"name": "create_order", "action": "create_order", "connector": "erp", "policy": "lookup_before_redo",
+             "compensation": {"action": "cancel_order", "connector": "erp"}},
+            {"name": "reserve", "action": "reserve", "connector": "stock", "policy": "manual", "group": "pay",
+             "compensation": {"action": "release", "connector": "stock"}},
+            {"name": "charge", "action": "charge", "connector": "pay", "policy": "redo_safe", "group": "pay"},
+            {"name": "notify", "action": "notify", "connector": "pay", "policy": "redo_safe"}
+        ],
+        "groups": [{"name": "pay", "on_failure": on_failure, "max_concurrency": max}]
     }))
     .unwrap()
 }
@@ -116,8 +138,7 @@ fn policy() -> RetryPolicy {
 }
 
 impl World {
-    fn new() -> Self {
-        let def = def();
+    fn new(def: Definition) -> Self {
         let version = def.version();
         let start = StartInput {
             tenant: "t".into(),
@@ -133,7 +154,8 @@ impl World {
         };
         let inst = plan_start(None, None, &start, 1_000).record;
         let rows = StepRow::all_of("t", ID, &def);
-        let keys_of = def.steps.iter().map(|s| (s.name.clone(), HashSet::from([step_key(ID, &s.name)]))).collect();
+        let keys_of =
+            def.steps.iter().map(|s| (s.name.clone(), HashSet::from([step_key(ID, &s.key_name())]))).collect();
         World {
             def,
             version,
@@ -251,8 +273,44 @@ impl World {
     fn pass(&mut self, pick: u8) {
         let cps = self.checkpoints();
         let next = plan_advance(&self.inst, &self.def, &cps, self.now).expect("checkpoints match the definition");
+        self.perform(next, pick, &cps);
+    }
+
+    fn perform(&mut self, next: Next, pick: u8, cps: &[Checkpoint]) {
         match next {
+            Next::Parallel { runs } => {
+                assert!(runs.len() >= 2, "a parallel plan runs at least two branches");
+                let in_flight = cps
+                    .iter()
+                    .filter(|c| {
+                        c.operation.as_ref().is_some_and(|o| {
+                            o.state == State::Executing && o.lease_expires_at.is_some_and(|e| e > self.now)
+                        })
+                    })
+                    .count();
+                assert!(runs.len() + in_flight <= 2, "max_concurrency 2: {} runs, {in_flight} in flight", runs.len());
+                for (n, run) in runs.into_iter().enumerate() {
+                    let (Next::Run { index, .. } | Next::Redo { index }) = &run else {
+                        panic!("{run:?} in a parallel plan")
+                    };
+                    assert!(self.def.steps[*index].group.is_some(), "only branches run in parallel");
+                    self.perform(run, pick.wrapping_add(n as u8 * 3) % 9, cps);
+                }
+            }
             Next::Run { index, payload } => {
+                if let Some(start) = (0..index).rev().find(|i| self.def.steps[*i].group.is_some())
+                    && self.def.steps[index].group.is_none()
+                {
+                    let span = self.def.span(start);
+                    for c in &cps[span] {
+                        assert_eq!(
+                            c.state,
+                            idem_core::flow::StepState::Succeeded,
+                            "the join ran before {} succeeded",
+                            c.row.step
+                        );
+                    }
+                }
                 let step = self.def.steps[index].clone();
                 let key = self.rows[index].op_key.clone();
                 let redo_safe = step.policy == RecoveryPolicy::RedoSafe;
@@ -445,17 +503,35 @@ impl World {
     }
 }
 
+/// Applies `acts`, checking after each, then lets the instance settle.
+fn play(mut w: World, acts: &[Act]) -> World {
+    for a in acts {
+        w.apply(a);
+        w.check(a);
+    }
+    w.settle();
+    w.check(&Act::Sweep);
+    w
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
     #[test]
     fn workflows_never_double_an_effect_and_always_settle(acts in proptest::collection::vec(act(), 1..60)) {
-        let mut w = World::new();
-        for a in &acts {
-            w.apply(a);
-            w.check(a);
-        }
-        let settled = w.settle();
-        w.check(&Act::Sweep);
-        prop_assert!(settled, "stuck in {} after {:?}: {:?}", w.inst.state, acts, w.checkpoints().iter().map(|c| (c.row.op_key.clone(), c.state)).collect::<Vec<_>>());
+        let w = play(World::new(def()), &acts);
+        prop_assert!(w.inst.state.is_final(), "stuck in {} after {:?}: {:?}", w.inst.state, acts, w.checkpoints().iter().map(|c| (c.row.op_key.clone(), c.state)).collect::<Vec<_>>());
+    }
+
+    /// The same with a parallel group: every branch's and compensation's effect at most
+    /// once, the step after the join only once every branch SUCCEEDED, at most
+    /// `max_concurrency` branches in flight, and every instance settles, under either
+    /// `on_failure`.
+    #[test]
+    fn parallel_branches_never_double_an_effect_and_always_settle(
+        acts in proptest::collection::vec(act(), 1..60),
+        compensate in any::<bool>(),
+    ) {
+        let w = play(World::new(grouped(if compensate { "compensate" } else { "pause" }, 2)), &acts);
+        prop_assert!(w.inst.state.is_final(), "stuck in {} after {:?}: {:?}", w.inst.state, acts, w.checkpoints().iter().map(|c| (c.row.op_key.clone(), c.state)).collect::<Vec<_>>());
     }
 }

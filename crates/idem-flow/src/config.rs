@@ -15,11 +15,22 @@
 //!   { name = "write_back", action = "crm_write_back", policy = "manual" },
 //! ]
 //! ```
+//! Parallel branches: consecutive steps with the same `group = "NAME"` run at once, and the
+//! step after them waits for all of them; each branch is its own operation, keyed
+//! `{instance}:{group}:{step}` (`idem_core::flow::group`). A group's settings, optional:
+//!
+//! ```toml
+//! [[workflows.order-intake.groups]]
+//! name = "notify"
+//! on_failure = "compensate"   # or "pause" (the default): what a failed branch does
+//! max_concurrency = 2         # branches in flight at once (default: all)
+//! ```
 //! Step fields: `name` (required, `[A-Za-z0-9_.-]`, unique), `action` (default: the name),
 //! `connector` (default: the action's `[actions.X] connector`, else none), `policy`
 //! (`redo_safe`, `lookup_before_redo`, `compensate`, `manual`), `input` (template, see
 //! `idem_core::flow::input`; default: the whole instance input), `compensation`
-//! (`{ action, connector, input }`). Every error names its field, e.g.
+//! (`{ action, connector, input }`), `group` (the parallel group it is a branch of).
+//! Every error names its field, e.g.
 //! `workflows.order-intake.steps[1].policy: …`.
 
 use idem_connect::tenants::TenantScope;
@@ -34,6 +45,8 @@ use std::collections::BTreeMap;
 #[serde(deny_unknown_fields)]
 struct WorkflowConfig {
     steps: Vec<toml::Value>,
+    #[serde(default)]
+    groups: Vec<toml::Value>,
     #[serde(default)]
     tenants: TenantScope,
 }
@@ -57,6 +70,8 @@ struct StepConfig {
     policy: Option<RecoveryPolicy>,
     input: Option<Value>,
     compensation: Option<CompensationConfig>,
+    group: Option<String>,
+    for_each: Option<idem_core::flow::definition::ForEachDef>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,9 +122,16 @@ pub fn definitions(config: &Config, registry: &Registry) -> Result<BTreeMap<Stri
                     input: c.input.unwrap_or(Value::Null),
                 }),
                 connector,
+                group: s.group,
+                for_each: s.for_each,
             });
         }
-        let def = Definition { name: name.clone(), steps };
+        let mut groups = Vec::with_capacity(wf.groups.len());
+        for (i, raw) in wf.groups.into_iter().enumerate() {
+            let field = format!("{prefix}.groups[{i}]");
+            groups.push(raw.try_into().map_err(|e: toml::de::Error| bad(field.clone(), one_line(&e.to_string())))?);
+        }
+        let def = Definition { name: name.clone(), steps, groups };
         def.validate(&prefix, &|c| caps(registry, c)).map_err(|e| bad(e.field, e.message))?;
         let field = format!("{prefix}.tenants");
         wf.tenants.check(&field)?;

@@ -6,7 +6,10 @@
 //! (200) for the steps that finished and a grant (201) at the first unfinished one: it
 //! needs to remember nothing. Steps run in order: a step cannot start before the one
 //! before it SUCCEEDED, and no step starts while the instance is not RUNNING (replays of
-//! finished steps are always answered).
+//! finished steps are always answered). The branches of a parallel group may be acquired
+//! at once (each is its own operation, `{instance}:{group}:{step}`): a branch needs only
+//! the steps before its group to have SUCCEEDED, and the step after the group needs every
+//! branch.
 
 use crate::engine::step_names;
 use crate::{FlowError, Flows};
@@ -101,7 +104,10 @@ impl Flows {
     pub async fn acquire_step(&self, call: StepAcquire) -> Result<AcquireOutcome, FlowError> {
         let Located { inst, def, checkpoints, index } =
             self.locate(&call.tenant, &call.instance_id, &call.step).await?;
-        let earlier = def.steps.iter().zip(&checkpoints).take(index);
+        // The steps before this one's parallel group (or before it): its sibling branches
+        // run meanwhile, so they need not have finished.
+        let before = def.span(index).start;
+        let earlier = def.steps.iter().zip(&checkpoints).take(before);
         if let Some((s, op)) = earlier.filter_map(|(s, c)| c.foreign_step_operation(s).map(|op| (s, op))).next() {
             // The instance pauses on it (a pass plans `step_key_conflict`).
             self.advance_in_background(&call.tenant, &call.instance_id);
@@ -112,7 +118,7 @@ impl Flows {
                 action: op.action.clone(),
             });
         }
-        if let Some(before) = checkpoints[..index].iter().find(|c| c.state != StepState::Succeeded) {
+        if let Some(before) = checkpoints[..before].iter().find(|c| c.state != StepState::Succeeded) {
             return Err(FlowError::PreviousStepUnfinished {
                 step: call.step,
                 before: before.row.step.clone(),

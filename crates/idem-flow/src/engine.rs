@@ -11,7 +11,7 @@
 use crate::{FlowError, Flows};
 use idem_core::flow::StepRow;
 use idem_core::flow::{
-    Checkpoint, Definition, InstanceRecord, InstanceState, Next, RecoveryPolicy, StepDef, plan_advance,
+    Checkpoint, Definition, InstanceRecord, InstanceState, ItemCheckpoint, Next, RecoveryPolicy, StepDef, plan_advance,
     plan_instance_update,
 };
 use idem_core::{AcquireInput, Actor, Decision, State};
@@ -36,35 +36,89 @@ struct Job<'a> {
     connector: &'a str,
     /// Whether an expired lease is re-granted (policy `redo_safe`).
     redo_safe: bool,
-    /// `step` or `compensation`, for metrics.
+    /// `step`, `branch` (of a parallel group), `item` (of a step for each item) or
+    /// `compensation`, for metrics.
     kind: &'static str,
 }
 
 impl<'a> Job<'a> {
-    /// Step `step` (a connector step: `plan_advance` runs no other).
-    fn step(step: &'a StepDef, cp: &'a Checkpoint) -> Self {
+    /// Step `step` (a connector step: `plan_advance` runs no other), or an item of it,
+    /// under operation key `key`.
+    fn step(step: &'a StepDef, index: usize, key: &'a str) -> Self {
         Job {
-            index: cp.row.position as usize,
-            key: &cp.row.op_key,
+            index,
+            key,
             action: &step.action,
             connector: step.connector.as_deref().unwrap_or_default(),
             redo_safe: step.policy == RecoveryPolicy::RedoSafe,
-            kind: "step",
+            kind: match (&step.group, &step.for_each) {
+                (Some(_), _) => "branch",
+                (None, Some(_)) => "item",
+                (None, None) => "step",
+            },
         }
     }
 
-    /// The compensation of `step`, if it has one with a connector.
-    fn compensation(step: &'a StepDef, cp: &'a Checkpoint) -> Option<Self> {
+    /// The compensation of `step` (or of an item of it) under key `key`, if it has one with
+    /// a connector.
+    fn compensation(step: &'a StepDef, index: usize, key: &'a str) -> Option<Self> {
         let comp = step.compensation.as_ref()?;
         Some(Job {
-            index: cp.row.position as usize,
-            key: &cp.row.comp_key,
+            index,
+            key,
             action: &comp.action,
             connector: comp.connector.as_deref()?,
             redo_safe: false,
             kind: "compensation",
         })
     }
+}
+
+/// Where an operation's record goes in the checkpoints: step `index`'s (or its item
+/// `item`'s) operation, or its compensation's.
+struct Target {
+    index: usize,
+    item: Option<String>,
+    compensation: bool,
+}
+
+impl Target {
+    /// Puts `op` where it belongs, deriving the states again.
+    fn record(self, checkpoints: &mut [Checkpoint], op: Box<idem_core::OperationRecord>) {
+        let cp = &mut checkpoints[self.index];
+        let put = |operation: &mut Option<idem_core::OperationRecord>,
+                   comp: &mut Option<idem_core::OperationRecord>| {
+            if self.compensation { *comp = Some(*op) } else { *operation = Some(*op) }
+        };
+        match &self.item {
+            None => {
+                let (mut operation, mut comp) = (cp.operation.take(), cp.compensation.take());
+                put(&mut operation, &mut comp);
+                let items = std::mem::take(&mut cp.items);
+                *cp = Checkpoint::with_compensation(cp.row.clone(), operation, comp);
+                cp.items = items;
+            }
+            Some(id) => {
+                let mut items = std::mem::take(&mut cp.items);
+                if let Some(i) = items.iter_mut().find(|i| &i.row.item == id) {
+                    let (mut operation, mut comp) = (i.operation.take(), i.compensation.take());
+                    put(&mut operation, &mut comp);
+                    *i = ItemCheckpoint::of(i.row.clone(), operation, comp);
+                }
+                *cp = Checkpoint::with_items(cp.row.clone(), items);
+            }
+        }
+    }
+}
+
+/// What one attempt at a `Run`, `Compensate` or `Redo` led to.
+enum Attempt {
+    /// The operation moved (or was found finished): its record as stored now.
+    Done(Target, Box<idem_core::OperationRecord>),
+    /// An UNKNOWN `redo_safe` operation was moved back to PENDING.
+    Redone,
+    /// It cannot move now: write this.
+    Blocked(Next),
 }
 
 /// What performing a `Run` or a `Compensate` led to.
@@ -131,34 +185,26 @@ impl Flows {
             let now = self.clock.now_ms();
             let next = plan_advance(&inst, &def, &checkpoints, now)?;
             let next = match next {
-                Next::Run { index, payload } => {
-                    let job = Job::step(&def.steps[index], &checkpoints[index]);
-                    match self.run_operation(&inst, job, payload).await? {
-                        StepRun::Progressed(op) => {
-                            let cp = &mut checkpoints[index];
-                            *cp = Checkpoint::with_compensation(cp.row.clone(), Some(*op), cp.compensation.take());
+                Next::Run { .. } | Next::Compensate { .. } | Next::Redo { .. } | Next::Item { .. } => {
+                    match self.perform(&inst, &def, &mut checkpoints, next).await? {
+                        None => {
                             known = Some((inst, checkpoints));
                             continue;
                         }
-                        StepRun::Blocked(next) => next,
+                        Some(next) => next,
                     }
                 }
-                Next::Compensate { index, payload } => {
-                    let Some(job) = Job::compensation(&def.steps[index], &checkpoints[index]) else {
-                        return Err(FlowError::Invalid("a compensation without a connector was planned".into()));
-                    };
-                    match self.run_operation(&inst, job, payload).await? {
-                        StepRun::Progressed(op) => {
-                            let cp = &mut checkpoints[index];
-                            *cp = Checkpoint::with_compensation(cp.row.clone(), cp.operation.take(), Some(*op));
-                            known = Some((inst, checkpoints));
-                            continue;
-                        }
-                        StepRun::Blocked(next) => next,
+                Next::Parallel { runs } => match self.run_branches(&inst, &def, &mut checkpoints, runs).await? {
+                    None => {
+                        known = Some((inst, checkpoints));
+                        continue;
                     }
-                }
-                Next::Redo { index } => {
-                    self.redo(&inst, &def.steps[index], &checkpoints[index]).await?;
+                    Some(next) => next,
+                },
+                Next::PlanItems { items, .. } => {
+                    // Written once (identical rows from another pass change nothing); then
+                    // read back with their operations.
+                    flows.add_items(items).await?;
                     continue;
                 }
                 other => other,
@@ -239,6 +285,10 @@ impl Flows {
                 let done = self.executor.run_attempt(out.record).await?;
                 metrics::histogram!("idem_workflow_step_seconds", "kind" => job.kind)
                     .record(started.elapsed().as_secs_f64());
+                if matches!(job.kind, "branch" | "item") {
+                    metrics::counter!("idem_workflow_branches_total", "kind" => job.kind, "outcome" => done.state.as_str())
+                        .increment(1);
+                }
                 idem_connect::crash::crash_point("flow.after_step", job.key);
                 StepRun::Progressed(Box::new(done))
             }
@@ -267,12 +317,114 @@ impl Flows {
         })
     }
 
+    /// Performs the branches of a parallel group at once (each its own operation: a grant
+    /// leads to a call, anything else is read from its record), and redoes the UNKNOWN
+    /// `redo_safe` ones. Updates `checkpoints` with what progressed; `None` when something
+    /// did (plan again), else what to write: a pause if one branch's key holds another
+    /// operation, else the earliest wait.
+    async fn run_branches(
+        &self,
+        inst: &InstanceRecord,
+        def: &Definition,
+        checkpoints: &mut [Checkpoint],
+        runs: Vec<Next>,
+    ) -> Result<Option<Next>, FlowError> {
+        let results = {
+            let (cps, me) = (&*checkpoints, self);
+            let jobs = runs.into_iter().map(|run| async move { me.attempt(inst, def, cps, run).await });
+            futures_util::future::join_all(jobs).await
+        };
+        let mut progressed = false;
+        let mut blocked: Option<Next> = None;
+        for result in results {
+            match result? {
+                Attempt::Done(target, op) => {
+                    target.record(checkpoints, op);
+                    progressed = true;
+                }
+                Attempt::Redone => progressed = true,
+                Attempt::Blocked(next) => {
+                    let earlier = |n: &Next| match n {
+                        Next::Wait { until_ms, .. } => *until_ms,
+                        _ => i64::MIN,
+                    };
+                    if blocked.as_ref().is_none_or(|b| earlier(&next) < earlier(b)) {
+                        blocked = Some(next);
+                    }
+                }
+            }
+        }
+        Ok(if progressed { None } else { blocked })
+    }
+
+    /// Performs one `Run`, `Compensate` or `Redo` (of a step, or wrapped in `Item` for an
+    /// item): `None` when it progressed (`checkpoints` updated: plan again), else what to
+    /// write.
+    async fn perform(
+        &self,
+        inst: &InstanceRecord,
+        def: &Definition,
+        checkpoints: &mut [Checkpoint],
+        next: Next,
+    ) -> Result<Option<Next>, FlowError> {
+        Ok(match self.attempt(inst, def, checkpoints, next).await? {
+            Attempt::Done(target, op) => {
+                target.record(checkpoints, op);
+                None
+            }
+            Attempt::Redone => None,
+            Attempt::Blocked(next) => Some(next),
+        })
+    }
+
+    /// One `Run`, `Compensate` or `Redo`, against the checkpoints as read.
+    async fn attempt(
+        &self,
+        inst: &InstanceRecord,
+        def: &Definition,
+        checkpoints: &[Checkpoint],
+        next: Next,
+    ) -> Result<Attempt, FlowError> {
+        let (item, next) = match next {
+            Next::Item { item, next } => (Some(item), *next),
+            other => (None, other),
+        };
+        let index = match &next {
+            Next::Run { index, .. } | Next::Compensate { index, .. } | Next::Redo { index } => *index,
+            other => return Err(FlowError::Invalid(format!("{other:?} cannot be performed"))),
+        };
+        let cp = &checkpoints[index];
+        let (op_key, comp_key) = match &item {
+            None => (cp.row.op_key.as_str(), cp.row.comp_key.as_str()),
+            Some(id) => match cp.items.iter().find(|i| &i.row.item == id) {
+                Some(i) => (i.row.op_key.as_str(), i.row.comp_key.as_str()),
+                None => return Err(FlowError::Invalid(format!("item {id:?} was planned but is not stored"))),
+            },
+        };
+        let step = &def.steps[index];
+        let (job, compensation, payload) = match next {
+            Next::Run { payload, .. } => (Job::step(step, index, op_key), false, payload),
+            Next::Compensate { payload, .. } => match Job::compensation(step, index, comp_key) {
+                Some(job) => (job, true, payload),
+                None => return Err(FlowError::Invalid("a compensation without a connector was planned".into())),
+            },
+            _ => {
+                self.redo(inst, step, op_key).await?;
+                return Ok(Attempt::Redone);
+            }
+        };
+        Ok(match self.run_operation(inst, job, payload).await? {
+            StepRun::Progressed(op) => Attempt::Done(Target { index, item, compensation }, op),
+            StepRun::Blocked(next) => Attempt::Blocked(next),
+        })
+    }
+
     /// Moves an UNKNOWN `redo_safe` step's operation back to PENDING (an audited system
     /// resolution), so the next round runs it again.
-    async fn redo(&self, inst: &InstanceRecord, step: &StepDef, cp: &Checkpoint) -> Result<(), FlowError> {
+    async fn redo(&self, inst: &InstanceRecord, step: &StepDef, key: &str) -> Result<(), FlowError> {
         let req = ResolveRequest {
             tenant: inst.tenant.clone(),
-            key: cp.row.op_key.clone(),
+            key: key.to_owned(),
             to: State::Pending,
             expected_state: Some(State::Unknown),
             reason: format!(

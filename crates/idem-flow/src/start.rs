@@ -34,6 +34,11 @@ pub struct StepDecl {
     /// expired lease is granted to the next worker).
     #[serde(default)]
     pub policy: Option<RecoveryPolicy>,
+    /// The parallel group the step is a branch of: consecutive steps naming the same group
+    /// may be acquired at once, and the step after them only once all SUCCEEDED. Its key is
+    /// `{instance}:{group}:{step}`.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 /// A start, as the API (or a library caller) sends it.
@@ -93,8 +98,11 @@ impl Flows {
                             policy: s.policy.unwrap_or(RecoveryPolicy::Manual),
                             input: Value::Null,
                             compensation: None,
+                            group: s.group.clone(),
+                            for_each: None,
                         })
                         .collect(),
+                    groups: Vec::new(),
                 };
                 // Steps a caller gives never name connectors: nothing to look up.
                 def.validate("steps", &|_| None).map_err(|mut e| {

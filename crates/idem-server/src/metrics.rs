@@ -119,6 +119,10 @@ fn describe() {
         "idem_workflow_transitions_total",
         "Workflow instance state changes made by the engine, by the state entered"
     );
+    describe_counter!(
+        "idem_workflow_branches_total",
+        "Calls of parallel branches and of items of steps for each item idem performed, by kind and the state after the call"
+    );
     describe_gauge!("idem_workflow_instances", "Workflow instances per state, all tenants");
     describe_gauge!(
         "idem_workflows_paused",

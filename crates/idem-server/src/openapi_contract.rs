@@ -82,6 +82,7 @@ fn field_rules() -> Vec<(&'static str, &'static str, Value)> {
         ("StartBody", "source_event", json!({"pattern": "^[^\\s\\u0000-\\u001f\\u007f-\\u009f]{1,255}$"})),
         ("StartBody", "steps", json!({"minItems": 1, "maxItems": 64})),
         ("StepDeclBody", "name", json!({"pattern": STEP_PATTERN})),
+        ("StepDeclBody", "group", json!({"pattern": STEP_PATTERN})),
         ("StepDeclBody", "action", json!({"pattern": "^[A-Za-z0-9_.:-]{1,128}$"})),
         // Steps declared in the request are performed by the caller's code: idem cannot
         // look them up, and a request cannot give a compensation.

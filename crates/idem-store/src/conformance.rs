@@ -66,6 +66,7 @@ cases!(
     finished_instances_keep_their_steps_then_leave_tombstones,
     instances_list_with_filters_and_pages,
     compensations_are_checkpointed_and_reruns_repoint_steps,
+    items_are_written_once_and_read_with_their_operations,
 );
 
 mod flow;

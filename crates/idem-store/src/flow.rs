@@ -100,6 +100,10 @@ pub trait WorkflowStore: Send + Sync {
     /// record (if the operation exists), read in one statement.
     async fn checkpoints(&self, tenant: &str, instance_id: &str) -> Result<Vec<Checkpoint>, StoreError>;
 
+    /// Writes the items of a step for each item (idem-core `plan_items`), in one
+    /// transaction; an item already written is kept as it is.
+    async fn add_items(&self, items: Vec<idem_core::flow::ItemRow>) -> Result<(), StoreError>;
+
     /// A definition the tenant's instances pinned, by name and version.
     async fn definition(&self, tenant: &str, name: &str, version: &str) -> Result<Option<Definition>, StoreError>;
 
@@ -126,7 +130,8 @@ pub trait WorkflowStore: Send + Sync {
     /// stored after the claim.
     async fn claim_due_instances(&self, limit: i64, hold_ms: i64) -> Result<Vec<InstanceRecord>, StoreError>;
 
-    /// The step an operation key belongs to, if any.
+    /// The step an operation key belongs to (for an item of a step for each item: its step,
+    /// with the item's keys), if any.
     async fn step_of_operation(&self, tenant: &str, op_key: &str) -> Result<Option<StepRow>, StoreError>;
 
     /// The live tombstone of a removed instance, if any.

@@ -2,7 +2,9 @@
 
 use crate::StoreError;
 use crate::row::OperationRow;
-use idem_core::flow::{Checkpoint, InstanceEvent, InstanceRecord, InstanceState, RecoveryPolicy, StepRow};
+use idem_core::flow::{
+    Checkpoint, InstanceEvent, InstanceRecord, InstanceState, ItemCheckpoint, ItemRow, RecoveryPolicy, StepRow,
+};
 
 /// Columns of `workflow_instances` in `SELECT` order.
 macro_rules! instance_columns {
@@ -141,27 +143,42 @@ impl StepRowRow {
 
 /// The checkpoints statement: each step row (`s_…` columns) with its operation's columns
 /// (NULL when the operation does not exist yet), then (`UNION ALL`, `s_kind` 1) each
-/// compensation operation that exists, so one round trip reads both.
+/// compensation operation that exists, then each item of a step for each item (`s_kind`
+/// 2, `s_item`, `s_seq`) with its operation, and its compensation's (`s_kind` 3), so one
+/// round trip reads them all.
 pub(crate) static CHECKPOINTS_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     let cols = |t: &str| -> String {
         crate::row::operation_columns!().split(',').map(|c| format!("{t}.{}", c.trim())).collect::<Vec<_>>().join(", ")
     };
-    let step = "s.tenant AS s_tenant, s.instance_id AS s_instance_id, s.position AS s_position, s.step AS s_step, \
-         s.op_key AS s_op_key, s.comp_key AS s_comp_key, s.policy AS s_policy";
+    let row = |t: &str| {
+        format!(
+            "{t}.tenant AS s_tenant, {t}.instance_id AS s_instance_id, {t}.position AS s_position, {t}.step AS s_step, \
+             {t}.op_key AS s_op_key, {t}.comp_key AS s_comp_key, {t}.policy AS s_policy"
+        )
+    };
+    let (step, item) = (row("s"), row("i"));
+    let no_item = "'' AS s_item, CAST(0 AS BIGINT) AS s_seq";
+    let an_item = "i.item AS s_item, i.seq AS s_seq";
     format!(
-        "SELECT 0 AS s_kind, {step}, {} FROM workflow_steps s \
+        "SELECT 0 AS s_kind, {step}, {no_item}, {o} FROM workflow_steps s \
          LEFT JOIN operations o ON o.tenant = s.tenant AND o.op_key = s.op_key \
          WHERE s.tenant = $1 AND s.instance_id = $2 \
-         UNION ALL SELECT 1 AS s_kind, {step}, {} FROM workflow_steps s \
+         UNION ALL SELECT 1 AS s_kind, {step}, {no_item}, {c} FROM workflow_steps s \
          JOIN operations c ON c.tenant = s.tenant AND c.op_key = s.comp_key \
-         WHERE s.tenant = $1 AND s.instance_id = $2 ORDER BY s_position, s_kind",
-        cols("o"),
-        cols("c")
+         WHERE s.tenant = $1 AND s.instance_id = $2 \
+         UNION ALL SELECT 2 AS s_kind, {item}, {an_item}, {o} FROM workflow_items i \
+         LEFT JOIN operations o ON o.tenant = i.tenant AND o.op_key = i.op_key \
+         WHERE i.tenant = $1 AND i.instance_id = $2 \
+         UNION ALL SELECT 3 AS s_kind, {item}, {an_item}, {c} FROM workflow_items i \
+         JOIN operations c ON c.tenant = i.tenant AND c.op_key = i.comp_key \
+         WHERE i.tenant = $1 AND i.instance_id = $2 ORDER BY s_position, s_seq, s_kind",
+        o = cols("o"),
+        c = cols("c")
     )
 });
 
 /// The rows of [`CHECKPOINTS_SQL`] as checkpoints: each step's row, then its
-/// compensation's, if any.
+/// compensation's, if any, then its items with theirs.
 pub(crate) fn checkpoints_of<R>(rows: &[R]) -> Result<Vec<Checkpoint>, StoreError>
 where
     R: sqlx::Row,
@@ -173,6 +190,12 @@ where
     i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     let mut out: Vec<Checkpoint> = Vec::with_capacity(rows.len());
+    let mut items: Vec<ItemCheckpoint> = Vec::new();
+    let flush = |out: &mut Vec<Checkpoint>, items: &mut Vec<ItemCheckpoint>| {
+        if let (Some(last), false) = (out.last_mut(), items.is_empty()) {
+            *last = Checkpoint::with_items(last.row.clone(), std::mem::take(items));
+        }
+    };
     for row in rows {
         let kind: i32 = row.try_get("s_kind")?;
         let step = StepRowRow {
@@ -190,13 +213,41 @@ where
             Some(_) => Some(<OperationRow as sqlx::FromRow<R>>::from_row(row)?.into_record()?),
             None => None,
         };
+        if kind >= 2 {
+            if out.last().is_none_or(|last| last.row.position != step.position) {
+                return Err(StoreError::Corrupt("an item without its step in the checkpoints".into()));
+            }
+            let item = ItemRow {
+                item: row.try_get("s_item")?,
+                seq: row.try_get("s_seq")?,
+                tenant: step.tenant,
+                instance_id: step.instance_id,
+                position: step.position,
+                step: step.step,
+                op_key: step.op_key,
+                comp_key: step.comp_key,
+                policy: step.policy,
+            };
+            match (kind, items.last_mut()) {
+                (3, Some(last)) if last.row.item == item.item => {
+                    *last = ItemCheckpoint::of(last.row.clone(), last.operation.take(), op);
+                }
+                (3, _) => return Err(StoreError::Corrupt("a compensation without its item in the checkpoints".into())),
+                _ => items.push(ItemCheckpoint::of(item, op, None)),
+            }
+            continue;
+        }
         match (kind, out.last_mut()) {
             (1, Some(last)) if last.row.position == step.position => {
                 *last = Checkpoint::with_compensation(last.row.clone(), last.operation.take(), op);
             }
             (1, _) => return Err(StoreError::Corrupt("a compensation without its step in the checkpoints".into())),
-            _ => out.push(Checkpoint::of(step, op)),
+            _ => {
+                flush(&mut out, &mut items);
+                out.push(Checkpoint::of(step, op));
+            }
         }
     }
+    flush(&mut out, &mut items);
     Ok(out)
 }

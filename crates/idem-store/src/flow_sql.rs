@@ -210,6 +210,29 @@ macro_rules! flow_ops {
             Ok(true)
         }
 
+        /// Writes the items of a step for each item, each once (a second writer's identical
+        /// rows change nothing).
+        pub(crate) async fn add_items(conn: &mut $Conn, items: &[idem_core::flow::ItemRow]) -> Result<(), StoreError> {
+            for i in items {
+                sqlx::query(
+                    "INSERT INTO workflow_items (tenant, instance_id, position, item, seq, step, op_key, comp_key, policy) \
+                     VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (tenant, instance_id, position, item) DO NOTHING",
+                )
+                .bind(&i.tenant)
+                .bind(&i.instance_id)
+                .bind(i.position)
+                .bind(&i.item)
+                .bind(i.seq)
+                .bind(&i.step)
+                .bind(&i.op_key)
+                .bind(&i.comp_key)
+                .bind(i.policy.as_str())
+                .execute(&mut *conn)
+                .await?;
+            }
+            Ok(())
+        }
+
         pub(crate) async fn checkpoints(conn: &mut $Conn, tenant: &str, id: &str) -> Result<Vec<Checkpoint>, StoreError> {
             let rows = sqlx::query($crate::flow_row::CHECKPOINTS_SQL.as_str())
                 .bind(tenant)
@@ -287,6 +310,8 @@ macro_rules! flow_ops {
         pub(crate) async fn step_of_operation(conn: &mut $Conn, tenant: &str, op_key: &str) -> Result<Option<StepRow>, StoreError> {
             let row: Option<StepRowRow> = sqlx::query_as(
                 "SELECT tenant, instance_id, position, step, op_key, comp_key, policy FROM workflow_steps \
+                 WHERE tenant = $1 AND op_key = $2 \
+                 UNION ALL SELECT tenant, instance_id, position, step, op_key, comp_key, policy FROM workflow_items \
                  WHERE tenant = $1 AND op_key = $2",
             )
             .bind(tenant)
@@ -341,6 +366,7 @@ macro_rules! flow_ops {
                     .await?;
                 if gone.rows_affected() == 1 {
                     for table in ["DELETE FROM workflow_steps WHERE tenant = $1 AND instance_id = $2",
+                                  "DELETE FROM workflow_items WHERE tenant = $1 AND instance_id = $2",
                                   "DELETE FROM workflow_events WHERE tenant = $1 AND instance_id = $2"] {
                         sqlx::query(table).bind(&rec.tenant).bind(&rec.instance_id).execute(&mut *conn).await?;
                     }

@@ -937,6 +937,13 @@ impl crate::flow::WorkflowStore for PgStore {
         flow_fast::update_instance(&self.pool, &update, &self.config.retention).await
     }
 
+    async fn add_items(&self, items: Vec<idem_core::flow::ItemRow>) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        flow_ops::add_items(&mut tx, &items).await?;
+        committed(tx.commit()).await?;
+        Ok(())
+    }
+
     async fn apply_rerun(&self, write: crate::flow::RerunWrite) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let written = flow_ops::apply_rerun_once(&mut tx, &write, &self.config.retention).await?;

@@ -47,7 +47,7 @@ pub(crate) const DUE_RECONCILIATIONS: &str = concat!(
      AND (next_attempt_at IS NULL OR next_attempt_at <= $1) ORDER BY next_attempt_at LIMIT $2"
 );
 /// Up to `$2` final records past their retention, oldest expiry first. An operation that
-/// is a step of a workflow instance (or the compensation of one) stays while its instance
+/// is a step (or an item of a step for each item) of a workflow instance (or the compensation of one) stays while its instance
 /// does (the instance's sweep removes its step rows, and the operation goes on the next
 /// sweep): a paused instance must still see what its earlier steps did.
 pub(crate) const SWEEP: &str = concat!(
@@ -57,6 +57,8 @@ pub(crate) const SWEEP: &str = concat!(
      AND expires_at <= $1 \
      AND NOT EXISTS (SELECT 1 FROM workflow_steps s WHERE s.tenant = operations.tenant AND s.op_key = operations.op_key) \
      AND NOT EXISTS (SELECT 1 FROM workflow_steps s WHERE s.tenant = operations.tenant AND s.comp_key = operations.op_key) \
+     AND NOT EXISTS (SELECT 1 FROM workflow_items i WHERE i.tenant = operations.tenant AND i.op_key = operations.op_key) \
+     AND NOT EXISTS (SELECT 1 FROM workflow_items i WHERE i.tenant = operations.tenant AND i.comp_key = operations.op_key) \
      ORDER BY expires_at LIMIT $2"
 );
 

@@ -69,6 +69,7 @@ enum Command {
     StartInstance(Box<crate::flow::StartRequest>, Reply<crate::flow::StartOutcome>),
     UpdateInstance(Box<crate::flow::InstanceUpdate>, Reply<bool>),
     ApplyRerun(Box<crate::flow::RerunWrite>, Reply<bool>),
+    AddItems(Vec<idem_core::flow::ItemRow>, Reply<()>),
     ClaimDueInstances { limit: i64, hold_ms: i64, reply: Reply<Vec<idem_core::flow::InstanceRecord>> },
     SweepInstances(i64, Reply<u64>),
 }
@@ -357,6 +358,7 @@ async fn run_one(conn: &mut SqliteConnection, cmd: Command, clock: &dyn Clock, c
         Command::ApplyRerun(r, reply) => {
             guarded!(reply, flow_ops::apply_rerun_once(conn, &r, &config.retention).await)
         }
+        Command::AddItems(items, reply) => guarded!(reply, flow_ops::add_items(conn, &items).await),
         Command::ClaimDueInstances { limit, hold_ms, reply } => {
             guarded!(reply, flow_ops::claim_due(conn, now, hold_ms, limit).await)
         }
@@ -447,6 +449,7 @@ fn fail(cmd: Command, e: StoreError) -> Pending {
         Command::StartInstance(_, r) => pending(r, Err(e)),
         Command::UpdateInstance(_, r) => pending(r, Err(e)),
         Command::ApplyRerun(_, r) => pending(r, Err(e)),
+        Command::AddItems(_, r) => pending(r, Err(e)),
         Command::ClaimDueInstances { reply, .. } => pending(reply, Err(e)),
         Command::SweepInstances(_, r) => pending(r, Err(e)),
     }
@@ -963,6 +966,10 @@ impl crate::flow::WorkflowStore for SqliteStore {
 
     async fn apply_rerun(&self, write: crate::flow::RerunWrite) -> Result<bool, StoreError> {
         self.send(|r| Command::ApplyRerun(Box::new(write), r)).await
+    }
+
+    async fn add_items(&self, items: Vec<idem_core::flow::ItemRow>) -> Result<(), StoreError> {
+        self.send(|r| Command::AddItems(items, r)).await
     }
 
     async fn claim_due_instances(

@@ -475,21 +475,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         created.push(name);
         wf_targets.push(("PostgreSQL", url));
     }
+    use crate::bench_workflows::Shape;
+    let shapes = [
+        (Shape::Sequential, "3-step workflows/s", "3 HTTP steps each"),
+        (Shape::FanOut, "fan-out workflows/s", "1 start, 10 parallel HTTP steps, 1 join each"),
+    ];
     for (name, url) in wf_targets {
-        let pg_cpu = postgres_cpu();
-        let start = Instant::now();
-        let (rate, cpu_us) = crate::bench_workflows::workflows_per_second(&url, c, args.seconds).await?;
-        let mut extra = format!("3 HTTP steps each; idem CPU {cpu_us:.0} µs per workflow");
-        if name == "PostgreSQL" {
-            let n = (rate * start.elapsed().as_secs_f64()).max(1.0);
-            extra += &format!(", PostgreSQL {:.0} µs", (postgres_cpu() - pg_cpu) * 1e6 / n);
+        for (shape, what, steps) in shapes {
+            let pg_cpu = postgres_cpu();
+            let start = Instant::now();
+            let (rate, cpu_us) = crate::bench_workflows::workflows_per_second(&url, c, args.seconds, shape).await?;
+            let mut extra = format!("{steps}; idem CPU {cpu_us:.0} µs per workflow");
+            if name == "PostgreSQL" {
+                let n = (rate * start.elapsed().as_secs_f64()).max(1.0);
+                extra += &format!(", PostgreSQL {:.0} µs", (postgres_cpu() - pg_cpu) * 1e6 / n);
+            }
+            rows.push(Row { what: format!("{name} {what}, concurrency {c}"), idem: rate, baseline: None, extra });
         }
-        rows.push(Row {
-            what: format!("{name} 3-step workflows/s, concurrency {c}"),
-            idem: rate,
-            baseline: None,
-            extra,
-        });
     }
     // The outbox relay against publishing right after the commit (PostgreSQL only).
     if let Some(admin) = &args.postgres_url {

@@ -1,5 +1,6 @@
-//! `idem bench`'s workflow rows: three-step declared workflows per second, each step an HTTP
-//! call to a local no-op provider, started and run to SUCCEEDED by concurrent workers
+//! `idem bench`'s workflow rows: three-step declared workflows per second, and fan-out
+//! workflows (one start step, ten parallel branches, one join), each step an HTTP call to
+//! a local no-op provider, started and run to SUCCEEDED by concurrent workers
 //! through idem's engine embedded in this process (as DBOS Transact runs in its caller's
 //! process), on SQLite and on PostgreSQL.
 //!
@@ -29,9 +30,34 @@ async fn noop_provider() -> anyhow::Result<std::net::SocketAddr> {
     Ok(addr)
 }
 
-/// The configuration of the benchmark: a connector on the no-op provider and a three-step
-/// workflow on it.
+/// The workflows `idem bench` runs.
+#[derive(Debug, Clone, Copy)]
+pub enum Shape {
+    /// Three steps one after the other.
+    Sequential,
+    /// One step, ten parallel branches (one group), one join.
+    FanOut,
+}
+
+impl Shape {
+    fn workflow(self) -> &'static str {
+        match self {
+            Shape::Sequential => "bench-3",
+            Shape::FanOut => "bench-fanout",
+        }
+    }
+}
+
+/// The configuration of the benchmark: a connector on the no-op provider, a three-step
+/// workflow and a fan-out workflow on it.
 fn config(addr: std::net::SocketAddr) -> String {
+    let branches: String = (0..10)
+        .map(|i| {
+            format!(
+                "  {{ name = \"b{i}\", group = \"fan\", connector = \"noop\", policy = \"redo_safe\", input = {{ key = {{ from = \"/input/key\" }}, prev = {{ from = \"/steps/start/provider_ref\" }} }} }},\n"
+            )
+        })
+        .collect();
     format!(
         r#"[connectors.noop]
 kind = "http"
@@ -47,13 +73,20 @@ steps = [
   {{ name = "render", connector = "noop", policy = "redo_safe", input = {{ key = {{ from = "/input/key" }}, prev = {{ from = "/steps/validate/provider_ref" }} }} }},
   {{ name = "send", connector = "noop", policy = "redo_safe", input = {{ key = {{ from = "/input/key" }}, prev = {{ from = "/steps/render/provider_ref" }} }} }},
 ]
+
+[workflows.bench-fanout]
+tenants = ["bench"]
+steps = [
+  {{ name = "start", connector = "noop", policy = "redo_safe" }},
+{branches}  {{ name = "join", connector = "noop", policy = "redo_safe", input = {{ key = {{ from = "/input/key" }}, last = {{ from = "/steps/b9/provider_ref" }} }} }},
+]
 "#
     )
 }
 
-/// Three-step workflows per second on `db_url` with `c` concurrent workers for `secs`,
-/// and the CPU this process spent per workflow (µs).
-pub async fn workflows_per_second(db_url: &str, c: usize, secs: f64) -> anyhow::Result<(f64, f64)> {
+/// Workflows of `shape` per second on `db_url` with `c` concurrent workers for `secs`, and
+/// the CPU this process spent per workflow (µs).
+pub async fn workflows_per_second(db_url: &str, c: usize, secs: f64, shape: Shape) -> anyhow::Result<(f64, f64)> {
     let addr = noop_provider().await?;
     let connect = idem_connect::Config::parse(&config(addr))?;
     let registry = idem_connect::Registry::from_config(&connect)?;
@@ -90,7 +123,7 @@ pub async fn workflows_per_second(db_url: &str, c: usize, secs: f64) -> anyhow::
                 let call = StartCall {
                     tenant: "bench".into(),
                     instance_id: id.clone(),
-                    workflow: "bench-3".into(),
+                    workflow: shape.workflow().into(),
                     input: json!({"key": id}),
                     source_event: None,
                     trace_id: None,

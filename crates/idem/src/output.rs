@@ -212,7 +212,8 @@ pub fn instance_summary(status: u16, v: &Value) -> String {
     format!("{what} {} ({}): {}", s(v, "instance_id"), s(v, "workflow"), s(v, "state"))
 }
 
-/// An instance, its steps (checkpoints) and its events.
+/// A workflow instance (`idem wf get`): its fields, its steps (with compensations and, for a
+/// step for each item, its items), its parallel groups with each branch's state, events.
 pub fn instance_with_steps(v: &Value) -> String {
     let mut out = String::new();
     fields(
@@ -259,6 +260,37 @@ pub fn instance_with_steps(v: &Value) -> String {
                 evidence(c)
             ));
         }
+        for it in st.get("items").and_then(Value::as_array).into_iter().flatten() {
+            out.push_str(&format!(
+                "     {:<24} {:<11} {:<18} attempts {:<3} {}\n",
+                format!("↳ item {}", s(it, "item")),
+                s(it, "state"),
+                s(it, "operation_key"),
+                n(it, "attempts"),
+                it.get("provider_ref").and_then(Value::as_str).map(|r| format!("ref {r}")).unwrap_or_default(),
+            ));
+        }
+    }
+    // Parallel groups: each with its state and its branches' (they are also among the steps).
+    let groups = v.get("groups").and_then(Value::as_array).into_iter().flatten();
+    for (i, g) in groups.enumerate() {
+        if i == 0 {
+            out.push_str("groups:\n");
+        }
+        let branches: Vec<String> = g
+            .get("branches")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|b| format!("{} {}", s(b, "step"), s(b, "state")))
+            .collect();
+        out.push_str(&format!(
+            "  {:<24} {:<11} on_failure {:<10} {}\n",
+            s(g, "name"),
+            s(g, "state"),
+            s(g, "on_failure"),
+            branches.join(", ")
+        ));
     }
     events(&mut out, v);
     out.trim_end().to_owned()

@@ -32,12 +32,12 @@ async fn the_shipped_matrix_passes_and_a_broken_scenario_fails() {
     let (code, text) = run_matrix(&s, addr, std::path::Path::new(&format!("{SCENARIOS}/acceptance.toml")));
     assert_eq!(code, Some(0), "{text}");
     for id in [
-        "S1", "S2", "S3", "S4", "S4b", "S5", "S6", "S7", "S8", "C1", "C2", "W1", "W2", "W3", "W4", "W5", "C3", "C4",
-        "C5",
+        "S1", "S2", "S3", "S4", "S4b", "S5", "S6", "S7", "S8", "C1", "C2", "W1", "W2", "W3", "W4", "W5", "W6", "W7",
+        "W8", "C3", "C4", "C5",
     ] {
         assert!(text.lines().any(|l| l.starts_with(id) && l.contains("PASS")), "{id} did not pass:\n{text}");
     }
-    assert!(text.contains("19 passed, 0 failed, 0 skipped"), "{text}");
+    assert!(text.contains("22 passed, 0 failed, 0 skipped"), "{text}");
     metrics_match_what_the_suite_did(&s, &text).await;
 
     // Break S6: the provider never recovers, so the operation ends FAILED, not SUCCEEDED.
@@ -52,7 +52,7 @@ async fn the_shipped_matrix_passes_and_a_broken_scenario_fails() {
     let row = text.lines().find(|l| l.starts_with("S6")).unwrap();
     assert!(row.contains("FAIL"), "{text}");
     assert!(text.contains("actual:   FAILED"), "the row says what happened:\n{text}");
-    assert!(text.contains("18 passed, 1 failed, 0 skipped"), "{text}");
+    assert!(text.contains("21 passed, 1 failed, 0 skipped"), "{text}");
     // Break W2: a lost reply under the manual policy pauses the instance instead.
     let broken = std::fs::read_to_string(format!("{SCENARIOS}/acceptance.toml")).unwrap().replace(
         r#"providers = { confirm = ["effect_then_hang"] }

@@ -7,9 +7,9 @@
 
 mod common;
 
-use common::{ADMIN_KEY, Backend, Db, Server, enc, metric, start_provider};
+use common::{ADMIN_KEY, Backend, Db, Server, enc, instance, metric, start_provider, wait_instance};
 use idem::acceptance::provider::{Provider, Step};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -53,22 +53,6 @@ steps = [
 ]
 "#
     )
-}
-
-async fn instance(s: &Server, id: &str) -> Value {
-    s.get(ADMIN_KEY, &format!("/v1/workflows/{}", enc(id))).await.body
-}
-
-async fn wait_instance(s: &Server, id: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let v = instance(s, id).await;
-        if done(&v) {
-            return v;
-        }
-        assert!(start.elapsed() < Duration::from_secs(secs), "gave up waiting on {id}: {v:#}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn start(s: &Server, id: &str) {

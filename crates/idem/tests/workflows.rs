@@ -8,7 +8,7 @@
 mod common;
 
 use common::mail::{IMAP_PASSWORD, IMAP_USER, MailServers};
-use common::{ADMIN_KEY, Backend, Db, Resp, Server, enc, start_provider, ui_session};
+use common::{ADMIN_KEY, Backend, Db, Resp, Server, enc, instance, start_provider, ui_session, wait_instance};
 use idem::acceptance::provider::{Provider, Step};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -81,23 +81,6 @@ fn start_body(id: &str) -> Value {
 
 async fn start(s: &Server, id: &str) -> Resp {
     s.post(ADMIN_KEY, "/v1/workflows", &start_body(id)).await
-}
-
-async fn instance(s: &Server, id: &str) -> Value {
-    s.get(ADMIN_KEY, &format!("/v1/workflows/{}", enc(id))).await.body
-}
-
-/// Polls the instance until `done` holds (at most `secs` seconds).
-async fn wait_instance(s: &Server, id: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let v = instance(s, id).await;
-        if done(&v) {
-            return v;
-        }
-        assert!(start.elapsed() < Duration::from_secs(secs), "gave up waiting on instance {id}: {v:#}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Each step of instance `id` had its effect exactly once: one order for each HTTP step at

@@ -98,6 +98,84 @@ pub struct StepDef {
     /// How to undo the step's effect, if it can be undone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensation: Option<CompensationDef>,
+    /// The parallel group this step is a branch of (see [`super::group`]): consecutive
+    /// steps naming the same group run concurrently, and the step after them waits for all
+    /// of them. The branch's operation key is `{instance}:{group}:{step}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Perform the step once for each item of a list (see [`super::items`]): each item is
+    /// its own operation, keyed `{instance}:{step}:{id}` by the item's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<ForEachDef>,
+}
+
+/// A step for each item of a list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForEachDef {
+    /// JSON pointer of the list: into the instance input (`/input/recipients`) or an
+    /// earlier step's result (`/steps/NAME/result/lines`).
+    pub items: String,
+    /// JSON pointer, inside one item, of its identity (`/id`): a string of
+    /// `[A-Za-z0-9_.-]` or an integer. The item's key ends with it, so a reordered list
+    /// redoes nothing; two items with one identity and different contents fail the step.
+    pub id: String,
+    /// Most items in flight at once (`None`: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
+    /// What a failed or UNKNOWN item does: pause the instance (default) or compensate.
+    #[serde(default)]
+    pub on_failure: GroupFailure,
+}
+
+impl StepDef {
+    /// The name the step's operation key ends with: `{group}:{step}` for a branch of a
+    /// parallel group, else the step name (see [`super::record::step_key`]).
+    pub fn key_name(&self) -> String {
+        match &self.group {
+            Some(g) => format!("{g}:{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+}
+
+/// What a parallel group does when one of its branches fails finally, or its outcome is
+/// UNKNOWN and its recovery policy leaves it to a person (or to compensation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupFailure {
+    /// Pause the instance for a person (the default): the other branches' states are kept,
+    /// branches not started yet are not started, running ones finish and are recorded.
+    #[default]
+    Pause,
+    /// Compensate: once the running branches settled, the compensations of every step and
+    /// branch whose effect exists run, last first, each once.
+    Compensate,
+}
+
+impl GroupFailure {
+    /// The name used in configuration and the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupFailure::Pause => "pause",
+            GroupFailure::Compensate => "compensate",
+        }
+    }
+}
+
+/// Settings of a parallel group (optional: a group no entry names pauses on a failure and
+/// runs every branch at once).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupDef {
+    /// The group's name, as its branches' `group` names it.
+    pub name: String,
+    /// What a failed or UNKNOWN branch does to the instance.
+    #[serde(default)]
+    pub on_failure: GroupFailure,
+    /// Most branches in flight at once (`None`: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<u32>,
 }
 
 /// A named, ordered list of steps.
@@ -106,8 +184,11 @@ pub struct StepDef {
 pub struct Definition {
     /// Workflow name (see [`validate_workflow_name`]).
     pub name: String,
-    /// The steps, in the order they run.
+    /// The steps, in the order they run (consecutive branches of one group at once).
     pub steps: Vec<StepDef>,
+    /// Settings of the parallel groups its steps name (none: the defaults).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupDef>,
 }
 
 /// What a step's connector can do, as the validation needs to know it.
@@ -147,6 +228,26 @@ impl Definition {
         self.steps.iter().position(|s| s.name == name)
     }
 
+    /// The steps that run together with step `index`: its group's consecutive branches, or
+    /// the step alone. Empty for an index past the end.
+    pub fn span(&self, index: usize) -> std::ops::Range<usize> {
+        let Some(group) = self.steps.get(index).map(|s| s.group.as_deref()) else { return index..index };
+        let Some(group) = group else { return index..index + 1 };
+        let same = |s: &StepDef| s.group.as_deref() == Some(group);
+        let start = self.steps[..index].iter().rposition(|s| !same(s)).map_or(0, |i| i + 1);
+        let end = self.steps[index..].iter().position(|s| !same(s)).map_or(self.steps.len(), |n| index + n);
+        start..end
+    }
+
+    /// The settings of group `name` (the defaults when no entry names it).
+    pub fn group_def(&self, name: &str) -> GroupDef {
+        self.groups.iter().find(|g| g.name == name).cloned().unwrap_or(GroupDef {
+            name: name.to_owned(),
+            on_failure: GroupFailure::default(),
+            max_concurrency: None,
+        })
+    }
+
     /// Checks that the definition can run. `prefix` is prepended to field names (e.g.
     /// `workflows.order`); `connector` answers for a connector name (`None`: not
     /// configured).
@@ -178,6 +279,11 @@ impl Definition {
             }
             if !valid_action(&step.action) {
                 return err(f("action"), "an action is 1-128 characters of [A-Za-z0-9_.:-]".into());
+            }
+            self.check_group(i, &f("group"))?;
+            if let Some(fe) = &step.for_each {
+                let before = &self.steps[..i];
+                check_for_each(step, fe, before, &f("for_each"))?;
             }
             let caps = match &step.connector {
                 None => None,
@@ -214,7 +320,9 @@ impl Definition {
                     "a step your code performs takes its payload from your code: leave out input".into(),
                 );
             }
-            check_references(&step.input, &self.steps[..i], None, &f("input"))?;
+            // A branch reads the steps before its group, never a sibling (it runs meanwhile).
+            let before = &self.steps[..self.span(i).start];
+            check_references(&step.input, before, None, step.for_each.is_some(), &f("input"))?;
             if let Some(comp) = &step.compensation {
                 let cf = |name: &str| format!("{prefix}.steps[{i}].compensation.{name}");
                 if !valid_action(&comp.action) {
@@ -231,11 +339,83 @@ impl Definition {
                         "a compensation your code performs takes its payload from your code".into(),
                     );
                 }
-                check_references(&comp.input, &self.steps[..i], Some(&step.name), &cf("input"))?;
+                check_references(&comp.input, before, Some(&step.name), step.for_each.is_some(), &cf("input"))?;
+            }
+        }
+        for (g, group) in self.groups.iter().enumerate() {
+            let f = |name: &str| format!("{prefix}.groups[{g}].{name}");
+            if !self.steps.iter().any(|s| s.group.as_deref() == Some(group.name.as_str())) {
+                return err(
+                    f("name"),
+                    format!("no step names group {:?} (set `group = {:?}` on its branches)", group.name, group.name),
+                );
+            }
+            if self.groups[..g].iter().any(|o| o.name == group.name) {
+                return err(f("name"), format!("group {:?} is configured twice", group.name));
+            }
+            if group.max_concurrency == Some(0) {
+                return err(
+                    f("max_concurrency"),
+                    "at least 1 branch must be able to run (leave it out for all at once)".into(),
+                );
             }
         }
         Ok(())
     }
+
+    /// Checks step `index`'s `group`: a valid name, no step's name, its branches
+    /// consecutive, and `{group}:{step}` within a step name's length.
+    fn check_group(&self, index: usize, field: &str) -> Result<(), DefinitionError> {
+        let step = &self.steps[index];
+        let Some(group) = step.group.as_deref() else { return Ok(()) };
+        let bad = |message: String| Err(DefinitionError { field: field.to_owned(), message });
+        if let Err(e) = validate_step_name(group) {
+            return bad(e.replace("a step name", "a group name"));
+        }
+        if self.steps.iter().any(|s| s.name == group) {
+            return bad(format!("group {group:?} has the name of a step: their keys would collide; rename one"));
+        }
+        let apart = |(j, s): (usize, &StepDef)| s.group.as_deref() == Some(group) && self.span(j).end < index;
+        if self.steps[..index].iter().enumerate().any(apart) {
+            return bad(format!("the branches of group {group:?} must be consecutive steps"));
+        }
+        let key_name = step.key_name();
+        if key_name.len() > super::record::MAX_STEP_NAME_LEN {
+            return bad(format!(
+                "{key_name:?} (group:step) has {} characters; at most {} (it ends the branch's key)",
+                key_name.len(),
+                super::record::MAX_STEP_NAME_LEN
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Checks a step's `for_each`: a connector performs it (idem runs each item), it is no
+/// branch of a group, its list comes from the input or an earlier step's result, its `id`
+/// is a JSON pointer.
+fn check_for_each(step: &StepDef, fe: &ForEachDef, before: &[StepDef], field: &str) -> Result<(), DefinitionError> {
+    let bad = |name: &str, message: String| Err(DefinitionError { field: format!("{field}.{name}"), message });
+    if step.connector.is_none() {
+        return bad("items", "a step for each item is performed by idem: give it a connector".into());
+    }
+    if step.group.is_some() {
+        return bad(
+            "items",
+            "a step for each item cannot also be a branch of a group: make it a step of its own".into(),
+        );
+    }
+    if !(fe.items.starts_with("/input") || fe.items.starts_with("/steps/")) {
+        return bad("items", format!("{:?}: the list comes from /input/... or /steps/NAME/result/...", fe.items));
+    }
+    check_references(&serde_json::json!({"from": fe.items}), before, None, false, &format!("{field}.items"))?;
+    if !fe.id.starts_with('/') {
+        return bad("id", format!("{:?}: the identity is a JSON pointer into the item, such as \"/id\"", fe.id));
+    }
+    if fe.max_concurrency == Some(0) {
+        return bad("max_concurrency", "at least 1 item must be able to run (leave it out for all at once)".into());
+    }
+    Ok(())
 }
 
 /// Checks that every `from` pointer of `template` names something that will exist when the
@@ -245,6 +425,7 @@ fn check_references(
     template: &Value,
     earlier: &[StepDef],
     own: Option<&str>,
+    item: bool,
     field: &str,
 ) -> Result<(), DefinitionError> {
     for (at, pointer) in references(template).map_err(|message| DefinitionError { field: field.into(), message })? {
@@ -252,6 +433,7 @@ fn check_references(
         let mut parts = pointer.split('/').skip(1);
         match parts.next() {
             Some("input") => {}
+            Some("item") if item => {}
             Some("instance") => match parts.next() {
                 Some("id" | "workflow" | "source_event") if parts.next().is_none() => {}
                 _ => return Err(bad(format!("{pointer:?}: /instance has id, workflow and source_event"))),
@@ -273,7 +455,7 @@ fn check_references(
             }
             _ => {
                 return Err(bad(format!(
-                    "{pointer:?} must start with /input, /instance or /steps (a JSON pointer, RFC 6901)"
+                    "{pointer:?} must start with /input, /instance or /steps (or /item, in a step for each item) (a JSON pointer, RFC 6901)"
                 )));
             }
         }

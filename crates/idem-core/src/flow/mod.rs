@@ -3,7 +3,8 @@
 //! A **workflow instance** is one run of a named [`Definition`] under a stable business id
 //! (`ORD-7:intake`), with the event it came from, an input and its fingerprint, and the
 //! definition version it was started with (pinned: nothing changes it later). Its steps
-//! run in order. Each **step** is an ordinary operation of the ledger whose idempotency key
+//! run in order, except the branches of a parallel group, which run at once (see [`group`]).
+//! Each **step** is an ordinary operation of the ledger whose idempotency key
 //! is derived from the instance ([`step_key`]: `{instance}:{step}`), so every guarantee of
 //! an operation holds per step: atomic claim, lease and fencing token, evidence, UNKNOWN,
 //! reconciliation, replay.
@@ -33,6 +34,10 @@
 //!   derived operation keys.
 //! - [`plan`]: [`plan_start`] (new, same, mismatch, late) and [`plan_advance`] (the next
 //!   thing to do for an instance), [`plan_instance_update`] (the instance write for it).
+//! - [`group`]: parallel groups — branches that run at once, the join, what a failed
+//!   branch does ([`GroupState`], its table).
+//! - [`items`]: a step for each item of a list — each item its own operation, keyed by
+//!   its identity.
 //! - [`recovery`]: [`plan_recovery`], the per-policy answer for a step whose outcome is
 //!   UNKNOWN or whose worker died.
 //! - [`rerun`]: guarded operator re-runs: [`plan_rerun`] (the dry run, with a plan hash)
@@ -45,7 +50,9 @@
 //! when one fails finally or waits for a person.
 
 pub mod definition;
+pub mod group;
 pub mod input;
+pub mod items;
 pub mod plan;
 pub mod record;
 pub mod recovery;
@@ -55,16 +62,20 @@ pub mod state;
 #[cfg(test)]
 mod canned;
 
-pub use definition::{CompensationDef, Definition, DefinitionError, RecoveryPolicy, StepDef};
+pub use definition::{
+    CompensationDef, Definition, DefinitionError, ForEachDef, GroupDef, GroupFailure, RecoveryPolicy, StepDef,
+};
+pub use group::{GroupState, groups_of};
 pub use input::{InputError, build_step_input};
+pub use items::plan_items;
 pub use plan::{
     CompensationRefusal, Next, StartDecision, StartInput, StartPlan, needs_compensation, plan_advance,
     plan_instance_update, plan_operator_compensation, plan_start,
 };
 pub use record::{
-    Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, InstanceTombstone, Progress, StepRow,
-    compensation_key, compensation_rerun_key, rerun_key, step_fingerprint, step_key, validate_instance_id,
-    validate_step_name, validate_workflow_name,
+    Checkpoint, InstanceEvent, InstanceEventKind, InstanceRecord, InstanceTombstone, ItemCheckpoint, ItemRow, Progress,
+    StepRow, compensation_key, compensation_rerun_key, item_key, rerun_key, step_fingerprint, step_key,
+    validate_instance_id, validate_step_name, validate_workflow_name,
 };
 pub use recovery::{Recovery, plan_recovery};
 pub use rerun::{

@@ -171,6 +171,30 @@ pub enum Next {
         /// The operation's payload.
         payload: Value,
     },
+    /// Branches of a parallel group (or items of a step for each item) to perform at once:
+    /// each entry is a [`Next::Run`] or a [`Next::Redo`] of its own step, at least two.
+    /// Each is its own operation (its own key, claim, lease and fencing token), so running
+    /// them concurrently, or again after a crash, performs none twice.
+    Parallel {
+        /// The runs, in definition order.
+        runs: Vec<Next>,
+    },
+    /// Step `index` runs once for each item of its list, and its items are not written yet:
+    /// write these rows (their identities and keys), then plan again.
+    PlanItems {
+        /// Step index.
+        index: usize,
+        /// The items, in the list's order.
+        items: Vec<super::record::ItemRow>,
+    },
+    /// `next` (a [`Next::Run`], [`Next::Redo`] or [`Next::Compensate`] of step `index`)
+    /// concerns item `item` of that step for each item: it acts on the item's operation.
+    Item {
+        /// The item's identity.
+        item: String,
+        /// What to do for it.
+        next: Box<Next>,
+    },
     /// Step `index` is performed by the caller's code: nothing for idem to do; look again
     /// at `until_ms` (a backstop), or when the step's completion arrives.
     WaitForCaller {
@@ -294,6 +318,9 @@ pub fn plan_advance(
 /// An operation under the step's key that was not made for it (see
 /// [`Checkpoint::foreign_operation`]) is not the step's effect: it needs no compensation.
 pub fn needs_compensation(step: &StepDef, c: &Checkpoint) -> bool {
+    if !c.items.is_empty() {
+        return c.items.iter().any(|i| needs_compensation(step, &i.as_checkpoint()));
+    }
     step.compensation.is_some()
         && c.foreign_step_operation(step).is_none()
         && match c.operation.as_ref().map(|o| o.state) {
@@ -360,59 +387,33 @@ pub fn plan_operator_compensation(
 /// effects may exist, last step first, each as its own operation; COMPENSATED when all
 /// succeeded. A compensation that failed finally, or waits for a person, pauses it.
 fn next_compensating(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Next {
+    // A branch of a parallel group may still be in flight when a sibling's failure began
+    // the compensation: wait for it to settle, so that an effect it makes is compensated
+    // too (a sequential workflow never has one).
+    let waits = [super::group::in_flight(def, checkpoints, now_ms), super::items::in_flight(def, checkpoints, now_ms)];
+    if let Some(next) = waits.into_iter().flatten().min_by_key(super::group::until) {
+        return next;
+    }
     let mut done = 0;
     for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate().rev() {
-        if let Some(op) = c.foreign_compensation(step) {
-            return key_conflict(index, step, op, "its compensation");
+        if c.items.is_empty() {
+            let ctx = || input_context(inst, checkpoints);
+            match compensation_next(step, index, c, ctx, now_ms) {
+                Ok(n) => done += n,
+                Err(next) => return next,
+            }
+            continue;
         }
-        let Some(comp) = step.compensation.as_ref().filter(|_| needs_compensation(step, c)) else { continue };
-        let pause = |class: &'static str, why: String| Next::Pause {
-            index,
-            class,
-            reason: format!("the compensation of step {:?} ({}) {why}", step.name, comp.action),
-        };
-        let Some(op) = c.compensation.as_ref() else {
-            if comp.connector.is_none() {
-                return pause(
-                    "compensation_by_hand",
-                    "is performed by a person: compensate it, then resolve the step".into(),
-                );
+        // A step for each item: its items' compensations, last first, each its own.
+        for item in c.items.iter().rev() {
+            let ctx = || super::items::item_context(inst, def, checkpoints, index, &item.row.item);
+            match compensation_next(step, index, &item.as_checkpoint(), ctx, now_ms) {
+                Ok(n) => done += n,
+                Err(next @ Next::Compensate { .. }) => {
+                    return Next::Item { item: item.row.item.clone(), next: Box::new(next) };
+                }
+                Err(next) => return next,
             }
-            return match build_step_input(&comp.input, &input_context(inst, checkpoints)) {
-                Ok(payload) => Next::Compensate { index, payload },
-                Err(e) => pause("compensation_input", format!("cannot be built: {e}")),
-            };
-        };
-        let why = || {
-            format!(
-                "{}{}",
-                op.error_class.as_deref().unwrap_or("failed"),
-                op.error_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
-            )
-        };
-        match op.state {
-            State::Succeeded => done += 1,
-            State::Pending => {
-                return match op.next_attempt_at.filter(|at| *at > now_ms) {
-                    Some(at) => Next::Wait { index, until_ms: at },
-                    None => Next::Compensate { index, payload: op.payload.clone() },
-                };
-            }
-            State::Executing => {
-                return match op.lease_expires_at.filter(|end| *end > now_ms) {
-                    Some(end) => Next::Wait { index, until_ms: end },
-                    None => Next::Compensate { index, payload: op.payload.clone() },
-                };
-            }
-            State::Unknown if op.needs_review => {
-                let what = op.error_message.as_deref().unwrap_or("its outcome is unknown");
-                return pause("compensation_needs_review", format!("is UNKNOWN and in the review queue: {what}"));
-            }
-            State::Unknown => {
-                let until = op.next_attempt_at.unwrap_or(now_ms).max(now_ms + super::recovery::LOOKUP_POLL_MS);
-                return Next::Wait { index, until_ms: until };
-            }
-            State::Failed => return pause("compensation_failed", format!("failed: {}", why())),
         }
     }
     Next::Finish {
@@ -423,79 +424,85 @@ fn next_compensating(inst: &InstanceRecord, def: &Definition, checkpoints: &[Che
     }
 }
 
-/// [`plan_advance`] for a RUNNING instance.
+/// The compensation of the step (or item) checkpoint `c` of step `index`: `Ok(1)` when it
+/// SUCCEEDED, `Ok(0)` when none is needed, else what to do (its input built from `ctx`).
+fn compensation_next(
+    step: &StepDef,
+    index: usize,
+    c: &Checkpoint,
+    ctx: impl FnOnce() -> Value,
+    now_ms: i64,
+) -> Result<usize, Next> {
+    if let Some(op) = c.foreign_compensation(step) {
+        return Err(key_conflict(index, step, op, "its compensation"));
+    }
+    let Some(comp) = step.compensation.as_ref().filter(|_| needs_compensation(step, c)) else { return Ok(0) };
+    let pause = |class: &'static str, why: String| Next::Pause {
+        index,
+        class,
+        reason: format!("the compensation of step {:?} ({}) {why}", step.name, comp.action),
+    };
+    let Some(op) = c.compensation.as_ref() else {
+        if comp.connector.is_none() {
+            return Err(pause(
+                "compensation_by_hand",
+                "is performed by a person: compensate it, then resolve the step".into(),
+            ));
+        }
+        return Err(match build_step_input(&comp.input, &ctx()) {
+            Ok(payload) => Next::Compensate { index, payload },
+            Err(e) => pause("compensation_input", format!("cannot be built: {e}")),
+        });
+    };
+    let why = || {
+        format!(
+            "{}{}",
+            op.error_class.as_deref().unwrap_or("failed"),
+            op.error_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+        )
+    };
+    Err(match op.state {
+        State::Succeeded => return Ok(1),
+        State::Pending => match op.next_attempt_at.filter(|at| *at > now_ms) {
+            Some(at) => Next::Wait { index, until_ms: at },
+            None => Next::Compensate { index, payload: op.payload.clone() },
+        },
+        State::Executing => match op.lease_expires_at.filter(|end| *end > now_ms) {
+            Some(end) => Next::Wait { index, until_ms: end },
+            None => Next::Compensate { index, payload: op.payload.clone() },
+        },
+        State::Unknown if op.needs_review => {
+            let what = op.error_message.as_deref().unwrap_or("its outcome is unknown");
+            pause("compensation_needs_review", format!("is UNKNOWN and in the review queue: {what}"))
+        }
+        State::Unknown => {
+            let until = op.next_attempt_at.unwrap_or(now_ms).max(now_ms + super::recovery::LOOKUP_POLL_MS);
+            Next::Wait { index, until_ms: until }
+        }
+        State::Failed => pause("compensation_failed", format!("failed: {}", why())),
+    })
+}
+
+/// [`plan_advance`] for a RUNNING instance: the first step (or parallel group) that has
+/// not SUCCEEDED decides; SUCCEEDED once every step has.
 fn next_running(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Next {
-    for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
-        if let Some(op) = c.foreign_step_operation(step) {
-            return key_conflict(index, step, op, "the step");
-        }
-        if let Some(op) = c.foreign_compensation(step) {
-            return key_conflict(index, step, op, "its compensation");
-        }
-        let by_caller = step.connector.is_none();
-        let Some(op) = c.operation.as_ref() else {
-            if by_caller {
-                return Next::WaitForCaller { index, until_ms: now_ms + CALLER_POLL_MS };
-            }
-            return match build_step_input(&step.input, &input_context(inst, checkpoints)) {
-                Ok(payload) => Next::Run { index, payload },
-                Err(e) => Next::Finish {
-                    state: InstanceState::Failed,
-                    index: Some(index),
-                    class: Some("step_input"),
-                    reason: format!("the input of step {:?} cannot be built: {e}", step.name),
-                },
-            };
-        };
-        match c.state {
-            StepState::Succeeded => continue,
-            // A compensated step's instance is COMPENSATING or beyond; if an operator's
-            // re-run made it RUNNING again, it is a step to do again, not one done.
-            StepState::Compensated => continue,
-            StepState::NotStarted => unreachable!("a checkpoint with an operation has started"),
-            StepState::Failed => {
-                let reason = format!(
-                    "step {:?} failed: {}{}",
-                    step.name,
-                    op.error_class.as_deref().unwrap_or("failed"),
-                    op.error_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
-                );
-                let compensable = def.steps.iter().zip(checkpoints).take(index).any(|(s, c)| needs_compensation(s, c));
-                if compensable {
-                    return Next::BeginCompensation { index, reason };
+    let mut index = 0;
+    while index < def.steps.len() {
+        let span = def.span(index);
+        let next = match def.steps[index].group.as_deref() {
+            _ if def.steps[index].for_each.is_some() => super::items::next_items(inst, def, checkpoints, index, now_ms),
+            Some(group) => super::group::next_group(inst, def, checkpoints, group, span.clone(), now_ms),
+            None => step_next(inst, def, checkpoints, index, now_ms).map(|next| match next {
+                Next::Finish { state: InstanceState::Failed, index: Some(i), class: Some("step_failed"), reason } => {
+                    failed_finally(def, checkpoints, i, i, reason)
                 }
-                return Next::Finish {
-                    state: InstanceState::Failed,
-                    index: Some(index),
-                    class: Some("step_failed"),
-                    reason,
-                };
-            }
-            StepState::Pending => {
-                let due = op.next_attempt_at.is_none_or(|at| at <= now_ms);
-                return match (by_caller, due) {
-                    (true, _) => Next::WaitForCaller { index, until_ms: now_ms + CALLER_POLL_MS },
-                    (false, true) => Next::Run { index, payload: op.payload.clone() },
-                    (false, false) => Next::Wait { index, until_ms: op.next_attempt_at.unwrap_or(now_ms) },
-                };
-            }
-            StepState::Executing => {
-                return match op.lease_expires_at.filter(|end| *end > now_ms) {
-                    Some(end) => Next::Wait { index, until_ms: end },
-                    // The caller re-acquires its own step; the lease sweeper records the expiry.
-                    None if by_caller => Next::Wait { index, until_ms: now_ms + EXPIRY_POLL_MS },
-                    None => Next::Run { index, payload: op.payload.clone() },
-                };
-            }
-            StepState::Unknown => {
-                return match plan_recovery(step, op, now_ms) {
-                    Recovery::Redo => Next::Redo { index },
-                    Recovery::AwaitLookup { until_ms } => Next::Wait { index, until_ms },
-                    Recovery::Pause { class, reason } => Next::Pause { index, class, reason },
-                    Recovery::Compensate { reason } => Next::BeginCompensation { index, reason },
-                };
-            }
+                other => other,
+            }),
+        };
+        if let Some(next) = next {
+            return next;
         }
+        index = span.end;
     }
     Next::Finish {
         state: InstanceState::Succeeded,
@@ -505,9 +512,109 @@ fn next_running(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoi
     }
 }
 
+/// Step `index` failed finally (`reason`): compensate when a step before `upto` has an
+/// effect to undo, else FAILED.
+pub(super) fn failed_finally(
+    def: &Definition,
+    checkpoints: &[Checkpoint],
+    index: usize,
+    upto: usize,
+    reason: String,
+) -> Next {
+    let compensable = def.steps.iter().zip(checkpoints).take(upto).any(|(s, c)| needs_compensation(s, c));
+    if compensable {
+        return Next::BeginCompensation { index, reason };
+    }
+    Next::Finish { state: InstanceState::Failed, index: Some(index), class: Some("step_failed"), reason }
+}
+
+/// What step `index` alone needs next; `None` when it SUCCEEDED. A final failure comes back
+/// as `Finish` FAILED with class `step_failed` (the caller decides about compensation).
+pub(super) fn step_next(
+    inst: &InstanceRecord,
+    def: &Definition,
+    checkpoints: &[Checkpoint],
+    index: usize,
+    now_ms: i64,
+) -> Option<Next> {
+    let (step, c) = (&def.steps[index], &checkpoints[index]);
+    if let Some(op) = c.foreign_step_operation(step) {
+        return Some(key_conflict(index, step, op, "the step"));
+    }
+    if let Some(op) = c.foreign_compensation(step) {
+        return Some(key_conflict(index, step, op, "its compensation"));
+    }
+    let by_caller = step.connector.is_none();
+    let Some(op) = c.operation.as_ref() else {
+        if by_caller {
+            return Some(Next::WaitForCaller { index, until_ms: now_ms + CALLER_POLL_MS });
+        }
+        return Some(match build_step_input(&step.input, &super::items::context(inst, def, checkpoints)) {
+            Ok(payload) => Next::Run { index, payload },
+            Err(e) => Next::Finish {
+                state: InstanceState::Failed,
+                index: Some(index),
+                class: Some("step_input"),
+                reason: format!("the input of step {:?} cannot be built: {e}", step.name),
+            },
+        });
+    };
+    operation_next(step, index, c.state, op, now_ms)
+}
+
+/// What step `index` (or an item of it) needs next given its operation `op`, in step state
+/// `state`; `None` when it SUCCEEDED. A final failure is `Finish` FAILED (`step_failed`).
+pub(super) fn operation_next(
+    step: &StepDef,
+    index: usize,
+    state: StepState,
+    op: &crate::OperationRecord,
+    now_ms: i64,
+) -> Option<Next> {
+    let by_caller = step.connector.is_none();
+    Some(match state {
+        StepState::Succeeded => return None,
+        // A compensated step's instance is COMPENSATING or beyond; if an operator's
+        // re-run made it RUNNING again, it is a step to do again, not one done.
+        StepState::Compensated => return None,
+        StepState::NotStarted => unreachable!("a checkpoint with an operation has started"),
+        StepState::Failed => Next::Finish {
+            state: InstanceState::Failed,
+            index: Some(index),
+            class: Some("step_failed"),
+            reason: format!(
+                "step {:?} failed: {}{}",
+                step.name,
+                op.error_class.as_deref().unwrap_or("failed"),
+                op.error_message.as_deref().map(|m| format!(": {m}")).unwrap_or_default()
+            ),
+        },
+        StepState::Pending => {
+            let due = op.next_attempt_at.is_none_or(|at| at <= now_ms);
+            match (by_caller, due) {
+                (true, _) => Next::WaitForCaller { index, until_ms: now_ms + CALLER_POLL_MS },
+                (false, true) => Next::Run { index, payload: op.payload.clone() },
+                (false, false) => Next::Wait { index, until_ms: op.next_attempt_at.unwrap_or(now_ms) },
+            }
+        }
+        StepState::Executing => match op.lease_expires_at.filter(|end| *end > now_ms) {
+            Some(end) => Next::Wait { index, until_ms: end },
+            // The caller re-acquires its own step; the lease sweeper records the expiry.
+            None if by_caller => Next::Wait { index, until_ms: now_ms + EXPIRY_POLL_MS },
+            None => Next::Run { index, payload: op.payload.clone() },
+        },
+        StepState::Unknown => match plan_recovery(step, op, now_ms) {
+            Recovery::Redo => Next::Redo { index },
+            Recovery::AwaitLookup { until_ms } => Next::Wait { index, until_ms },
+            Recovery::Pause { class, reason } => Next::Pause { index, class, reason },
+            Recovery::Compensate { reason } => Next::BeginCompensation { index, reason },
+        },
+    })
+}
+
 /// Pause for an operation under one of step `index`'s keys that was not made for `what`
 /// (the step, or its compensation): it never counts as their result.
-fn key_conflict(index: usize, step: &StepDef, op: &crate::OperationRecord, what: &str) -> Next {
+pub(super) fn key_conflict(index: usize, step: &StepDef, op: &crate::OperationRecord, what: &str) -> Next {
     let (action, connector) = if what == "the step" {
         (step.action.as_str(), step.connector.as_deref())
     } else {
@@ -543,7 +650,12 @@ pub fn plan_instance_update(
     let mut event = None;
     let step_name = |i: usize| def.steps.get(i).map(|s| s.name.clone());
     match next {
-        Next::Run { .. } | Next::Redo { .. } | Next::Compensate { .. } => return None,
+        Next::Run { .. }
+        | Next::Redo { .. }
+        | Next::Compensate { .. }
+        | Next::Parallel { .. }
+        | Next::PlanItems { .. }
+        | Next::Item { .. } => return None,
         Next::Wait { until_ms, .. } | Next::WaitForCaller { until_ms, .. } => {
             if rec.next_run_at == Some(*until_ms) {
                 return None;

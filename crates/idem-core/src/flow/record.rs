@@ -73,7 +73,8 @@ pub fn validate_workflow_name(name: &str) -> Result<(), String> {
     if ok { Ok(()) } else { Err(format!("a workflow name is 1-{MAX_WORKFLOW_NAME_LEN} characters of [A-Za-z0-9_.-]")) }
 }
 
-/// The idempotency key of step `step` of instance `instance`: `{instance}:{step}`.
+/// The idempotency key of step `step` of instance `instance`: `{instance}:{step}`; for a
+/// branch of a parallel group, `step` is `{group}:{branch}` ([`StepDef::key_name`]).
 pub fn step_key(instance: &str, step: &str) -> String {
     format!("{instance}:{step}")
 }
@@ -178,7 +179,7 @@ impl StepRow {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let op_key = step_key(instance_id, &s.name);
+                let op_key = step_key(instance_id, &s.key_name());
                 StepRow {
                     tenant: tenant.to_owned(),
                     instance_id: instance_id.to_owned(),
@@ -228,6 +229,80 @@ pub struct Checkpoint {
     pub operation: Option<OperationRecord>,
     /// The operation of the step's compensation (`{op_key}:compensate`), once it exists.
     pub compensation: Option<OperationRecord>,
+    /// For a step for each item: its items, in the order the list had when they were
+    /// planned (empty before, and for every other step).
+    pub items: Vec<ItemCheckpoint>,
+}
+
+/// One item of a step for each item, as stored: its identity and keys. Written once, when
+/// the step is reached and its list is read (see [`super::items`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemRow {
+    /// Tenant.
+    pub tenant: String,
+    /// Instance id.
+    pub instance_id: String,
+    /// Position of its step in the definition.
+    pub position: i64,
+    /// Its step's name.
+    pub step: String,
+    /// The item's identity: the value of the step's `for_each.id` field in the item.
+    pub item: String,
+    /// Its place in the list when planned (1-based; shown in that order).
+    pub seq: i64,
+    /// Key of the item's operation: `{instance}:{step}:{item}` ([`item_key`]).
+    pub op_key: String,
+    /// Key of its compensation's operation ([`compensation_key`] of `op_key`).
+    pub comp_key: String,
+    /// The step's recovery policy, pinned.
+    pub policy: RecoveryPolicy,
+}
+
+/// The key of item `item` of step `step` of instance `instance`: `{instance}:{step}:{item}`,
+/// by the item's own identity, never its position, so a reordered list redoes nothing.
+pub fn item_key(instance: &str, step: &str, item: &str) -> String {
+    format!("{instance}:{step}:{item}")
+}
+
+/// What a resuming worker reads for one item: its row, its operation and its
+/// compensation's, once they exist.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemCheckpoint {
+    /// The item row.
+    pub row: ItemRow,
+    /// Its operation's state (COMPENSATED once its compensation SUCCEEDED).
+    pub state: StepState,
+    /// The item's operation.
+    pub operation: Option<OperationRecord>,
+    /// Its compensation's operation.
+    pub compensation: Option<OperationRecord>,
+}
+
+impl ItemCheckpoint {
+    /// The item as a step's checkpoint (its keys in the row), for the plans a step and an
+    /// item share: what its operation's state leads to, its compensation.
+    pub fn as_checkpoint(&self) -> Checkpoint {
+        let row = StepRow {
+            tenant: self.row.tenant.clone(),
+            instance_id: self.row.instance_id.clone(),
+            position: self.row.position,
+            step: self.row.step.clone(),
+            op_key: self.row.op_key.clone(),
+            comp_key: self.row.comp_key.clone(),
+            policy: self.row.policy,
+        };
+        Checkpoint::with_compensation(row, self.operation.clone(), self.compensation.clone())
+    }
+
+    /// The checkpoint of `row` given its operations.
+    pub fn of(row: ItemRow, operation: Option<OperationRecord>, compensation: Option<OperationRecord>) -> Self {
+        let compensated = compensation.as_ref().is_some_and(|c| c.state == crate::State::Succeeded);
+        let state = match operation.as_ref().map(|o| o.state) {
+            _ if compensated => StepState::Compensated,
+            s => StepState::of_operation(s),
+        };
+        ItemCheckpoint { row, state, operation, compensation }
+    }
 }
 
 impl Checkpoint {
@@ -274,7 +349,33 @@ impl Checkpoint {
             _ if compensated => StepState::Compensated,
             s => StepState::of_operation(s),
         };
-        Checkpoint { row, state, operation, compensation }
+        Checkpoint { row, state, operation, compensation, items: Vec::new() }
+    }
+
+    /// The checkpoint of a step for each item, given its items: SUCCEEDED once every item
+    /// SUCCEEDED, FAILED or UNKNOWN as soon as one is, COMPENSATED once every item whose
+    /// effect existed is compensated, EXECUTING while some run, NOT_STARTED before.
+    pub fn with_items(row: StepRow, items: Vec<ItemCheckpoint>) -> Self {
+        let states: Vec<StepState> = items.iter().map(|i| i.state).collect();
+        let any = |s: StepState| states.contains(&s);
+        let state = if items.is_empty() {
+            StepState::NotStarted
+        } else if states.iter().all(|s| *s == StepState::Succeeded) {
+            StepState::Succeeded
+        } else if any(StepState::Failed) {
+            StepState::Failed
+        } else if any(StepState::Unknown) {
+            StepState::Unknown
+        } else if any(StepState::Compensated) && !any(StepState::Succeeded) && !any(StepState::Executing) {
+            StepState::Compensated
+        } else if any(StepState::Executing) || any(StepState::Succeeded) {
+            StepState::Executing
+        } else if any(StepState::Pending) {
+            StepState::Pending
+        } else {
+            StepState::NotStarted
+        };
+        Checkpoint { row, state, operation: None, compensation: None, items }
     }
 }
 
@@ -312,6 +413,15 @@ pub fn input_context(inst: &InstanceRecord, checkpoints: &[Checkpoint]) -> Value
     for c in checkpoints {
         // A step whose outcome is UNKNOWN is there too (its result null): a compensation may
         // have to undo an effect that may exist (policy `compensate`).
+        if !c.items.is_empty() {
+            // A step for each item: its result maps each item's identity to its result.
+            let done = c.items.iter().filter_map(|i| {
+                let op = i.operation.as_ref().filter(|o| o.state == crate::State::Succeeded)?;
+                Some((i.row.item.clone(), op.result.clone().unwrap_or(Value::Null)))
+            });
+            steps.insert(c.row.step.clone(), json!({"result": Map::from_iter(done), "provider_ref": null}));
+            continue;
+        }
         if let Some(op) =
             c.operation.as_ref().filter(|o| matches!(o.state, crate::State::Succeeded | crate::State::Unknown))
         {

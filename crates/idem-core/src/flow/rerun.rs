@@ -148,6 +148,13 @@ pub enum RerunRefusal {
         "step {0:?} is UNKNOWN and cannot be looked up (no lookup): resolve it (idem ops resolve), or name it to redo it on purpose"
     )]
     NeedsResolution(String),
+    /// A named step runs for each item of a list, or one of its items FAILED or is
+    /// UNKNOWN: re-running items is not supported; compensate the instance or start a new
+    /// one.
+    #[error(
+        "step {0:?} runs for each item of a list: its items cannot be re-run; compensate the instance (or resolve an UNKNOWN item), or start a new instance"
+    )]
+    ItemsNotRerunnable(String),
     /// A step was re-run too often.
     #[error("step {0:?} was re-run {MAX_RERUNS} times; start a new instance")]
     TooManyReruns(String),
@@ -204,18 +211,32 @@ pub fn plan_rerun(
         }
         return plan_compensation_rerun(inst, def, checkpoints, has_lookup);
     }
+    for (step, c) in def.steps.iter().zip(checkpoints).filter(|(s, _)| s.for_each.is_some()) {
+        let stuck = c.items.iter().any(|i| matches!(i.state, StepState::Failed | StepState::Unknown));
+        if named.contains(&step.name) || stuck {
+            return Err(RerunRefusal::ItemsNotRerunnable(step.name.clone()));
+        }
+    }
     let ctx = input_context(inst, checkpoints);
     let mut steps = Vec::with_capacity(def.steps.len());
-    let mut first_open = true;
+    // The first step that has not SUCCEEDED, with the branches of its parallel group: each
+    // of them that failed is redone, each UNKNOWN one looked up (they run at once).
+    let mut first_open: Option<std::ops::Range<usize>> = None;
     let mut all_kept_before = true;
-    for (step, c) in def.steps.iter().zip(checkpoints) {
+    for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
         let is_named = named.contains(&step.name);
         let foreign = c.foreign_step_operation(step).is_some();
-        let state = c.operation.as_ref().map(|o| o.state);
-        let first = first_open && (foreign || state != Some(State::Succeeded));
-        if first {
-            first_open = false;
+        // A step for each item has no operation of its own: SUCCEEDED once all its items are
+        // (kept), else still to run (its stopped items were refused above).
+        let state = match step.for_each {
+            Some(_) => (c.state == StepState::Succeeded).then_some(State::Succeeded),
+            None => c.operation.as_ref().map(|o| o.state),
+        };
+        let open = foreign || state != Some(State::Succeeded);
+        if open && first_open.is_none() {
+            first_open = Some(def.span(index));
         }
+        let first = open && first_open.as_ref().is_some_and(|span| span.contains(&index));
         let disposition = match (state, is_named) {
             _ if foreign => StepDisposition::Redone,
             (None, _) => StepDisposition::Runs,
@@ -239,7 +260,7 @@ pub fn plan_rerun(
                 if n > MAX_RERUNS {
                     return Err(RerunRefusal::TooManyReruns(step.name.clone()));
                 }
-                rerun_key(&inst.instance_id, &step.name, n)
+                rerun_key(&inst.instance_id, &step.key_name(), n)
             }
             _ => c.row.op_key.clone(),
         };

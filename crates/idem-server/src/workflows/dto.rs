@@ -20,6 +20,12 @@ pub struct StepDeclBody {
     /// pauses for a person) or `redo_safe` (an expired lease goes to the next worker).
     #[schema(value_type = Option<String>, example = "manual")]
     pub policy: Option<RecoveryPolicy>,
+    /// The parallel group the step is a branch of (1-48 characters of `[A-Za-z0-9_.-]`, no
+    /// step's name): consecutive steps naming the same group may be acquired at once, and
+    /// the step after them only once every branch SUCCEEDED. The branch's operation key is
+    /// `{instance}:{group}:{step}`; `{group}:{step}` has at most 48 characters.
+    #[schema(example = "notify")]
+    pub group: Option<String>,
 }
 
 /// `POST /v1/workflows`: start (or find) an instance.
@@ -75,7 +81,8 @@ pub struct CheckpointView {
     pub step: String,
     /// Position (0-based).
     pub position: i64,
-    /// Key of the step's operation (`{instance}:{step}`): GET `/v1/operations/{key}` for its
+    /// Key of the step's operation (`{instance}:{step}`; `{instance}:{group}:{step}` for a
+    /// branch of a parallel group): GET `/v1/operations/{key}` for its
     /// full timeline.
     pub operation_key: String,
     /// Action of the step.
@@ -116,6 +123,61 @@ pub struct CheckpointView {
     pub compensation_key: String,
     /// That operation, once it exists.
     pub compensation: Option<CompensationView>,
+    /// The parallel group the step is a branch of (its key is then
+    /// `{instance}:{group}:{step}`); absent for a step that runs alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "notify")]
+    pub group: Option<String>,
+    /// For a step for each item of a list: its items, in the list's order, each its own
+    /// operation (`{instance}:{step}:{item}`); absent for other steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<ItemView>>,
+}
+
+/// One item of a step for each item.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ItemView {
+    /// The item's identity (the value of the step's `for_each.id` field).
+    #[schema(example = "r-17")]
+    pub item: String,
+    /// Key of the item's operation.
+    pub operation_key: String,
+    /// NOT_STARTED, PENDING, EXECUTING, SUCCEEDED, FAILED, UNKNOWN or COMPENSATED.
+    #[schema(example = "SUCCEEDED")]
+    pub state: String,
+    /// The provider's reference for the item's effect.
+    pub provider_ref: Option<String>,
+    /// Attempts granted so far.
+    pub attempts: i64,
+}
+
+/// A parallel group of an instance: its branches run at once, the step after it waits for
+/// all of them. Its state is derived from its branches' (`idem_core::flow::group`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct GroupView {
+    /// Group name.
+    #[schema(example = "notify")]
+    pub name: String,
+    /// NOT_STARTED, RUNNING, SUCCEEDED, STOPPED (a branch FAILED or is UNKNOWN) or COMPENSATED.
+    #[schema(example = "RUNNING")]
+    pub state: String,
+    /// What a failed or UNKNOWN branch does: `pause` or `compensate`.
+    #[schema(example = "pause")]
+    pub on_failure: String,
+    /// Most branches in flight at once; absent: all.
+    pub max_concurrency: Option<u32>,
+    /// Its branches (step names), each with its state.
+    pub branches: Vec<BranchView>,
+}
+
+/// A branch of a parallel group and its state.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BranchView {
+    /// Step name.
+    pub step: String,
+    /// The branch's state (its operation's; see the step's checkpoint).
+    #[schema(example = "SUCCEEDED")]
+    pub state: String,
 }
 
 /// A step's compensation operation.
@@ -163,6 +225,19 @@ impl CheckpointView {
             updated_at: op.map(|o| rfc3339(o.updated_at)),
             completed_at: op.and_then(|o| o.completed_at).map(rfc3339),
             compensation_key: c.row.comp_key.clone(),
+            group: def.group.clone(),
+            items: def.for_each.as_ref().map(|_| {
+                c.items
+                    .iter()
+                    .map(|i| ItemView {
+                        item: i.row.item.clone(),
+                        operation_key: i.row.op_key.clone(),
+                        state: i.state.as_str().into(),
+                        provider_ref: i.operation.as_ref().and_then(|o| o.provider_ref.clone()),
+                        attempts: i.operation.as_ref().map_or(0, |o| o.attempt_count),
+                    })
+                    .collect()
+            }),
             compensation: c.compensation.as_ref().map(|k| CompensationView {
                 action: k.action.clone(),
                 state: k.state.as_str().into(),
@@ -259,6 +334,10 @@ pub struct InstanceView {
     /// The checkpoints, in step order (single-instance answers only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<CheckpointView>>,
+    /// Its parallel groups with each branch's state (single-instance answers of a workflow
+    /// that has groups only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<GroupView>>,
     /// The instance's events, oldest first (single-instance answers only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events: Option<Vec<InstanceEventView>>,
@@ -287,6 +366,7 @@ impl InstanceView {
             completed_at: r.completed_at.map(rfc3339),
             expires_at: r.expires_at.map(rfc3339),
             steps: None,
+            groups: None,
             events: None,
         }
     }
@@ -295,8 +375,25 @@ impl InstanceView {
     pub fn full(v: idem_flow::InstanceView) -> Self {
         let steps =
             v.checkpoints.iter().zip(&v.definition.steps).map(|(c, d)| CheckpointView::of(c, d, &v.instance)).collect();
+        let groups: Vec<GroupView> = idem_core::flow::groups_of(&v.definition, &v.checkpoints)
+            .into_iter()
+            .map(|(name, state, span)| {
+                let settings = v.definition.group_def(&name);
+                GroupView {
+                    state: state.as_str().into(),
+                    on_failure: settings.on_failure.as_str().into(),
+                    max_concurrency: settings.max_concurrency,
+                    branches: v.checkpoints[span]
+                        .iter()
+                        .map(|c| BranchView { step: c.row.step.clone(), state: c.state.as_str().into() })
+                        .collect(),
+                    name,
+                }
+            })
+            .collect();
         let Progress { last_good_step, current_step } = v.progress;
         let mut out = InstanceView::of(v.instance);
+        out.groups = (!groups.is_empty()).then_some(groups);
         out.last_good_step = last_good_step;
         out.current_step = current_step;
         out.steps = Some(steps);

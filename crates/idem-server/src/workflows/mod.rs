@@ -89,6 +89,7 @@ fn rerun_problem(r: idem_core::flow::RerunRefusal, detail: String) -> Problem {
         R::NothingToRedo => (StatusCode::CONFLICT, "nothing-to-rerun"),
         R::NeedsResolution(_) => (StatusCode::CONFLICT, "step-needs-resolution"),
         R::TooManyReruns(_) => (StatusCode::CONFLICT, "too-many-reruns"),
+        R::ItemsNotRerunnable(_) => (StatusCode::CONFLICT, "items-not-rerunnable"),
         R::PlanChanged { .. } => (StatusCode::CONFLICT, "plan-changed"),
         // RFC 6585 §3: the server requires the request to be conditional (on a plan hash).
         R::PlanHashRequired { .. } => (StatusCode::PRECONDITION_REQUIRED, "plan-hash-required"),
@@ -140,7 +141,10 @@ pub async fn start(
         source_event: body.source_event,
         trace_id: body.trace_id,
         steps: body.steps.map(|steps| {
-            steps.into_iter().map(|s| StepDecl { name: s.name, action: s.action, policy: s.policy }).collect()
+            steps
+                .into_iter()
+                .map(|s| StepDecl { name: s.name, action: s.action, policy: s.policy, group: s.group })
+                .collect()
         }),
         actor: caller.actor(),
     };
@@ -303,6 +307,8 @@ pub async fn acquire_step(
         crate::logging::record_key(&idem_core::flow::step_key(&call.instance_id, &call.step));
     }
     let out = state.flows.acquire_step(call).await.map_err(|e| rid(flow_problem(e)))?;
+    // The key the step's operation has: `{instance}:{group}:{step}` for a branch.
+    crate::logging::record_key(&out.record.key);
     state.answered_trigger(&out.decision, &caller.tenant, &out.record.key, caller.request_id.as_deref());
     Ok(trigger_answer(out, &caller))
 }
@@ -344,6 +350,7 @@ pub async fn complete_step(
         policy: None,
     };
     let done = state.flows.complete_step(call).await.map_err(|e| rid(flow_problem(e)))?;
+    crate::logging::record_key(&done.record.key);
     Ok((StatusCode::OK, axum::Json(OperationView::of(done.record))).into_response())
 }
 
@@ -364,7 +371,7 @@ pub async fn complete_step(
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The key's role is not `operator` or `admin`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such instance in the caller's tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Refused, nothing changed: `plan-changed` (the instance changed since the approved plan), `instance-running`, `instance-compensated`, `step-busy`, `compensation-in-progress`, `nothing-to-rerun`, `step-needs-resolution`, `too-many-reruns`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Refused, nothing changed: `plan-changed` (the instance changed since the approved plan), `instance-running`, `instance-compensated`, `step-busy`, `compensation-in-progress`, `nothing-to-rerun`, `step-needs-resolution`, `too-many-reruns`, `items-not-rerunnable` (a step for each item)", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The instance was removed after its retention window", body = Problem, content_type = "application/problem+json"),
         (status = 428, description = "`plan-hash-required`: the re-run redoes a step that SUCCEEDED or is UNKNOWN (a new side effect), so it runs only with the `plan_hash` of a dry run (RFC 6585 §3); the detail names the steps and the plan hash now", body = Problem, content_type = "application/problem+json"),
     ),

@@ -258,3 +258,49 @@ pub(super) async fn compensations_are_checkpointed_and_reruns_repoint_steps(h: H
     let step = flows.step_of_operation(&h.tenant, "ORD-13:send_confirmation:rerun-1").await.unwrap().unwrap();
     assert_eq!(step.step, "send_confirmation");
 }
+
+/// The items of a step for each item: written once (again: nothing changes), read with
+/// their operations and compensations in the checkpoints, found by their keys, and removed
+/// with their instance.
+pub(super) async fn items_are_written_once_and_read_with_their_operations(h: Harness) {
+    use idem_core::flow::{ItemRow, RecoveryPolicy, compensation_key, item_key};
+    let flows = h.store.flows();
+    flows.start_instance(start(&h, "ORD-11", json!({}))).await.unwrap();
+    let row = |item: &str, seq: i64| {
+        let op_key = item_key("ORD-11", "send_confirmation", item);
+        ItemRow {
+            tenant: h.tenant.clone(),
+            instance_id: "ORD-11".into(),
+            position: 1,
+            step: "send_confirmation".into(),
+            item: item.into(),
+            seq,
+            comp_key: compensation_key(&op_key),
+            op_key,
+            policy: RecoveryPolicy::RedoSafe,
+        }
+    };
+    flows.add_items(vec![row("r2", 1), row("r1", 2)]).await.unwrap();
+    flows.add_items(vec![row("r1", 1), row("r2", 2)]).await.unwrap();
+    let mut input = step_input(&h, "ORD-11", "x");
+    input.key = item_key("ORD-11", "send_confirmation", "r1");
+    let granted = h.store.acquire(input).await.unwrap().record;
+    let mut comp = step_input(&h, "ORD-11", "x");
+    comp.key = compensation_key(&item_key("ORD-11", "send_confirmation", "r2"));
+    h.store.acquire(comp).await.unwrap();
+    let cps = flows.checkpoints(&h.tenant, "ORD-11").await.unwrap();
+    assert_eq!(cps.len(), 3, "items are not steps");
+    let items: Vec<_> = cps[1].items.iter().map(|i| (i.row.item.as_str(), i.row.seq, i.state)).collect();
+    assert_eq!(items, [("r2", 1, StepState::NotStarted), ("r1", 2, StepState::Executing)], "the first write stands");
+    assert_eq!(cps[1].items[1].operation.as_ref().unwrap().fencing_token, granted.fencing_token);
+    assert!(cps[1].items[0].compensation.is_some(), "an item's compensation is read with it");
+    assert_eq!(cps[1].state, StepState::Executing);
+    assert!(cps[0].items.is_empty() && cps[2].items.is_empty());
+    let found = flows.step_of_operation(&h.tenant, "ORD-11:send_confirmation:r1").await.unwrap().unwrap();
+    assert_eq!(
+        (found.step.as_str(), found.position, found.op_key.as_str()),
+        ("send_confirmation", 1, "ORD-11:send_confirmation:r1")
+    );
+    let other_tenant = format!("{}-b", h.tenant);
+    assert!(flows.step_of_operation(&other_tenant, "ORD-11:send_confirmation:r1").await.unwrap().is_none());
+}

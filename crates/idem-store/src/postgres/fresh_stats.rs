@@ -30,6 +30,7 @@ const TABLES: &[(&str, &str)] = &[
     ("operations", "ANALYZE operations"),
     ("workflow_instances", "ANALYZE workflow_instances"),
     ("workflow_steps", "ANALYZE workflow_steps"),
+    ("workflow_items", "ANALYZE workflow_items"),
 ];
 /// Size (8 KiB pages, PostgreSQL's default block size) from which a never-analyzed table
 /// is analyzed: 100–200 records of `operations`. Large enough that a plan made from the

@@ -33,7 +33,8 @@
 //! `{"customer": "C-1"}`; `copies`, `created`, `expect_status`, `delay_ms` as for
 //! triggers), `providers` scripts the provider per *step name* (`create_order`, or
 //! `create_order:compensate` for its compensation), and `expect.state` is the instance's
-//! final state; calls and effects are counted over the instance's steps and their
+//! final state; calls and effects are counted over the instance's steps (branches and
+//! the items of a step for each item included) and their
 //! compensations.
 //!
 //! ```toml
@@ -348,6 +349,18 @@ impl Run {
             effects += e;
             if step["compensation"]["state"] == "UNKNOWN" {
                 unrecorded += e;
+            }
+            // A step for each item: each item's operation and its compensation's.
+            for item in step["items"].as_array().into_iter().flatten() {
+                let key = item["operation_key"].as_str().unwrap_or_default();
+                for k in [key.to_owned(), format!("{key}:compensate")] {
+                    let (c, e) = self.stats_raw(&k).await?;
+                    calls += c;
+                    effects += e;
+                }
+                if item["state"] == "UNKNOWN" {
+                    unrecorded += self.stats_raw(key).await?.1;
+                }
             }
         }
         let state = inst["state"].as_str().unwrap_or("-").to_owned();

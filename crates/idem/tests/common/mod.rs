@@ -407,3 +407,37 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .map(|(_, v)| v.parse::<f64>().unwrap())
         .sum()
 }
+
+/// `GET /v1/workflows/{id}` as the admin: the instance with its steps, groups and events.
+pub async fn instance(s: &Server, id: &str) -> Value {
+    s.get(ADMIN_KEY, &format!("/v1/workflows/{}", enc(id))).await.body
+}
+
+/// Polls workflow instance `id` until `done` holds (at most `secs` seconds); returns it.
+pub async fn wait_instance(s: &Server, id: &str, secs: u64, done: impl Fn(&Value) -> bool) -> Value {
+    let start = std::time::Instant::now();
+    loop {
+        let v = instance(s, id).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(secs), "gave up waiting on instance {id}: {v:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts `idem serve` on `db_url` with `config` and `IDEM_TEST_CRASH_AT=crash_at`, starts
+/// a workflow instance with `body` (201 expected), waits until the process aborted at its
+/// crash point (at most 20 s), then starts `idem serve` again normally and returns it.
+pub async fn crash_at_then_restart(db_url: &str, config: &str, crash_at: &str, body: &Value) -> Server {
+    let crashing = Server::start_with_config_env(db_url, config, &[("IDEM_TEST_CRASH_AT", crash_at)]);
+    let r = crashing.post(ADMIN_KEY, "/v1/workflows", body).await;
+    assert_eq!(r.status, 201, "{crash_at}: {r:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while crashing.http.get(crashing.url("/healthz")).send().await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "{crash_at}: the server never reached its crash point");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(crashing);
+    Server::start_with_config(db_url, config)
+}
