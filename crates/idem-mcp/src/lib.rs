@@ -32,6 +32,7 @@ pub mod intent;
 pub mod lookup;
 pub mod ops_server;
 pub mod server;
+pub mod stdio_lines;
 pub mod texts;
 
 pub use config::GuardConfig;
@@ -130,7 +131,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
 
 async fn serve_stdio(shared: Arc<Shared>) -> Result<(), String> {
     let running = GuardServer(shared)
-        .serve(rmcp::transport::stdio())
+        .serve(crate::stdio_lines::transport())
         .await
         .map_err(|e| format!("the host did not complete the MCP handshake: {e}"))?;
     running.waiting().await.map_err(|e| e.to_string())?;

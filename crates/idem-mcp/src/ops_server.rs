@@ -162,7 +162,7 @@ impl ServerHandler for OpsServer {
 pub async fn serve_stdio(server: OpsServer) -> Result<(), String> {
     use rmcp::ServiceExt;
     let running = server
-        .serve(rmcp::transport::stdio())
+        .serve(crate::stdio_lines::transport())
         .await
         .map_err(|e| format!("the host did not complete the MCP handshake: {e}"))?;
     running.waiting().await.map_err(|e| e.to_string())?;

@@ -153,7 +153,18 @@ fn malformed_json_rpc_from_the_host_does_not_stop_the_guard() {
             return v;
         }
     };
+    // JSON-RPC 2.0 §5.1: a line that is not JSON, or nested past serde_json's 128 levels, is
+    // answered -32700 with id null (rmcp alone skipped it and the host waited).
+    let parse_error = || loop {
+        let v = rx.recv_timeout(Duration::from_secs(20)).expect("an answer");
+        if v["id"].is_null() {
+            return v["error"]["code"].as_i64();
+        }
+    };
     send("this is not json");
+    assert_eq!(parse_error(), Some(-32700));
+    send(&format!("{}{}", "[".repeat(300), "]".repeat(300)));
+    assert_eq!(parse_error(), Some(-32700));
     send(
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
     );
@@ -161,6 +172,9 @@ fn malformed_json_rpc_from_the_host_does_not_stop_the_guard() {
     send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
     send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":7}}"#);
     assert!(answer(2).get("error").is_some());
+    // Arguments that are not an object: invalid params (-32602), not "method not found".
+    send(r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"create_ticket","arguments":["c-11"]}}"#);
+    assert_eq!(answer(4)["error"]["code"], -32602);
     send(
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"create_ticket","arguments":{"customer":"c-11","title":"ok"}}}"#,
     );
