@@ -168,14 +168,21 @@ impl GuardServer {
                 _ => Err(McpError::internal_error("the tool server's answer was not a tool result", None)),
             };
         }
-        let task = ctx
-            .meta
-            .0
-            .0
-            .get(META_TASK_ID)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .or_else(|| self.0.task_id.clone());
+        // A task id in _meta that is not a string is never replaced by the process's: that
+        // would join two tasks. An integer is its decimal string; anything else is refused.
+        let task = match ctx.meta.0.0.get(META_TASK_ID) {
+            None | Some(Value::Null) => self.0.task_id.clone(),
+            Some(Value::String(t)) => Some(t.clone()),
+            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.to_string()),
+            Some(other) => {
+                count(&name, true, "refused");
+                let why = format!(
+                    "the task id in _meta (\"{META_TASK_ID}\") must be a string; got {}",
+                    idem_core::text::snippet(other.to_string().as_bytes(), 64)
+                );
+                return to_result(texts::result(&texts::refused(&why), true, meta("refused", None, None, None)));
+            }
+        };
         let Some(task) = task else {
             count(&name, true, "refused");
             return to_result(texts::result(texts::NO_TASK_ID, true, meta("refused", None, None, None)));

@@ -175,6 +175,17 @@ fn malformed_json_rpc_from_the_host_does_not_stop_the_guard() {
     // Arguments that are not an object: invalid params (-32602), not "method not found".
     send(r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"create_ticket","arguments":["c-11"]}}"#);
     assert_eq!(answer(4)["error"]["code"], -32602);
+    // A task id in _meta that is not a string is refused, never replaced by the process's.
+    send(
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"create_ticket","arguments":{"customer":"c-11","title":"t"},"_meta":{"io.idem/task-id":true}}}"#,
+    );
+    let refused = answer(5);
+    assert!(
+        refused["result"]["content"][0]["text"].as_str().is_some_and(|t| t.starts_with(
+            r#"idem: not performed: the task id in _meta ("io.idem/task-id") must be a string; got true"#
+        )),
+        "{refused}"
+    );
     send(
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"create_ticket","arguments":{"customer":"c-11","title":"ok"}}}"#,
     );
