@@ -108,11 +108,19 @@ impl OpsServer {
                     Some(s) => Some(s.parse::<State>().map_err(|_| format!("unknown state {s:?}"))?),
                     None => None,
                 };
+                // The schema says 1-100: outside it (or not an integer) is an error, not clamped.
+                let limit = match args.get("limit") {
+                    None | Some(Value::Null) => 20,
+                    Some(v) => match v.as_i64() {
+                        Some(n @ 1..=100) => n,
+                        _ => return Err(format!("limit must be an integer from 1 to 100; got {v}")),
+                    },
+                };
                 let filter = ListFilter {
                     state,
                     needs_review: args.get("needs_review").and_then(Value::as_bool),
                     key_prefix: args.get("key_prefix").and_then(Value::as_str).map(str::to_owned),
-                    limit: args.get("limit").and_then(Value::as_i64).unwrap_or(20).clamp(1, 100),
+                    limit,
                     ..Default::default()
                 };
                 let page = self.store.list(&self.tenant, &filter).await.map_err(db)?;

@@ -262,6 +262,8 @@ fn the_ops_server_tells_the_agent_what_became_of_an_operation() {
         {"call": "list_operations", "args": {"key_prefix": "mcp:tickets:task-14:"}},
         {"call": "operation_events", "args": {"key": op}},
         {"call": "get_operation", "args": {"key": "mcp:tickets:nope"}},
+        {"call": "list_operations", "args": {"limit": -1}},
+        {"call": "list_operations", "args": {"limit": 1000}},
     ]);
     let r = env.agent_stdio(&steps, &ops);
     let tools = r[0]["tools"].as_array().unwrap();
@@ -275,5 +277,13 @@ fn the_ops_server_tells_the_agent_what_became_of_an_operation() {
         r[3]["structuredContent"]["events"].as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["acquired", "completed", "replayed"], "{}", r[3]);
     assert_eq!(r[4]["isError"], true);
+    // A limit outside the schema's 1-100 is an error that says so, never clamped in silence.
+    for bad in [&r[5], &r[6]] {
+        assert_eq!(bad["isError"], true, "{bad}");
+        assert!(
+            bad["content"][0]["text"].as_str().unwrap().contains("limit must be an integer from 1 to 100"),
+            "{bad}"
+        );
+    }
     assert_eq!(env.tickets(), 1);
 }
