@@ -63,6 +63,11 @@ pub async fn run(args: McpArgs) -> anyhow::Result<()> {
             idem_mcp::intent::check_task_id(&t).map_err(|e| anyhow::anyhow!("--task-id (IDEM_MCP_TASK_ID): {e}"))?;
             Some(t)
         }
+        // Over --listen every agent that connects would share the process's one task: a
+        // second agent's identical call would get the first one's result, not its effect.
+        (None, true) if args.listen.is_some() => anyhow::bail!(
+            "--task-per-process with --listen would make every agent that connects one task (a second agent's identical call would be answered with the first one's result): give each call its task id in _meta (\"io.idem/task-id\"), or --task-id ID for one agent"
+        ),
         (None, true) => {
             let t = uuid::Uuid::now_v7().to_string();
             eprintln!("idem mcp: this process is task {t} (--task-per-process): a restart is a new task");

@@ -224,6 +224,22 @@ fn bad_calls_from_the_agent_are_refused_and_the_guard_keeps_serving() {
     assert_eq!(env.ledger("SELECT count(*) FROM operations"), "1", "refused calls are never recorded");
 }
 
+/// `--task-per-process` over `--listen` would join every agent that connects into one task
+/// (a second agent's legitimate call answered with the first one's result): refused at
+/// start with one line, before anything is opened or started.
+#[test]
+fn task_per_process_over_listen_is_refused() {
+    let out = std::process::Command::new(mcp_support::idem_bin())
+        .args(["mcp", "--listen", "127.0.0.1:0", "--task-per-process", "--database-url", "sqlite::memory:"])
+        .args(["--", "/nonexistent/server"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--task-per-process with --listen would make every agent that connects one task"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
 /// `idem mcp --help` states the design a user must know: which calls are guarded, the task
 /// id and its refusal without one, what the agent is told, the ledger, the host config.
 #[test]
