@@ -89,14 +89,15 @@ pub fn intent_of(
         args.remove(k);
     }
     let args = Value::Object(args);
-    let size = args.to_string().len();
+    let text = args.to_string();
+    let size = text.len();
     if size > max_argument_bytes {
         return Err(IntentError::TooLarge(size, max_argument_bytes));
     }
     idem_core::check_depth(&args).map_err(IntentError::Fingerprint)?;
     // The server receives the exact integer, the fingerprint its nearest double: refuse what
     // they would disagree on, as the HTTP API does (json_number).
-    idem_core::json_number::check_numbers(&args.to_string()).map_err(|e| IntentError::Number(e.to_string()))?;
+    idem_core::json_number::check_numbers(&text).map_err(|e| IntentError::Number(e.to_string()))?;
     let named = match intent {
         None => args.clone(),
         Some(fields) => {
