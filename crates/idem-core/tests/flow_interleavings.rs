@@ -476,6 +476,29 @@ impl World {
         let _ = compensation_key(ID);
     }
 
+    /// A COMPENSATED instance undid every effect that exists: each step (or branch) that
+    /// has a compensation and whose effect happened under its key had its compensation's
+    /// effect too — also one whose outcome was UNKNOWN when the compensation began. Steps
+    /// an operator's re-run named are left out (their earlier keys are kept as they were).
+    fn check_compensated(&self) {
+        if self.inst.state != InstanceState::Compensated {
+            return;
+        }
+        for (step, c) in self.def.steps.iter().zip(self.checkpoints()) {
+            if step.compensation.is_none() || self.named.contains(&step.name) {
+                continue;
+            }
+            if self.effects(&c.row.op_key) > 0 {
+                assert!(
+                    self.effects(&c.row.comp_key) > 0,
+                    "COMPENSATED, but {} has its effect and {} never ran",
+                    c.row.op_key,
+                    c.row.comp_key
+                );
+            }
+        }
+    }
+
     /// Calls succeed from now on, late workers report, operators are truthful; true when
     /// the instance reached a final state.
     fn settle(&mut self) -> bool {
@@ -511,6 +534,7 @@ fn play(mut w: World, acts: &[Act]) -> World {
     }
     w.settle();
     w.check(&Act::Sweep);
+    w.check_compensated();
     w
 }
 

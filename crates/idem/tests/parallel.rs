@@ -22,9 +22,15 @@ const BRANCHES: [&str; 3] = ["email", "chat", "data"];
 /// create_order → email, chat, data (group `notify`, `on_failure`) → close; every step and
 /// compensation over HTTP at the provider double.
 fn config(orders: SocketAddr, on_failure: &str) -> String {
+    config_with(orders, on_failure, "lookup_before_redo")
+}
+
+/// [`config`] with branch `data`'s recovery policy `data_policy`.
+fn config_with(orders: SocketAddr, on_failure: &str, data_policy: &str) -> String {
     let branch = |name: &str| {
+        let policy = if name == "data" { data_policy } else { "lookup_before_redo" };
         format!(
-            r#"  {{ name = "{name}", group = "notify", connector = "orders", policy = "lookup_before_redo", input = {{ order = {{ from = "/steps/create_order/provider_ref" }} }}, compensation = {{ action = "undo_{name}", connector = "orders" }} }},"#
+            r#"  {{ name = "{name}", group = "notify", connector = "orders", policy = "{policy}", input = {{ order = {{ from = "/steps/create_order/provider_ref" }} }}, compensation = {{ action = "undo_{name}", connector = "orders" }} }},"#
         )
     };
     format!(
@@ -279,4 +285,77 @@ async fn sqlite_code_driven_branches_run_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_code_driven_branches_run_at_once() {
     code_driven_branches_run_at_once(Backend::Postgres).await;
+}
+
+/// A sibling's failure begins the compensation while branch `data` acted and its answer
+/// was lost (UNKNOWN): the compensation waits for it to settle — its lookup, or with
+/// `manual` a person — and then undoes it too, once. kill -9 right after the failing
+/// branch's outcome leaves `data` EXECUTING under a dead node's lease: the restarted node
+/// waits for the lease to lapse and the lookup. Before, `data` was skipped and its effect,
+/// found later, was never compensated.
+async fn compensation_waits_for_an_unknown_branch(b: Backend) {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(b).await;
+    let compensated_once = |id: &str| {
+        for done in ["create_order", "notify:email", "notify:data"].map(|k| format!("{id}:{k}")) {
+            assert_eq!(provider.effects(&done), 1, "{done}");
+            assert_eq!(provider.effects(&format!("{done}:compensate")), 1, "{done} compensated once");
+        }
+        assert_eq!(provider.effects(&format!("{id}:notify:chat:compensate")), 0, "the failed branch had no effect");
+        assert_eq!(provider.calls(&format!("{id}:close")), 0, "nothing after the group runs");
+    };
+    let settled = |v: &Value| !matches!(v["state"].as_str(), Some("RUNNING" | "COMPENSATING"));
+    let script = |id: &str| {
+        provider.script(&format!("{id}:notify:chat"), vec![Step::Status(422, None)]);
+        provider.script(&format!("{id}:notify:data"), vec![Step::EffectThenHang]);
+    };
+
+    // The lookup settles it: found, so compensated.
+    let config = config(addr, "compensate");
+    let s = Server::start_with_config(&db.url, &config);
+    let id = "ORD-4:fan";
+    script(id);
+    assert_eq!(start(&s, id).await.status, 201);
+    let v = wait_instance(&s, id, 30, settled).await;
+    assert_eq!(v["state"], "COMPENSATED", "{v:#}");
+    compensated_once(id);
+
+    // kill -9 right after chat's failure is recorded, data's call hanging.
+    drop(s);
+    let id = "ORD-5:fan";
+    script(id);
+    let body = json!({"workflow": "fan-out", "instance_id": id, "input": {"customer": "C-1"}});
+    let s = crash_at_then_restart(&db.url, &config, &format!("flow.after_step@{id}:notify:chat"), &body).await;
+    let v = wait_instance(&s, id, 30, settled).await;
+    assert_eq!(v["state"], "COMPENSATED", "{v:#}");
+    compensated_once(id);
+    drop(s);
+
+    // `manual`: the compensation pauses for a person, who finds the effect and says so.
+    let s = Server::start_with_config(&db.url, &config_with(addr, "compensate", "manual"));
+    let id = "ORD-6:fan";
+    script(id);
+    assert_eq!(start(&s, id).await.status, 201);
+    let v = wait_instance(&s, id, 30, settled).await;
+    assert_eq!(v["state"], "PAUSED", "{v:#}");
+    assert_eq!(v["error"]["class"], "compensation_unknown", "{v:#}");
+    assert_eq!(v["stopped_step"], "data", "{v:#}");
+    assert_eq!(provider.effects(&format!("{id}:notify:email:compensate")), 0, "nothing undone before it settles");
+    let key = format!("{id}:notify:data");
+    let resolve = json!({"to": "SUCCEEDED", "reason": "the data platform shows the row", "evidence": "row-1"});
+    let r = s.post(ADMIN_KEY, &format!("/v1/operations/{}/resolve", enc(&key)), &resolve).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = wait_instance(&s, id, 30, |v| v["state"] == "COMPENSATED").await;
+    assert_eq!(v["state"], "COMPENSATED", "{v:#}");
+    compensated_once(id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_compensation_waits_for_an_unknown_branch() {
+    compensation_waits_for_an_unknown_branch(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_compensation_waits_for_an_unknown_branch() {
+    compensation_waits_for_an_unknown_branch(Backend::Postgres).await;
 }

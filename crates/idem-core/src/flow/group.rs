@@ -26,9 +26,10 @@
 //! person or to compensation; or its input cannot be built): the group's `on_failure`
 //! decides ([`GroupFailure`]). `pause`: the instance pauses for a person; no branch that
 //! has not started starts, the other branches keep their states. `compensate`: the
-//! compensation waits until no branch is in flight (an EXECUTING branch's lease is live),
-//! then compensates exactly the steps and branches whose effects exist, last first, each
-//! once (its key `{op_key}:compensate`); FAILED when none has a compensation.
+//! compensation waits until every branch has settled — none in flight, none UNKNOWN unless
+//! its lookup or a person settled it (the table in [`super::recovery`]) — then compensates
+//! exactly the steps and branches whose effects exist, last first, each once (its key
+//! `{op_key}:compensate`); FAILED when none has a compensation.
 //!
 //! **A branch that finishes after its group was abandoned** (the instance paused, failed
 //! or compensated meanwhile — its worker held a lease): its completion is recorded like
@@ -203,21 +204,6 @@ pub(super) fn stopped(
             failed_finally(def, checkpoints, index, end, reason)
         }
     }
-}
-
-/// A branch still in flight (EXECUTING under a live lease), as a wait until its lease
-/// ends: compensation waits for it, so that its effect, if it happens, is compensated too.
-pub(super) fn in_flight(def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Option<Next> {
-    def.steps
-        .iter()
-        .zip(checkpoints)
-        .enumerate()
-        .filter(|(_, (s, c))| s.group.is_some() && is_in_flight(c, now_ms))
-        .map(|(index, (_, c))| Next::Wait {
-            index,
-            until_ms: c.operation.as_ref().and_then(|o| o.lease_expires_at).unwrap_or(now_ms),
-        })
-        .min_by_key(until)
 }
 
 /// The state of every parallel group of `def` given its checkpoints, in definition order:

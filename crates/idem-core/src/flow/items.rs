@@ -226,22 +226,5 @@ pub(super) fn next_items(
     }
 }
 
-/// Items of steps for each item still in flight, as a wait until the earliest lease end
-/// (compensation waits for them, as for branches).
-pub(super) fn in_flight(def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Option<Next> {
-    def.steps
-        .iter()
-        .zip(checkpoints)
-        .enumerate()
-        .filter(|(_, (s, _))| s.for_each.is_some())
-        .flat_map(|(index, (_, c))| {
-            c.items.iter().filter_map(move |i| {
-                let op = i.operation.as_ref().filter(|_| is_in_flight(&i.as_checkpoint(), now_ms))?;
-                Some(Next::Wait { index, until_ms: op.lease_expires_at.unwrap_or(now_ms) })
-            })
-        })
-        .min_by_key(until)
-}
-
 #[cfg(test)]
 mod tests;

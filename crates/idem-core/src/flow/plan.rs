@@ -298,8 +298,12 @@ pub fn plan_advance(
     match inst.state {
         InstanceState::Running => Ok(next_running(inst, def, checkpoints, now_ms)),
         InstanceState::Compensating => Ok(next_compensating(inst, def, checkpoints, now_ms)),
-        // Paused during compensation once a compensation exists; else in the forward run.
-        InstanceState::Paused if checkpoints.iter().any(|c| c.compensation.is_some()) => {
+        // Paused during compensation (a compensation exists, or the pause is one of the
+        // compensation's: its class begins `compensation_`); else in the forward run.
+        InstanceState::Paused
+            if compensation_began(checkpoints)
+                || inst.error_class.as_deref().is_some_and(|c| c.starts_with("compensation_")) =>
+        {
             Ok(match next_compensating(inst, def, checkpoints, now_ms) {
                 Next::Pause { .. } => Next::Idle,
                 _ => Next::Resume { to: InstanceState::Compensating },
@@ -328,6 +332,19 @@ pub fn needs_compensation(step: &StepDef, c: &Checkpoint) -> bool {
             Some(State::Unknown) => step.policy == RecoveryPolicy::Compensate,
             _ => false,
         }
+}
+
+/// Whether a compensation's operation exists, for a step or an item of one.
+pub fn compensation_began(checkpoints: &[Checkpoint]) -> bool {
+    checkpoints.iter().any(|c| c.compensation.is_some() || c.items.iter().any(|i| i.compensation.is_some()))
+}
+
+/// Whether step `step` (or an item of it) is UNKNOWN and has a compensation: its effect may
+/// exist, and the compensation settles it first (a person resolves it, or its lookup).
+fn unknown_with_compensation(step: &StepDef, c: &Checkpoint) -> bool {
+    step.compensation.is_some()
+        && (c.operation.as_ref().is_some_and(|o| o.state == State::Unknown)
+            || c.items.iter().any(|i| i.operation.as_ref().is_some_and(|o| o.state == State::Unknown)))
 }
 
 /// Why an operator's request to compensate is refused (nothing changes).
@@ -363,10 +380,10 @@ pub fn plan_operator_compensation(
     if !matches!(inst.state, InstanceState::Failed | InstanceState::Paused) {
         return Err(CompensationRefusal::NotStopped { state: inst.state });
     }
-    if checkpoints.iter().any(|c| c.compensation.is_some()) {
+    if compensation_began(checkpoints) {
         return Err(CompensationRefusal::AlreadyCompensating);
     }
-    if !def.steps.iter().zip(checkpoints).any(|(s, c)| needs_compensation(s, c)) {
+    if !def.steps.iter().zip(checkpoints).any(|(s, c)| needs_compensation(s, c) || unknown_with_compensation(s, c)) {
         return Err(CompensationRefusal::NothingToCompensate);
     }
     let mut rec = inst.clone();
@@ -387,11 +404,10 @@ pub fn plan_operator_compensation(
 /// effects may exist, last step first, each as its own operation; COMPENSATED when all
 /// succeeded. A compensation that failed finally, or waits for a person, pauses it.
 fn next_compensating(inst: &InstanceRecord, def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Next {
-    // A branch of a parallel group may still be in flight when a sibling's failure began
-    // the compensation: wait for it to settle, so that an effect it makes is compensated
-    // too (a sequential workflow never has one).
-    let waits = [super::group::in_flight(def, checkpoints, now_ms), super::items::in_flight(def, checkpoints, now_ms)];
-    if let Some(next) = waits.into_iter().flatten().min_by_key(super::group::until) {
+    // A branch or item may still be in flight, or UNKNOWN, when a sibling's failure (or an
+    // operator) began the compensation: it settles first, so that an effect it made is
+    // compensated too (see `recovery`'s table).
+    if let Some(next) = super::recovery::settle_before_compensation(def, checkpoints, now_ms) {
         return next;
     }
     let mut done = 0;

@@ -16,8 +16,27 @@
 //! A worker that died mid-step leaves an EXECUTING operation whose lease ran out: the
 //! engine acquires it like any trigger, which records the expiry (UNKNOWN) or, for a
 //! `redo_safe` step, re-grants it — the same claim as a first run.
+//!
+//! **Before a compensation undoes anything** ([`settle_before_compensation`]), every
+//! step, branch and item whose effect may still come into being, or whose outcome is
+//! UNKNOWN, settles first, so that compensation covers exactly the effects that exist:
+//!
+//! | operation of a step, branch or item              | the compensation           |
+//! |--------------------------------------------------|----------------------------|
+//! | EXECUTING (lease live, or lapsed: the sweeper records UNKNOWN) | waits        |
+//! | UNKNOWN, policy `compensate`                     | undoes it (it may exist)   |
+//! | UNKNOWN, `lookup_before_redo` or `redo_safe`     | waits for the reconciler's lookup |
+//! | UNKNOWN, `manual`, in the review queue, or performed by the caller | pauses (`compensation_unknown`) until a person resolves it |
+//! | UNKNOWN, and the step has no compensation        | does not wait (nothing to undo) |
+//!
+//! `redo_safe` is not redone while compensating (that would make an effect only to undo
+//! it): the reconciler's lookup settles it — found: SUCCEEDED, and it is undone; absent:
+//! nothing to undo — or, on a connector without a lookup, sends it to the review queue,
+//! and a person resolves it: SUCCEEDED (its compensation then runs) or FAILED.
 
-use super::definition::{RecoveryPolicy, StepDef};
+use super::definition::{Definition, RecoveryPolicy, StepDef};
+use super::plan::{EXPIRY_POLL_MS, Next, needs_compensation};
+use super::record::Checkpoint;
 use crate::State;
 use crate::record::OperationRecord;
 
@@ -80,5 +99,70 @@ pub fn plan_recovery(step: &StepDef, op: &OperationRecord, now_ms: i64) -> Recov
                 step.name
             ),
         },
+    }
+}
+
+/// What a compensating instance waits for before it undoes anything (see the module's
+/// table): `None` when every step, branch and item of `def` has settled; else a
+/// [`Next::Pause`] (class `compensation_unknown`) for the first that needs a person, or the
+/// earliest [`Next::Wait`].
+pub(super) fn settle_before_compensation(def: &Definition, checkpoints: &[Checkpoint], now_ms: i64) -> Option<Next> {
+    let mut waits = Vec::new();
+    for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
+        let one = |cp: &Checkpoint, label: String| settle(step, index, cp, &label, now_ms);
+        let found: Vec<Next> = if c.items.is_empty() {
+            let label = match &step.group {
+                Some(g) => format!("branch {:?} of group {g:?}", step.name),
+                None => format!("step {:?}", step.name),
+            };
+            one(c, label).into_iter().collect()
+        } else {
+            c.items
+                .iter()
+                .filter_map(|i| one(&i.as_checkpoint(), format!("item {:?} of step {:?}", i.row.item, step.name)))
+                .collect()
+        };
+        for next in found {
+            match next {
+                pause @ Next::Pause { .. } => return Some(pause),
+                wait => waits.push(wait),
+            }
+        }
+    }
+    waits.into_iter().min_by_key(super::group::until)
+}
+
+/// [`settle_before_compensation`] for one checkpoint `c` of step `index` (`label` names it).
+fn settle(step: &StepDef, index: usize, c: &Checkpoint, label: &str, now_ms: i64) -> Option<Next> {
+    let op = c.operation.as_ref().filter(|_| c.foreign_step_operation(step).is_none())?;
+    match op.state {
+        State::Executing => Some(Next::Wait {
+            index,
+            until_ms: op.lease_expires_at.filter(|end| *end > now_ms).unwrap_or(now_ms + EXPIRY_POLL_MS),
+        }),
+        State::Unknown if step.compensation.is_none() || needs_compensation(step, c) => None,
+        State::Unknown => {
+            let cause = match plan_recovery(step, op, now_ms) {
+                Recovery::AwaitLookup { until_ms } => return Some(Next::Wait { index, until_ms }),
+                Recovery::Redo => {
+                    let until_ms = op.next_attempt_at.unwrap_or(now_ms).max(now_ms + LOOKUP_POLL_MS);
+                    return Some(Next::Wait { index, until_ms });
+                }
+                Recovery::Compensate { .. } => return None,
+                Recovery::Pause { class: "needs_review", .. } => "it is in the review queue",
+                Recovery::Pause { class: "unknown_caller", .. } => "it is performed by your code",
+                Recovery::Pause { .. } => "its policy is manual",
+            };
+            let why = op.error_message.as_deref().unwrap_or("outcome unknown");
+            Some(Next::Pause {
+                index,
+                class: "compensation_unknown",
+                reason: format!(
+                    "the compensation waits for {label}, whose outcome is UNKNOWN ({why}; {cause}): resolve its operation {:?} as SUCCEEDED (its compensation then runs) or FAILED (nothing to undo)",
+                    op.key
+                ),
+            })
+        }
+        _ => None,
     }
 }

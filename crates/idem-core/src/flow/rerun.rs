@@ -204,7 +204,7 @@ pub fn plan_rerun(
         InstanceState::Compensated => return Err(RerunRefusal::Compensated),
         _ => {}
     }
-    let compensating = checkpoints.iter().any(|c| c.compensation.is_some());
+    let compensating = super::plan::compensation_began(checkpoints);
     if inst.state == InstanceState::Paused && compensating {
         if let Some(n) = named.first() {
             return Err(RerunRefusal::Compensating(n.clone()));

@@ -293,3 +293,91 @@ fn a_rerun_plans_each_branch() {
     let other = plan_rerun(&inst, &def, &checkpoints, &["email".to_owned()], &|_| false).unwrap();
     assert_ne!(plan.hash, other.hash, "the plan hash covers the branches");
 }
+
+/// Compensation settles every branch first (the table in `recovery`): an UNKNOWN branch
+/// with a lookup is waited for, and compensated only if the lookup found its effect; one
+/// that needs a person pauses the compensation until it is resolved; one in flight, or
+/// whose lease lapsed, is waited for. Before this, an UNKNOWN branch was skipped and its
+/// effect, once found, was never compensated.
+#[test]
+fn compensation_waits_for_unknown_branches_to_settle() {
+    use crate::flow::definition::RecoveryPolicy;
+    use crate::flow::recovery::LOOKUP_POLL_MS;
+    let (f, u, e) = (Some(State::Failed), Some(State::Unknown), Some(State::Executing));
+    let mut def = fan_out("compensate", None);
+    def.steps[3].policy = RecoveryPolicy::LookupBeforeRedo;
+    let inst = instance(&def);
+    // chat failed while data's outcome is UNKNOWN: data's lookup decides.
+    let begin = next(&def, &inst, &[S, S, f, u]);
+    assert!(matches!(begin, Next::BeginCompensation { index: 2, .. }), "{begin:?}");
+    let (comp_inst, _) = plan_instance_update(&inst, &def, &begin, &Actor::system(), NOW).unwrap();
+    let step = |def: &Definition, cps: Vec<Checkpoint>| plan_advance(&comp_inst, def, &cps, NOW).unwrap();
+    let n = step(&def, cps(&def, &[S, S, f, u], &[]));
+    assert!(matches!(n, Next::Wait { index: 3, until_ms } if until_ms >= NOW + LOOKUP_POLL_MS), "{n:?}");
+    // The lookup found it: it is compensated, first. It proved it absent (PENDING): skipped.
+    assert!(matches!(step(&def, cps(&def, &[S, S, f, S], &[])), Next::Compensate { index: 3, .. }));
+    let n = step(&def, cps(&def, &[S, S, f, Some(State::Pending)], &[]));
+    assert!(matches!(n, Next::Compensate { index: 1, .. }), "{n:?}");
+    // In flight: waited for until its lease ends; lapsed: until the sweeper records it.
+    assert_eq!(step(&def, cps(&def, &[S, S, f, e], &[])), Next::Wait { index: 3, until_ms: NOW + 5_000 });
+    let mut lapsed = cps(&def, &[S, S, f, e], &[]);
+    lapsed[3].operation.as_mut().unwrap().lease_expires_at = Some(NOW - 1);
+    assert_eq!(step(&def, lapsed), Next::Wait { index: 3, until_ms: NOW + crate::flow::plan::EXPIRY_POLL_MS });
+    // redo_safe: not redone while compensating; the reconciler's lookup settles it.
+    def.steps[3].policy = RecoveryPolicy::RedoSafe;
+    let n = step(&def, cps(&def, &[S, S, f, u], &[]));
+    assert!(matches!(n, Next::Wait { index: 3, until_ms } if until_ms >= NOW + LOOKUP_POLL_MS), "{n:?}");
+    // manual, or in the review queue (a redo_safe step without a lookup): a person resolves it.
+    for review in [false, true] {
+        def.steps[3].policy = if review { RecoveryPolicy::RedoSafe } else { RecoveryPolicy::Manual };
+        let policy = def.steps[3].policy;
+        let cps = |states: &[Option<State>]| {
+            let mut cps = cps(&def, states, &[]);
+            if let Some(op) = cps[3].operation.as_mut() {
+                op.needs_review = review && op.state == State::Unknown;
+            }
+            cps
+        };
+        let n = step(&def, cps(&[S, S, f, u]));
+        let Next::Pause { index: 3, class: "compensation_unknown", reason } = &n else { panic!("{policy:?}: {n:?}") };
+        assert!(
+            reason.contains("branch \"data\" of group \"notify\"") && reason.contains("ORD-7:intake:notify:data"),
+            "{reason}"
+        );
+        // Paused there, it stays paused (never back to the forward run) until resolved.
+        let (paused, _) = plan_instance_update(&comp_inst, &def, &n, &Actor::system(), NOW).unwrap();
+        assert_eq!(paused.state, InstanceState::Paused);
+        assert_eq!(plan_advance(&paused, &def, &cps(&[S, S, f, u]), NOW + 5_000).unwrap(), Next::Idle);
+        for resolved in [State::Succeeded, State::Failed] {
+            let n = plan_advance(&paused, &def, &cps(&[S, S, f, Some(resolved)]), NOW).unwrap();
+            assert_eq!(n, Next::Resume { to: InstanceState::Compensating }, "resolved {resolved:?}");
+        }
+    }
+    let mut review = cps(&def, &[S, S, f, u], &[]);
+    def.steps[3].policy = RecoveryPolicy::LookupBeforeRedo;
+    review[3].operation.as_mut().unwrap().needs_review = true;
+    assert!(matches!(step(&def, review), Next::Pause { index: 3, class: "compensation_unknown", .. }));
+    // Under `compensate` it is undone as if it happened; without a compensation, skipped.
+    def.steps[3].policy = RecoveryPolicy::Compensate;
+    assert!(matches!(step(&def, cps(&def, &[S, S, f, u], &[])), Next::Compensate { index: 3, .. }));
+    def.steps[3].policy = RecoveryPolicy::Manual;
+    def.steps[3].compensation = None;
+    assert!(matches!(step(&def, cps(&def, &[S, S, f, u], &[])), Next::Compensate { index: 1, .. }));
+}
+
+/// The branch whose UNKNOWN outcome began the compensation (policy `manual`) is settled by a
+/// person before anything is undone.
+#[test]
+fn an_unknown_branch_that_began_the_compensation_is_resolved_first() {
+    let u = Some(State::Unknown);
+    let def = fan_out("compensate", None);
+    let inst = instance(&def);
+    let begin = next(&def, &inst, &[S, u, S, S]);
+    let (comp_inst, _) = plan_instance_update(&inst, &def, &begin, &Actor::system(), NOW).unwrap();
+    let n = plan_advance(&comp_inst, &def, &cps(&def, &[S, u, S, S], &[]), NOW).unwrap();
+    assert!(matches!(n, Next::Pause { index: 1, class: "compensation_unknown", .. }), "{n:?}");
+    // Resolved SUCCEEDED: email's effect is undone too, after data and chat.
+    let done = State::Succeeded;
+    let n = plan_advance(&comp_inst, &def, &cps(&def, &[S, S, S, S], &[("data", done), ("chat", done)]), NOW).unwrap();
+    assert!(matches!(n, Next::Compensate { index: 1, .. }), "{n:?}");
+}

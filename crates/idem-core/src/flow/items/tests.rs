@@ -226,3 +226,30 @@ fn a_rerun_keeps_finished_items_and_refuses_failed_ones() {
     let refused = plan_rerun(&inst, &d, &failed, &[], &|_| false).unwrap_err();
     assert_eq!(refused, RerunRefusal::ItemsNotRerunnable("send".into()));
 }
+
+/// An UNKNOWN item (policy `redo_safe` here, in the review queue) is settled by a person
+/// before the compensation undoes anything; once resolved SUCCEEDED it is compensated too. A lapsed
+/// lease is waited for (the sweeper records the expiry). Before this, it was skipped.
+#[test]
+fn compensation_waits_for_unknown_items_to_settle() {
+    let d = def("compensate");
+    let inst = instance(&d, &["r1", "r2", "r3"]);
+    let (f, u) = (Some(State::Failed), Some(State::Unknown));
+    let items = [("r1", S, None), ("r2", f, None), ("r3", u, None)];
+    let begin = plan_advance(&inst, &d, &cps(&d, S, &items), NOW).unwrap();
+    assert!(matches!(begin, Next::BeginCompensation { index: 1, .. }), "{begin:?}");
+    let (comp, _) = plan_instance_update(&inst, &d, &begin, &Actor::system(), NOW).unwrap();
+    let mut review = cps(&d, S, &items);
+    review[1].items[2].operation.as_mut().unwrap().needs_review = true;
+    let n = plan_advance(&comp, &d, &review, NOW).unwrap();
+    let Next::Pause { index: 1, class: "compensation_unknown", reason } = &n else { panic!("{n:?}") };
+    assert!(reason.contains("item \"r3\" of step \"send\""), "{reason}");
+    let items = [("r1", S, None), ("r2", f, None), ("r3", S, None)];
+    let n = plan_advance(&comp, &d, &cps(&d, S, &items), NOW).unwrap();
+    assert!(matches!(&n, Next::Item { item, .. } if item == "r3"), "{n:?}");
+    let items = [("r1", S, None), ("r2", f, None), ("r3", Some(State::Executing), None)];
+    let mut lapsed = cps(&d, S, &items);
+    lapsed[1].items[2].operation.as_mut().unwrap().lease_expires_at = Some(NOW - 1);
+    let n = plan_advance(&comp, &d, &lapsed, NOW).unwrap();
+    assert_eq!(n, Next::Wait { index: 1, until_ms: NOW + crate::flow::plan::EXPIRY_POLL_MS });
+}
