@@ -94,7 +94,25 @@ ensure_postgres() {
       export IDEM_TEST_PG_URL="postgres://postgres:idem-test@127.0.0.1:5432/postgres"
     fi
   fi
+  raise_postgres_connections
   log "PostgreSQL ready"
+}
+
+raise_postgres_connections() {
+  # The suite runs PostgreSQL tests of several crates side by side, each with its own pools
+  # and idem servers; Debian's default of 100 connections was seen exhausted ("sorry, too
+  # many clients already"). Raise it on the local server this script manages (a restart,
+  # once: the setting persists in postgresql.auto.conf); a server given by URL is left alone.
+  case "$IDEM_TEST_PG_URL" in *@127.0.0.1:5432/*) ;; *) return 0 ;; esac
+  command -v pg_ctlcluster >/dev/null 2>&1 || return 0
+  local max version
+  max=$(psql "$IDEM_TEST_PG_URL" -Atqc 'show max_connections' 2>/dev/null || echo 0)
+  [ "${max:-0}" -ge 300 ] && return 0
+  version=$(ls /etc/postgresql | sort -V | tail -n 1)
+  log "raising PostgreSQL max_connections from $max to 300 (restarting it once)"
+  psql "$IDEM_TEST_PG_URL" -qc "alter system set max_connections = 300" >/dev/null
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" main restart || true
+  for _ in $(seq 1 60); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.5; done
 }
 
 drop_old_test_databases() {
