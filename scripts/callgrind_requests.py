@@ -11,13 +11,17 @@ one HTTP/1.1 keep-alive connection, and reads the counters of each phase with
             per second, subtracted from every phase in proportion to its duration;
   acquire   N acquires of new keys (POST /v1/operations -> 201);
   complete  N completions of those keys (POST /v1/operations/{key}/complete -> 200);
-  replay    N repeats of a finished key (POST /v1/operations -> 200, recorded result).
+  replay    N repeats of a finished key (POST /v1/operations -> 200, recorded result);
+  workflow  W three-step declared workflows (POST /v1/workflows -> 201, then idem's engine
+            performs each step as an HTTP call to a provider double, `idem scenarios
+            provider`, in its own uncounted process), counted until all are SUCCEEDED; the
+            few status polls of the wait are counted too (< 1%).
 
 It prints instructions per request (Ir, the count callgrind calls "instructions read")
 and per pair (acquire + complete), and keeps the raw dumps in the output directory so
 `callgrind_annotate` can show where they go. Used by scripts/callgrind.sh.
 
-Usage: callgrind_requests.py IDEM_BINARY OUT_DIR [--requests N] [--database-url URL]
+Usage: callgrind_requests.py IDEM_BINARY OUT_DIR [--requests N] [--workflows W] [--database-url URL]
 Exit status 1 when a request gets an unexpected status.
 """
 import argparse
@@ -69,6 +73,44 @@ def complete(cl, key, token):
              "result": {"provider_message_id": "m1", "state": "SENT"}}, 200)
 
 
+WORKFLOW_CONFIG = """
+[connectors.orders]
+kind = "http"
+url = "http://127.0.0.1:{port}/orders"
+timeout_ms = 60000
+provider_ref = {{ json_pointer = "/id" }}
+
+[workflows.cg-3]
+steps = [
+  {{ name = "validate", connector = "orders", policy = "redo_safe", input = {{ key = {{ from = "/input/key" }} }} }},
+  {{ name = "render", connector = "orders", policy = "redo_safe", input = {{ key = {{ from = "/input/key" }}, prev = {{ from = "/steps/validate/provider_ref" }} }} }},
+  {{ name = "send", connector = "orders", policy = "redo_safe", input = {{ key = {{ from = "/input/key" }}, prev = {{ from = "/steps/render/provider_ref" }} }} }},
+]
+"""
+
+
+def start_workflow(cl, instance_id):
+    cl.post("/v1/workflows", {"workflow": "cg-3", "instance_id": instance_id, "input": {"key": instance_id}}, 201)
+
+
+def wait_succeeded(cl, ids, timeout_s=600):
+    """Polls the last-started instances until every one is SUCCEEDED (a few GETs)."""
+    deadline = time.time() + timeout_s
+    pending = list(ids)
+    while pending:
+        cl.c.request("GET", "/v1/workflows/" + pending[-1], headers=cl.h)
+        r = cl.c.getresponse()
+        v = json.loads(r.read())
+        if v.get("state") == "SUCCEEDED":
+            pending.pop()
+            continue
+        if v.get("state") not in ("RUNNING", None):
+            sys.exit(f"callgrind_requests: workflow {pending[-1]} ended {v.get('state')}: {v}")
+        if time.time() > deadline:
+            sys.exit("callgrind_requests: workflows did not finish in time")
+        time.sleep(0.5)
+
+
 def total_ir(path):
     """The `totals:` (or `summary:`) line of a callgrind dump: instructions read."""
     with open(path) as f:
@@ -85,6 +127,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--requests", type=int, default=500)
     ap.add_argument("--idle-seconds", type=float, default=5.0)
+    ap.add_argument("--workflows", type=int, default=100)
     ap.add_argument("--database-url", default=None)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -96,8 +139,15 @@ def main():
     env = dict(os.environ, IDEM_BOOTSTRAP_KEY=KEY, RUST_LOG="warn")
     out_file = os.path.join(args.out, "callgrind.out")
     log = open(os.path.join(args.out, "serve.log"), "w")
+    provider_port = free_port()
+    provider = subprocess.Popen([args.idem, "scenarios", "provider", "--listen", f"127.0.0.1:{provider_port}"],
+                                cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config = os.path.join(tmp, "workflows.toml")
+    with open(config, "w") as f:
+        f.write(WORKFLOW_CONFIG.format(port=provider_port))
     srv = subprocess.Popen(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
-                            args.idem, "serve", "--listen", f"127.0.0.1:{port}", "--database-url", url],
+                            args.idem, "serve", "--listen", f"127.0.0.1:{port}", "--database-url", url,
+                            "--config", config],
                            cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT)
     dumps = []
 
@@ -130,6 +180,10 @@ def main():
             k = f"W-{nonce}-{i}"
             complete(cl, k, acquire(cl, k, 201)["fencing_token"])
             acquire(cl, k, 200)
+        warm = [f"WW-{nonce}-{i}" for i in range(10)]
+        for w in warm:
+            start_workflow(cl, w)
+        wait_succeeded(cl, warm)
         replay_key = f"W-{nonce}-0"
         n = args.requests
         phases = {}
@@ -156,7 +210,14 @@ def main():
         for _ in range(n):
             acquire(cl, replay_key, 200)
         phases["replay"] = (dump("replay"), time.time() - t)
+        wf = [f"WF-{nonce}-{i}" for i in range(args.workflows)]
+        t = time.time()
+        for w in wf:
+            start_workflow(cl, w)
+        wait_succeeded(cl, wf)
+        phases["workflow"] = (dump("workflow"), time.time() - t)
     finally:
+        provider.terminate()
         srv.terminate()
         try:
             srv.wait(60)
@@ -172,9 +233,14 @@ def main():
         per[name] = (ir - idle_rate * secs) / n
         print(f"  {name:<9} {per[name]:>12,.0f} instructions/request  ({ir:,} in {secs:.1f} s)")
     print(f"  {'pair':<9} {per['acquire'] + per['complete']:>12,.0f} instructions/pair (acquire + complete)")
+    ir, secs = phases["workflow"]
+    per_workflow = (ir - idle_rate * secs) / args.workflows
+    print(f"  {'workflow':<9} {per_workflow:>12,.0f} instructions/workflow (3 HTTP steps; "
+          f"{args.workflows} workflows, {ir:,} in {secs:.1f} s)")
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump({"requests": n, "database": url.split(":")[0], "idle_per_s": idle_rate,
-                   "per_request": per, "per_pair": per["acquire"] + per["complete"]}, f, indent=2)
+                   "per_request": per, "per_pair": per["acquire"] + per["complete"],
+                   "workflows": args.workflows, "per_workflow": per_workflow}, f, indent=2)
     print(f"  dumps: {args.out}/callgrind.out.* (callgrind_annotate --inclusive=yes FILE)")
 
 
