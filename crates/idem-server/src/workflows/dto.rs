@@ -44,7 +44,7 @@ pub struct GroupDeclBody {
     pub on_failure: Option<GroupFailure>,
     /// Most branches in flight at once, 1-64 (default: all): an acquire that would start
     /// another is refused (409 `previous-step-unfinished`, `Retry-After`), recording nothing.
-    #[schema(example = 2, minimum = 1, maximum = 64)]
+    #[schema(example = 2)]
     pub max_concurrency: Option<u32>,
 }
 
