@@ -39,6 +39,7 @@ async fn complete(s: &Server, id: &str, step: &str, token: &Value, outcome: &str
     let mut body = json!({"fencing_token": token, "outcome": outcome});
     match outcome {
         "succeeded" => body["provider_ref"] = json!(format!("{step}-1")),
+        "unknown" => body["message"] = json!("the provider timed out"),
         _ => body["error_class"] = json!("bounced"),
     }
     s.post(ADMIN_KEY, &format!("/v1/workflows/{}/steps/{step}/complete", enc(id)), &body).await
@@ -200,25 +201,34 @@ async fn postgres_group_settings_are_checked_and_pinned() {
     group_settings_are_checked_and_pinned(Backend::Postgres).await;
 }
 
-/// A branch your code reports as failed finally while a sibling is in flight: under
-/// `pause` the instance pauses (`branch_failed`), under `compensate` it fails (steps your
-/// code runs have no compensation: nothing to undo); either way a branch not started is
-/// refused (`instance-not-running`) and the sibling's completion is recorded.
+/// A branch your code reports as failed finally, or UNKNOWN, while a sibling is in flight:
+/// under `pause` the instance pauses (`branch_failed`, `unknown_caller`), under
+/// `compensate` it fails (steps your code runs have no compensation: nothing to undo);
+/// either way a branch not started is refused (`instance-not-running`) and the sibling's
+/// completion is recorded.
 async fn a_failed_branch_follows_on_failure(b: Backend) {
     let db = Db::new(b).await;
     let s = server(&db);
-    for (on_failure, state, class) in [("pause", "PAUSED", "branch_failed"), ("compensate", "FAILED", "step_failed")] {
-        let id = format!("ORD-53:{on_failure}");
+    let cases = [
+        ("pause", "final_failure", "PAUSED", "branch_failed"),
+        ("pause", "unknown", "PAUSED", "unknown_caller"),
+        ("compensate", "final_failure", "FAILED", "step_failed"),
+        ("compensate", "unknown", "FAILED", "step_failed"),
+    ];
+    for (on_failure, outcome, state, class) in cases {
+        let id = format!("ORD-53:{on_failure}:{outcome}");
         let groups = json!([{"name": "notify", "on_failure": on_failure}]);
         assert_eq!(start(&s, &id, fan_out(&["email", "chat", "data"]), Some(groups)).await.status, 201);
         let (email, chat) = (acquire(&s, &id, "email").await, acquire(&s, &id, "chat").await);
         assert!(email.status == 201 && chat.status == 201, "{email:?} {chat:?}");
-        let failed = branches_metric(&s, "FAILED").await;
-        assert_eq!(complete(&s, &id, "email", &email.body["fencing_token"], "final_failure").await.status, 200);
-        assert_eq!(branches_metric(&s, "FAILED").await, failed + 1.0, "the failed branch counts");
+        let label = if outcome == "unknown" { "UNKNOWN" } else { "FAILED" };
+        let counted = branches_metric(&s, label).await;
+        let r = complete(&s, &id, "email", &email.body["fencing_token"], outcome).await;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(branches_metric(&s, label).await, counted + 1.0, "the stopped branch counts");
         let v = common::wait_instance(&s, &id, 10, |v| v["state"] != "RUNNING").await;
-        assert_eq!(v["state"], state, "{on_failure}: {v:#}");
-        assert_eq!(v["error"]["class"], class, "{on_failure}: {v:#}");
+        assert_eq!(v["state"], state, "{on_failure} {outcome}: {v:#}");
+        assert_eq!(v["error"]["class"], class, "{on_failure} {outcome}: {v:#}");
         assert_eq!(v["stopped_step"], "email");
         assert!(v["error"]["message"].as_str().unwrap().contains("email"), "{v:#}");
         let data = acquire(&s, &id, "data").await;
