@@ -15,6 +15,7 @@ served document (crates/idem-server/src/openapi_contract.rs). Each hook keeps ge
 - the test server declares no workflow: a start must bring its `steps`, named once each;
   a step's `group` must be consecutive with its siblings, no step's name, and leave
   `{group}:{name}` within 48 characters (a generated group that breaks one is dropped);
+  an entry of `groups` must name a group of the steps, once (others are dropped);
 - a key in the body and in the `Idempotency-Key` header must be the same, and one of them
   must be there;
 - client JSON (`payload`, `result`, `input`) holds I-JSON numbers (within ±2^53);
@@ -48,6 +49,18 @@ def _keep_groups_valid(steps):
         if previous is not None and previous != group:
             closed.add(previous)
         previous = group if isinstance(group, str) else None
+
+
+def _keep_settings_valid(body):
+    """Keeps the entries of `groups` that name a group of the steps, each once."""
+    named = {s.get("group") for s in body.get("steps") or [] if isinstance(s, dict)}
+    seen, groups = set(), []
+    for g in body["groups"]:
+        name = g.get("name") if isinstance(g, dict) else None
+        if isinstance(name, str) and name in named and name not in seen:
+            seen.add(name)
+            groups.append(g)
+    body["groups"] = groups
 
 
 _serial = itertools.count()
@@ -142,6 +155,8 @@ def before_call(ctx, case, kwargs):
                 del body["fingerprint_fields"]
             if "workflow" in body and "instance_id" in body and not body.get("steps"):
                 body["steps"] = [{"name": "step"}]
+            if isinstance(body.get("groups"), list):
+                _keep_settings_valid(body)
         case.body = body
     headers = case.headers
     if isinstance(headers, Mapping) and isinstance(headers.get("Idempotency-Key"), str):

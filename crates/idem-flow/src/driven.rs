@@ -9,11 +9,15 @@
 //! finished steps are always answered). The branches of a parallel group may be acquired
 //! at once (each is its own operation, `{instance}:{group}:{step}`): a branch needs only
 //! the steps before its group to have SUCCEEDED, and the step after the group needs every
-//! branch.
+//! branch. A group's `max_concurrency` holds for them too: while that many branches are in
+//! flight (EXECUTING under a live lease), an acquire that would start another is refused
+//! ([`FlowError::GroupFull`]) and records nothing.
 
 use crate::engine::step_names;
 use crate::{FlowError, Flows};
-use idem_core::flow::{Checkpoint, Definition, InstanceRecord, InstanceState, RecoveryPolicy, StepState};
+use idem_core::flow::{
+    Checkpoint, Definition, GroupFull, InstanceRecord, InstanceState, RecoveryPolicy, StepState, admit_branch,
+};
 use idem_core::{AcquireInput, Actor, Decision, Outcome, RetryPolicy, State};
 use idem_store::{AcquireOutcome, CompleteOutcome, CompleteRequest};
 use serde_json::Value;
@@ -94,16 +98,38 @@ impl Flows {
         Ok(Located { inst, def, checkpoints, index })
     }
 
+    /// The admission lock of instance `instance_id` of `tenant` (one of a fixed set of
+    /// stripes: instances that share one wait for each other's acquires only).
+    fn admission_lock(&self, tenant: &str, instance_id: &str) -> &tokio::sync::Mutex<()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (tenant, instance_id).hash(&mut h);
+        &self.admission[(h.finish() % self.admission.len() as u64) as usize]
+    }
+
     /// Acquires a step your code performs (the answers of DESIGN.md §3 for its operation).
+    ///
+    /// A branch of a group with `max_concurrency` is checked and acquired under the
+    /// instance's admission lock, on checkpoints read under it: concurrent acquires on this
+    /// node admit at most the limit. (Acquires racing on several nodes in the same instant
+    /// may exceed it briefly; each branch is still performed once.)
     ///
     /// # Errors
     /// [`FlowError::InstanceNotFound`], [`FlowError::Late`], [`FlowError::UnknownStep`],
     /// [`FlowError::IdemPerforms`], [`FlowError::PreviousStepUnfinished`],
-    /// [`FlowError::NotRunning`] (a new grant on an instance that is not RUNNING), store
-    /// errors.
+    /// [`FlowError::NotRunning`] (a new grant on an instance that is not RUNNING),
+    /// [`FlowError::GroupFull`], store errors.
     pub async fn acquire_step(&self, call: StepAcquire) -> Result<AcquireOutcome, FlowError> {
-        let Located { inst, def, checkpoints, index } =
+        let Located { inst, def, mut checkpoints, index } =
             self.locate(&call.tenant, &call.instance_id, &call.step).await?;
+        let limited = def.steps[index].group.as_deref().is_some_and(|g| def.group_def(g).max_concurrency.is_some());
+        let _admission = if limited {
+            let guard = self.admission_lock(&call.tenant, &call.instance_id).lock().await;
+            checkpoints = self.store.flows().checkpoints(&call.tenant, &call.instance_id).await?;
+            Some(guard)
+        } else {
+            None
+        };
         // The steps before this one's parallel group (or before it): its sibling branches
         // run meanwhile, so they need not have finished.
         let before = def.span(index).start;
@@ -129,6 +155,16 @@ impl Flows {
         let would_grant = cp.operation.as_ref().is_none_or(|o| o.state == State::Pending);
         if inst.state != InstanceState::Running && would_grant {
             return Err(FlowError::NotRunning { instance: call.instance_id, state: inst.state });
+        }
+        let now = self.clock.now_ms();
+        if let Err(GroupFull { group, max, in_flight, until_ms }) = admit_branch(&def, &checkpoints, index, now) {
+            return Err(FlowError::GroupFull {
+                step: call.step,
+                group,
+                max,
+                in_flight: in_flight.join(", "),
+                retry_after_ms: (until_ms - now).max(1),
+            });
         }
         let step = &def.steps[index];
         let input = AcquireInput {
@@ -177,7 +213,7 @@ impl Flows {
     /// As [`Flows::acquire_step`] for locating the step; the completion's own refusals
     /// (stale fencing token, …) as [`FlowError::Store`].
     pub async fn complete_step(&self, call: StepComplete) -> Result<CompleteOutcome, FlowError> {
-        let Located { checkpoints, index, .. } = self.locate(&call.tenant, &call.instance_id, &call.step).await?;
+        let Located { def, checkpoints, index, .. } = self.locate(&call.tenant, &call.instance_id, &call.step).await?;
         let req = CompleteRequest {
             tenant: call.tenant.clone(),
             key: checkpoints[index].row.op_key.clone(),
@@ -187,6 +223,12 @@ impl Flows {
             policy: call.policy,
         };
         let done = self.store.complete(req).await?;
+        // A branch's completion counts as the engine counts the calls of branches it makes
+        // (`kind="branch"`, the state after it); a repeated completion changed nothing.
+        if done.changed && def.steps[index].group.is_some() {
+            metrics::counter!("idem_workflow_branches_total", "kind" => "branch", "outcome" => done.record.state.as_str())
+                .increment(1);
+        }
         // The completion is recorded; the instance follows now, or at the runner's next pass.
         if let Err(e) = self.advance(&call.tenant, &call.instance_id).await {
             tracing::warn!(tenant = %call.tenant, error = %e, "workflow pass after a step completion failed");

@@ -23,8 +23,11 @@ pub enum FlowError {
         "no workflow named {0:?} is declared in idem's configuration; declare it under [workflows.{0}], or send \"steps\" to run it from your code"
     )]
     UnknownWorkflow(String),
-    /// The request gave steps for a workflow idem's configuration declares.
-    #[error("workflow {0:?} is declared in idem's configuration, which defines its steps; leave out \"steps\"")]
+    /// The request gave steps (or group settings) for a workflow idem's configuration
+    /// declares.
+    #[error(
+        "workflow {0:?} is declared in idem's configuration, which defines its steps and groups; leave out \"steps\" and \"groups\""
+    )]
     DeclaredWorkflow(String),
     /// The declared workflow does not serve the caller's tenant (`tenants = [...]`).
     #[error(
@@ -79,6 +82,25 @@ pub enum FlowError {
         before: String,
         /// Its state.
         state: StepState,
+    },
+    /// A branch your code performs cannot start yet: its group already has
+    /// `max_concurrency` branches in flight. Nothing was recorded; retry once one finished
+    /// (`retry_after_ms`). Over HTTP the same answer as an unfinished earlier step (409
+    /// `previous-step-unfinished`, with `Retry-After`).
+    #[error(
+        "step {step:?} cannot start yet: group {group:?} runs at most {max} branch(es) at once (max_concurrency) and {in_flight} in flight; nothing was recorded, retry after {retry_after_ms} ms"
+    )]
+    GroupFull {
+        /// The step asked for.
+        step: String,
+        /// Its group.
+        group: String,
+        /// The group's `max_concurrency`.
+        max: u32,
+        /// The branches in flight, comma-separated.
+        in_flight: String,
+        /// When to retry (ms from now, at least 1): when the first of their leases ends.
+        retry_after_ms: i64,
     },
     /// The instance does not run (PAUSED, FAILED, …): no new step may start.
     #[error("workflow instance {instance:?} is {state}: no step may start")]

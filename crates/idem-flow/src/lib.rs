@@ -47,9 +47,16 @@ pub struct Flows {
     /// Pinned definitions read back from the store, by (tenant, name, version): they never
     /// change once written.
     pinned: Mutex<HashMap<(String, String, String), Arc<Definition>>>,
+    /// Serializes, per instance (striped by a hash of tenant and instance id), the check
+    /// and the acquire of a branch your code performs in a group with `max_concurrency`,
+    /// so that concurrent acquires on this node admit at most that many.
+    admission: Vec<tokio::sync::Mutex<()>>,
     /// This value itself, for passes started in the background.
     me: std::sync::Weak<Flows>,
 }
+
+/// Stripes of [`Flows`]' admission locks.
+const ADMISSION_STRIPES: usize = 64;
 
 /// Most pinned definitions kept in memory (a full cache starts over).
 const PINNED_ENTRIES: usize = 1024;
@@ -92,6 +99,7 @@ impl Flows {
             declared,
             tenants,
             pinned: Mutex::new(HashMap::new()),
+            admission: (0..ADMISSION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             me: me.clone(),
         })
     }

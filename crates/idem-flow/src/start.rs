@@ -9,7 +9,8 @@
 use crate::{FlowError, Flows};
 use idem_core::Actor;
 use idem_core::flow::{
-    Definition, RecoveryPolicy, StartDecision, StartInput, StepDef, validate_instance_id, validate_workflow_name,
+    Definition, GroupDef, GroupFailure, RecoveryPolicy, StartDecision, StartInput, StepDef, validate_instance_id,
+    validate_workflow_name,
 };
 use idem_store::flow::{StartOutcome, StartRequest};
 use serde::Deserialize;
@@ -59,6 +60,9 @@ pub struct StartCall {
     pub trace_id: Option<String>,
     /// The steps of a workflow your code runs; `None` for a declared workflow.
     pub steps: Option<Vec<StepDecl>>,
+    /// Settings of the parallel groups its steps name (`on_failure`, `max_concurrency`),
+    /// validated as `[[workflows.NAME.groups]]` are; only with `steps`.
+    pub groups: Option<Vec<GroupDef>>,
     /// Who starts it.
     pub actor: Actor,
 }
@@ -74,17 +78,42 @@ fn check_text(name: &str, v: Option<&str>, max: usize, allowed: &str, ok: fn(cha
     }
 }
 
+/// `def` (validated) without group settings that say what the defaults say, the others in
+/// the order their groups' first branches come.
+fn normalized(mut def: Definition) -> Definition {
+    let Definition { steps, groups, .. } = &mut def;
+    groups.retain(|g| g.on_failure != GroupFailure::default() || g.max_concurrency.is_some());
+    groups.sort_by_key(|g| steps.iter().position(|s| s.group.as_deref() == Some(g.name.as_str())));
+    def
+}
+
 impl Flows {
-    /// The definition a start runs: the declared one, or the caller's steps.
+    /// The definition a start runs: the declared one, or the caller's steps with its group
+    /// settings (`groups`, only with `steps`).
+    ///
+    /// The caller's definition is the instance's intent (its version is pinned, and a start
+    /// again with another one is refused), so group settings that say what the defaults say
+    /// are left out and the rest kept in the order their groups run: settings written
+    /// differently with one meaning make one definition.
     ///
     /// # Errors
     /// [`FlowError::UnknownWorkflow`], [`FlowError::DeclaredWorkflow`],
-    /// [`FlowError::Definition`], [`FlowError::Invalid`].
-    pub fn definition_for(&self, workflow: &str, steps: Option<&[StepDecl]>) -> Result<Arc<Definition>, FlowError> {
+    /// [`FlowError::Definition`] (its field named as in the request body: `steps[2].group`,
+    /// `groups[0].max_concurrency`), [`FlowError::Invalid`].
+    pub fn definition_for(
+        &self,
+        workflow: &str,
+        steps: Option<&[StepDecl]>,
+        groups: Option<&[GroupDef]>,
+    ) -> Result<Arc<Definition>, FlowError> {
         validate_workflow_name(workflow).map_err(FlowError::Invalid)?;
         match (self.declared.get(workflow), steps) {
+            (Some(_), _) if groups.is_some() => Err(FlowError::DeclaredWorkflow(workflow.to_owned())),
             (Some(d), None) => Ok(d.clone()),
             (Some(_), Some(_)) => Err(FlowError::DeclaredWorkflow(workflow.to_owned())),
+            (None, None) if groups.is_some() => Err(FlowError::Invalid(
+                "groups sets the parallel groups of the steps your code runs: send it with \"steps\"".into(),
+            )),
             (None, None) => Err(FlowError::UnknownWorkflow(workflow.to_owned())),
             (None, Some(steps)) => {
                 let def = Definition {
@@ -102,14 +131,14 @@ impl Flows {
                             for_each: None,
                         })
                         .collect(),
-                    groups: Vec::new(),
+                    groups: groups.map(<[GroupDef]>::to_vec).unwrap_or_default(),
                 };
                 // Steps a caller gives never name connectors: nothing to look up.
-                def.validate("steps", &|_| None).map_err(|mut e| {
-                    e.field = e.field.replacen("steps.steps", "steps", 1);
+                def.validate("body", &|_| None).map_err(|mut e| {
+                    e.field = e.field.replacen("body.", "", 1);
                     FlowError::Definition(e)
                 })?;
-                Ok(Arc::new(def))
+                Ok(Arc::new(normalized(def)))
             }
         }
     }
@@ -128,7 +157,7 @@ impl Flows {
         check_text("trace_id", call.trace_id.as_deref(), MAX_TRACE_ID_LEN, "[A-Za-z0-9._:-]", |c| {
             c.is_ascii_alphanumeric() || "._:-".contains(c)
         })?;
-        let definition = self.definition_for(&call.workflow, call.steps.as_deref())?;
+        let definition = self.definition_for(&call.workflow, call.steps.as_deref(), call.groups.as_deref())?;
         if let Some(scope) = self.tenants.get(&call.workflow).filter(|t| !t.allows(&call.tenant)) {
             return Err(FlowError::WorkflowNotAllowed {
                 workflow: call.workflow,
@@ -155,5 +184,42 @@ impl Flows {
             metrics::counter!("idem_workflows_started_total").increment(1);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn def(groups: Value) -> Definition {
+        serde_json::from_value(json!({
+            "name": "driven",
+            "steps": [
+                {"name": "a", "action": "a", "policy": "manual", "group": "first"},
+                {"name": "b", "action": "b", "policy": "manual", "group": "second"}
+            ],
+            "groups": groups
+        }))
+        .unwrap()
+    }
+
+    /// Settings written differently with one meaning make one definition (one version):
+    /// the defaults written out are none, and the order is the groups'.
+    #[test]
+    fn settings_with_one_meaning_make_one_definition() {
+        let plain = normalized(def(json!([])));
+        let defaults = normalized(def(json!([{"name": "first", "on_failure": "pause"}, {"name": "second"}])));
+        assert_eq!(defaults.version(), plain.version());
+        let set = |order: Value| normalized(def(order)).version();
+        let one = json!([{"name": "first", "max_concurrency": 1}, {"name": "second", "on_failure": "compensate"}]);
+        let other = json!([{"name": "second", "on_failure": "compensate"}, {"name": "first", "max_concurrency": 1}]);
+        assert_eq!(set(one.clone()), set(other));
+        assert_ne!(set(one), plain.version(), "settings that differ from the defaults are kept");
+        let two = json!([{"name": "first", "max_concurrency": 2}, {"name": "second", "on_failure": "compensate"}]);
+        assert_ne!(
+            set(two),
+            set(json!([{"name": "first", "max_concurrency": 1}, {"name": "second", "on_failure": "compensate"}]))
+        );
     }
 }

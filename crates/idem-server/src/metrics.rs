@@ -121,7 +121,7 @@ fn describe() {
     );
     describe_counter!(
         "idem_workflow_branches_total",
-        "Calls of parallel branches and of items of steps for each item idem performed, by kind and the state after the call"
+        "Calls of parallel branches and of items of steps for each item idem performed, and completions of branches your code performed, by kind and the state after"
     );
     describe_gauge!("idem_workflow_instances", "Workflow instances per state, all tenants");
     describe_gauge!(

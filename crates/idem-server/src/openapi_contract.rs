@@ -87,6 +87,11 @@ fn field_rules() -> Vec<(&'static str, &'static str, Value)> {
         // Steps declared in the request are performed by the caller's code: idem cannot
         // look them up, and a request cannot give a compensation.
         ("StepDeclBody", "policy", json!({"enum": ["manual", "redo_safe", null]})),
+        ("StartBody", "groups", json!({"maxItems": 64})),
+        ("GroupDeclBody", "name", json!({"pattern": STEP_PATTERN})),
+        ("GroupDeclBody", "on_failure", json!({"enum": ["pause", "compensate", null]})),
+        // idem_core::flow::definition::MAX_STEPS: more could never be in flight.
+        ("GroupDeclBody", "max_concurrency", json!({"minimum": 1, "maximum": 64})),
         ("CompleteBody", "outcome", json!({"enum": ["succeeded", "retryable_failure", "final_failure", "unknown"]})),
         ("CompleteBody", "error_class", json!({"pattern": "^[A-Za-z0-9_.-]{1,64}$"})),
         ("CompleteBody", "retry_after_ms", json!({"minimum": 0, "maximum": 86_400_000})),

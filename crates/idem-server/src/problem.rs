@@ -155,12 +155,12 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "invalid-definition",
         "The workflow's steps cannot run",
-        "A step name is invalid or repeated, a policy does not fit the step (a step your code performs cannot use lookup_before_redo), or there are no steps. The detail names the field. Nothing was written.",
+        "A step name is invalid or repeated, a policy does not fit the step (a step your code performs cannot use lookup_before_redo), there are no steps, or a group's settings do not fit its steps (a group no step names, max_concurrency not 1-64, branches of one group that are not consecutive). The detail names the field. Nothing was written.",
     ),
     (
         "instance-mismatch",
         "The instance id was reused with another intent",
-        "The workflow instance was started with another workflow, input (fingerprint) or steps; a start with the same instance id and a different intent needs a new instance id. Nothing was changed.",
+        "The workflow instance was started with another workflow, input (fingerprint), steps or group settings; a start with the same instance id and a different intent needs a new instance id. Nothing was changed.",
     ),
     (
         "unknown-step",
@@ -175,7 +175,7 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     (
         "previous-step-unfinished",
         "An earlier step has not succeeded",
-        "Steps run in order: a step starts only after the step before it SUCCEEDED. The problem's `state` is the earlier step's state.",
+        "Steps run in order: a step starts only after the step before it SUCCEEDED. The problem's `state` is the earlier step's state. Also the answer to a branch whose parallel group already has `max_concurrency` branches in flight: `state` is EXECUTING, the detail names the group and its limit, and `Retry-After` says when the first of their leases ends. Nothing was recorded; retry later.",
     ),
     (
         "instance-not-running",

@@ -128,6 +128,7 @@ pub async fn workflows_per_second(db_url: &str, c: usize, secs: f64, shape: Shap
                     source_event: None,
                     trace_id: None,
                     steps: None,
+                    groups: None,
                     actor: Actor { principal: "bench".into(), request_id: None },
                 };
                 let started = flows.start(call).await?;

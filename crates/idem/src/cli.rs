@@ -635,8 +635,17 @@ pub enum WfCommand {
         trace_id: Option<String>,
         /// Steps your code performs, in order, comma-separated (`create_order,notify`); each
         /// step's policy is manual. For a workflow not declared in the server's config.
-        #[arg(long, value_delimiter = ',')]
-        steps: Vec<String>,
+        /// `GROUP:STEP` makes STEP a branch of parallel group GROUP (its key
+        /// `{instance}:GROUP:STEP`): consecutive branches of one group may be acquired at once
+        /// (`create_order,notify:email,notify:chat,close`).
+        #[arg(long, value_delimiter = ',', value_parser = crate::wf::step_decl)]
+        steps: Vec<serde_json::Value>,
+        /// Settings of a parallel group of --steps, `GROUP:SETTING=VALUE,...` with
+        /// `on_failure=pause|compensate` and `max_concurrency=N` (1-64; default: all at once),
+        /// e.g. `notify:on_failure=compensate,max_concurrency=2`; repeat for several groups.
+        /// They are part of the instance's definition, as its steps are.
+        #[arg(long = "group", value_name = "GROUP:SETTINGS", requires = "steps", value_parser = crate::wf::group_decl)]
+        groups: Vec<serde_json::Value>,
     },
     /// Re-run an instance (operator role), guarded: --dry-run prints exactly what it would do
     /// per step (kept, runs, redone under a new key, looked up first, compensated) and the

@@ -173,7 +173,8 @@ pub struct GroupDef {
     /// What a failed or UNKNOWN branch does to the instance.
     #[serde(default)]
     pub on_failure: GroupFailure,
-    /// Most branches in flight at once (`None`: all).
+    /// Most branches in flight at once, 1–[`MAX_STEPS`] (`None`: all). For branches your
+    /// code performs, an acquire beyond it is refused (see [`super::group::admit_branch`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrency: Option<u32>,
 }
@@ -357,6 +358,12 @@ impl Definition {
                 return err(
                     f("max_concurrency"),
                     "at least 1 branch must be able to run (leave it out for all at once)".into(),
+                );
+            }
+            if let Some(m) = group.max_concurrency.filter(|m| *m as usize > MAX_STEPS) {
+                return err(
+                    f("max_concurrency"),
+                    format!("{m}: at most {MAX_STEPS}, the most steps a workflow has (leave it out for all at once)"),
                 );
             }
         }

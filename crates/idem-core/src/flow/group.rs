@@ -38,9 +38,12 @@
 //! (resumed, re-run) replays the branch instead of performing it.
 //!
 //! **Concurrency**: at most `max_concurrency` branches in flight (EXECUTING with a live
-//! lease); the others start as those finish.
+//! lease); the others start as those finish. Branches idem performs are planned that way
+//! ([`next_group`]); an acquire of a branch your code performs is refused while the limit
+//! is reached ([`admit_branch`]): nothing is recorded, and the caller retries once a
+//! sibling finished or its lease ended.
 
-use super::definition::{Definition, GroupFailure};
+use super::definition::{Definition, GroupFailure, RecoveryPolicy};
 use super::plan::{Next, failed_finally, step_next};
 use super::record::{Checkpoint, InstanceRecord};
 use super::state::StepState;
@@ -126,6 +129,67 @@ pub(super) fn is_in_flight(c: &Checkpoint, now_ms: i64) -> bool {
     c.operation
         .as_ref()
         .is_some_and(|op| op.state == State::Executing && op.lease_expires_at.is_some_and(|end| end > now_ms))
+}
+
+/// An acquire of a branch the caller's code performs that would put more than its group's
+/// `max_concurrency` branches in flight: refused, nothing recorded; retry later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupFull {
+    /// The group's name.
+    pub group: String,
+    /// Its `max_concurrency`.
+    pub max: u32,
+    /// The branches in flight (step names), in definition order.
+    pub in_flight: Vec<String>,
+    /// When the first of their leases ends (epoch ms): a slot frees then at the latest
+    /// (the branch finishes, or its lapsed lease is recorded).
+    pub until_ms: i64,
+}
+
+/// Whether an acquire of branch `index` (a step the caller's code performs) may start it at
+/// `now_ms`. `Err` when the acquire would start the branch — no operation yet, or one
+/// PENDING, or a lapsed lease that a `redo_safe` branch gets again — while `max_concurrency`
+/// of its siblings are in flight (EXECUTING under a live lease). Every other acquire is
+/// admitted: a step outside a group with a limit, and one that starts nothing (a resend
+/// during the branch's own lease, a replay of a finished branch, an UNKNOWN one, a lapsed
+/// lease recorded as UNKNOWN).
+///
+/// # Errors
+/// [`GroupFull`], naming the group, its limit and the branches in flight.
+pub fn admit_branch(def: &Definition, checkpoints: &[Checkpoint], index: usize, now_ms: i64) -> Result<(), GroupFull> {
+    let (Some(step), Some(c)) = (def.steps.get(index), checkpoints.get(index)) else { return Ok(()) };
+    let Some(group) = step.group.as_deref() else { return Ok(()) };
+    let Some(max) = def.group_def(group).max_concurrency else { return Ok(()) };
+    let starts = match &c.operation {
+        None => true,
+        Some(op) => match op.state {
+            State::Pending => true,
+            State::Executing => {
+                step.policy == RecoveryPolicy::RedoSafe && op.lease_expires_at.is_none_or(|end| end <= now_ms)
+            }
+            _ => false,
+        },
+    };
+    if !starts {
+        return Ok(());
+    }
+    let span = def.span(index);
+    let busy: Vec<usize> =
+        span.filter(|&i| i != index && checkpoints.get(i).is_some_and(|c| is_in_flight(c, now_ms))).collect();
+    if busy.len() < max as usize {
+        return Ok(());
+    }
+    let until_ms = busy
+        .iter()
+        .filter_map(|&i| checkpoints[i].operation.as_ref().and_then(|op| op.lease_expires_at))
+        .min()
+        .unwrap_or(now_ms);
+    Err(GroupFull {
+        group: group.to_owned(),
+        max,
+        in_flight: busy.iter().map(|&i| def.steps[i].name.clone()).collect(),
+        until_ms,
+    })
 }
 
 /// What the group of steps `span` (named `group`) needs next; `None` when every branch

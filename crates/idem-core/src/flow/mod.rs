@@ -65,7 +65,7 @@ mod canned;
 pub use definition::{
     CompensationDef, Definition, DefinitionError, ForEachDef, GroupDef, GroupFailure, RecoveryPolicy, StepDef,
 };
-pub use group::{GroupState, groups_of};
+pub use group::{GroupFull, GroupState, admit_branch, groups_of};
 pub use input::{InputError, build_step_input};
 pub use items::plan_items;
 pub use plan::{

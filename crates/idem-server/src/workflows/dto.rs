@@ -2,7 +2,7 @@
 //! 3339 UTC strings, durations milliseconds named `*_ms`.
 
 use crate::dto::{ErrorView, rfc3339};
-use idem_core::flow::{Checkpoint, InstanceEvent, InstanceRecord, Progress, RecoveryPolicy, StepDef};
+use idem_core::flow::{Checkpoint, GroupFailure, InstanceEvent, InstanceRecord, Progress, RecoveryPolicy, StepDef};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
@@ -26,6 +26,26 @@ pub struct StepDeclBody {
     /// `{instance}:{group}:{step}`; `{group}:{step}` has at most 48 characters.
     #[schema(example = "notify")]
     pub group: Option<String>,
+}
+
+/// Settings of a parallel group of a workflow your code runs, declared when the instance
+/// starts (the rules of `[[workflows.NAME.groups]]`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupDeclBody {
+    /// The group, as its branches' `group` names it.
+    #[schema(example = "notify")]
+    pub name: String,
+    /// What a branch that fails finally, or is UNKNOWN and left to a person, does: `pause`
+    /// (default: the instance pauses for a person) or `compensate` (the compensations of the
+    /// effects that exist run; the instance FAILS when none has one, as steps your code
+    /// runs declare none).
+    #[schema(value_type = Option<String>, example = "pause")]
+    pub on_failure: Option<GroupFailure>,
+    /// Most branches in flight at once, 1-64 (default: all): an acquire that would start
+    /// another is refused (409 `previous-step-unfinished`, `Retry-After`), recording nothing.
+    #[schema(example = 2)]
+    pub max_concurrency: Option<u32>,
 }
 
 /// `POST /v1/workflows`: start (or find) an instance.
@@ -53,6 +73,10 @@ pub struct StartBody {
     /// The steps of a workflow your code runs, in order (1-64); leave out for a declared
     /// workflow.
     pub steps: Option<Vec<StepDeclBody>>,
+    /// Settings of the parallel groups the steps name (only with `steps`; a group without
+    /// an entry pauses on a failure and runs every branch at once). Part of the instance's
+    /// definition: a start again with other settings is another intent (422).
+    pub groups: Option<Vec<GroupDeclBody>>,
 }
 
 /// `POST /v1/workflows/{instance}/steps/{step}`: acquire a step your code performs.

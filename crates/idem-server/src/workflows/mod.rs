@@ -22,7 +22,7 @@ use dto::{
     CompensateBody, InstancePage, InstanceQuery, InstanceView, RerunBody, RerunView, StartBody, StepAcquireBody,
 };
 use idem_core::decision::{DEFAULT_LEASE_MS, MAX_LEASE_MS, MIN_LEASE_MS};
-use idem_core::flow::{InstanceState, StartDecision};
+use idem_core::flow::{GroupDef, InstanceState, StartDecision};
 use idem_flow::FlowError;
 use idem_flow::driven::{StepAcquire, StepComplete};
 use idem_flow::start::{StartCall, StepDecl};
@@ -48,6 +48,14 @@ pub fn flow_problem(e: FlowError) -> Problem {
         FlowError::PreviousStepUnfinished { state, .. } => {
             let mut p = Problem::new(StatusCode::CONFLICT, "previous-step-unfinished", detail);
             p.state = Some(state.as_str().into());
+            p
+        }
+        // The same answer as an unfinished earlier step: this step cannot start yet, retry
+        // later. `state` is that of the branches in flight.
+        FlowError::GroupFull { retry_after_ms, .. } => {
+            let mut p = Problem::new(StatusCode::CONFLICT, "previous-step-unfinished", detail);
+            p.state = Some(idem_core::flow::StepState::Executing.as_str().into());
+            p.retry_after_ms = Some(retry_after_ms);
             p
         }
         FlowError::NotRunning { state, .. } => {
@@ -116,11 +124,11 @@ fn segment<'a>(name: &str, raw: &'a str) -> Result<&'a str, Problem> {
     responses(
         (status = 201, description = "A new instance; a declared workflow's steps start at once", body = InstanceView),
         (status = 200, description = "The instance exists with the same workflow and input: the same instance, as it stands now; header `Idempotent-Replayed: true`", body = InstanceView),
-        (status = 400, description = "Malformed request, unknown workflow, or steps that cannot run; nothing was written", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed request, unknown workflow, or steps or groups that cannot run (`invalid-definition`, naming the field: `steps[2].group`, `groups[0].max_concurrency`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The declared workflow does not serve the caller's tenant (`workflow-not-allowed`); nothing was written", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The instance finished and was removed after its retention window; nothing runs again", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The instance id was used with another workflow, input or steps; nothing changed", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The instance id was used with another workflow, input, steps or groups; nothing changed", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -146,6 +154,16 @@ pub async fn start(
                 .map(|s| StepDecl { name: s.name, action: s.action, policy: s.policy, group: s.group })
                 .collect()
         }),
+        groups: body.groups.map(|groups| {
+            groups
+                .into_iter()
+                .map(|g| GroupDef {
+                    name: g.name,
+                    on_failure: g.on_failure.unwrap_or_default(),
+                    max_concurrency: g.max_concurrency,
+                })
+                .collect()
+        }),
         actor: caller.actor(),
     };
     let out = state.flows.start(call).await.map_err(|e| with_rid(flow_problem(e), &caller))?;
@@ -165,7 +183,7 @@ pub async fn start(
             Problem::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "instance-mismatch",
-                "this instance id was first used with another workflow, input or steps; a new intent needs a new instance id",
+                "this instance id was first used with another workflow, input, steps or groups; a new intent needs a new instance id",
             ),
             &caller,
         )
@@ -272,7 +290,7 @@ fn instance_filter(q: InstanceQuery) -> Result<InstanceFilter, Problem> {
         (status = 400, description = "Malformed request", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such instance, or no such step in its definition", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "In progress / retry not due (`Retry-After`), an earlier step has not succeeded (`previous-step-unfinished`) or its key holds an operation not made for it (`step-key-conflict`), the instance is not RUNNING, or idem performs this step", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "In progress / retry not due (`Retry-After`), an earlier step has not succeeded or the branch's group already has `max_concurrency` branches in flight (`previous-step-unfinished`; `Retry-After` for the latter) or its key holds an operation not made for it (`step-key-conflict`), the instance is not RUNNING, or idem performs this step", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The instance (or step) finished and was removed after retention", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The step was acquired before with another payload", body = Problem, content_type = "application/problem+json"),
     ),

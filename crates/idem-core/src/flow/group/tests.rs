@@ -135,6 +135,7 @@ fn a_bad_group_is_refused_naming_its_field() {
     );
     check(&|d| d.groups[0].name = "other".into(), "workflows.w.groups[0].name", "no step names");
     check(&|d| d.groups[0].max_concurrency = Some(0), "workflows.w.groups[0].max_concurrency", "at least 1");
+    check(&|d| d.groups[0].max_concurrency = Some(65), "workflows.w.groups[0].max_concurrency", "at most 64");
     check(&|d| d.groups.push(d.groups[0].clone()), "workflows.w.groups[1].name", "twice");
 }
 
@@ -174,6 +175,38 @@ fn at_most_max_concurrency_branches_are_in_flight() {
     assert_eq!(indexes(&next(&def, &inst, &[S, exec])), vec![2], "one in flight: room for one more");
     assert!(matches!(next(&def, &inst, &[S, exec, exec]), Next::Wait { .. }), "two in flight: none starts");
     assert_eq!(indexes(&next(&def, &inst, &[S, S, exec])), vec![3]);
+}
+
+/// The caller's acquire of a branch that would start it beyond `max_concurrency` is refused
+/// (naming the group, its limit, the branches in flight and when the first lease ends); an
+/// acquire that starts nothing always passes.
+#[test]
+fn a_callers_acquire_beyond_max_concurrency_is_refused() {
+    let def = fan_out("pause", Some(2));
+    let exec = Some(State::Executing);
+    let cp = |states: &[Option<State>]| cps(&def, states, &[]);
+    assert_eq!(admit_branch(&def, &cp(&[S]), 1, NOW), Ok(()));
+    assert_eq!(admit_branch(&def, &cp(&[S, exec]), 2, NOW), Ok(()), "one in flight: room for one more");
+    let full = admit_branch(&def, &cp(&[S, exec, exec]), 3, NOW).unwrap_err();
+    let want = GroupFull {
+        group: "notify".into(),
+        max: 2,
+        in_flight: vec!["email".into(), "chat".into()],
+        until_ms: NOW + 5_000,
+    };
+    assert_eq!(full, want);
+    let pending = Some(State::Pending);
+    assert!(admit_branch(&def, &cp(&[S, exec, exec, pending]), 3, NOW).is_err(), "a PENDING branch would start");
+    assert_eq!(admit_branch(&def, &cp(&[S, exec, exec]), 2, NOW), Ok(()), "its own lease: a resend starts nothing");
+    assert_eq!(admit_branch(&def, &cp(&[S, exec, exec, S]), 3, NOW), Ok(()), "a finished branch replays");
+    assert_eq!(admit_branch(&def, &cp(&[S, exec, exec]), 3, NOW + 5_000), Ok(()), "the leases lapsed");
+    assert_eq!(admit_branch(&def, &cp(&[S, exec, exec]), 0, NOW), Ok(()), "a step outside the group");
+    assert_eq!(admit_branch(&fan_out("pause", None), &cp(&[S, exec, exec]), 3, NOW), Ok(()), "no limit");
+    // `chat` (redo_safe) lost its lease: the acquire would grant it again, with two in flight.
+    let mut c = cp(&[S, exec, exec, exec]);
+    c[2].operation.as_mut().unwrap().lease_expires_at = Some(NOW - 1);
+    let full = admit_branch(&def, &c, 2, NOW).unwrap_err();
+    assert_eq!(full.in_flight, vec!["email".to_owned(), "data".to_owned()]);
 }
 
 /// A branch fails finally under `pause`: the instance pauses naming the branch, even with
