@@ -301,13 +301,7 @@ pub fn plan_rerun(
             (Some(_), false) => StepDisposition::Kept,
         };
         let op_key = match disposition {
-            StepDisposition::Redone => {
-                let n = rerun_number(&c.row.op_key) + 1;
-                if n > MAX_RERUNS {
-                    return Err(RerunRefusal::TooManyReruns(step.name.clone()));
-                }
-                rerun_key(&inst.instance_id, &step.key_name(), n)
-            }
+            StepDisposition::Redone => redo_key(inst, &step.key_name(), &c.row.op_key, || step.name.clone())?,
             _ => c.row.op_key.clone(),
         };
         let comp_key = if op_key == c.row.op_key { c.row.comp_key.clone() } else { compensation_key(&op_key) };
@@ -338,6 +332,24 @@ pub fn plan_rerun(
         return Err(RerunRefusal::NothingToRedo);
     }
     Ok(seal(inst, InstanceState::Running, steps))
+}
+
+/// The key a redone step (or item) runs under: `{instance}:{key_name}:rerun-N`, N one more
+/// than its current key's (`op_key`).
+///
+/// # Errors
+/// [`RerunRefusal::TooManyReruns`] naming `who()` past [`MAX_RERUNS`].
+fn redo_key(
+    inst: &InstanceRecord,
+    key_name: &str,
+    op_key: &str,
+    who: impl FnOnce() -> String,
+) -> Result<String, RerunRefusal> {
+    let n = rerun_number(op_key) + 1;
+    if n > MAX_RERUNS {
+        return Err(RerunRefusal::TooManyReruns(who()));
+    }
+    Ok(rerun_key(&inst.instance_id, key_name, n))
 }
 
 /// A re-run of an instance that paused during compensation: its failed compensation is

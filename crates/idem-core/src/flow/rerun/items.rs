@@ -22,7 +22,7 @@ use crate::flow::items::{item_context, item_input};
 use crate::flow::plan::needs_compensation;
 use crate::flow::record::{
     Checkpoint, InstanceRecord, ItemCheckpoint, MAX_RERUNS, compensation_key, compensation_number,
-    compensation_rerun_key, rerun_key, rerun_number,
+    compensation_rerun_key,
 };
 use crate::flow::state::StepState;
 
@@ -73,11 +73,8 @@ pub(super) fn plan_forward(
         };
         let op_key = match disposition {
             StepDisposition::Redone => {
-                let n = rerun_number(&item.row.op_key) + 1;
-                if n > MAX_RERUNS {
-                    return Err(RerunRefusal::TooManyReruns(label(step, item)));
-                }
-                rerun_key(&inst.instance_id, &format!("{}:{}", step.name, item.row.item), n)
+                let key_name = format!("{}:{}", step.name, item.row.item);
+                super::redo_key(inst, &key_name, &item.row.op_key, || label(step, item))?
             }
             _ => item.row.op_key.clone(),
         };
