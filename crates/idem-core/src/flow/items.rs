@@ -47,10 +47,7 @@ pub fn plan_items(
     for (i, (item, id)) in list.iter().zip(&ids).enumerate() {
         if let Some((_, other, first)) = seen.iter().find(|(s, _, _)| *s == id.as_str()) {
             if *other != item {
-                return Err(format!(
-                    "items {first} and {} have the identity {id:?} with different contents",
-                    i + 1
-                ));
+                return Err(format!("items {first} and {} have the identity {id:?} with different contents", i + 1));
             }
             continue;
         }
@@ -169,7 +166,11 @@ pub(super) fn item_input(
 ) -> Result<Value, String> {
     let ctx = item_context(inst, def, checkpoints, index, item);
     let template = &def.steps[index].input;
-    if template.is_null() { Ok(ctx["item"].clone()) } else { build_step_input(template, &ctx).map_err(|e| e.to_string()) }
+    if template.is_null() {
+        Ok(ctx["item"].clone())
+    } else {
+        build_step_input(template, &ctx).map_err(|e| e.to_string())
+    }
 }
 
 /// Marks SUCCEEDED each step for each item that has no items because its list was empty,

@@ -337,12 +337,8 @@ pub(super) async fn reruns_repoint_items(h: Harness) {
     let (rec, events) = plan_instance_update(&inst, &definition(), &next, &Actor::system(), now).unwrap();
     let new_key = "ORD-12:send_confirmation:r2:rerun-1".to_string();
     let item_keys = vec![(1, "r2".to_string(), new_key.clone(), compensation_key(&new_key))];
-    let write = |update, item_keys| crate::flow::RerunWrite {
-        update,
-        keys: Vec::new(),
-        item_keys,
-        superseded: Vec::new(),
-    };
+    let write =
+        |update, item_keys| crate::flow::RerunWrite { update, keys: Vec::new(), item_keys, superseded: Vec::new() };
     let stale = InstanceUpdate { record: rec.clone(), read_version: inst.version - 1, events: events.clone() };
     assert!(!flows.apply_rerun(write(stale, item_keys.clone())).await.unwrap(), "a stale version writes nothing");
     let cps = flows.checkpoints(&h.tenant, "ORD-12").await.unwrap();
@@ -350,14 +346,10 @@ pub(super) async fn reruns_repoint_items(h: Harness) {
     let update = InstanceUpdate { record: rec, read_version: inst.version, events };
     assert!(flows.apply_rerun(write(update, item_keys)).await.unwrap());
     let cps = flows.checkpoints(&h.tenant, "ORD-12").await.unwrap();
-    let items: Vec<_> =
-        cps[1].items.iter().map(|i| (i.row.item.as_str(), i.row.op_key.as_str(), i.state)).collect();
+    let items: Vec<_> = cps[1].items.iter().map(|i| (i.row.item.as_str(), i.row.op_key.as_str(), i.state)).collect();
     assert_eq!(
         items,
-        [
-            ("r1", "ORD-12:send_confirmation:r1", StepState::Succeeded),
-            ("r2", new_key.as_str(), StepState::NotStarted),
-        ],
+        [("r1", "ORD-12:send_confirmation:r1", StepState::Succeeded), ("r2", new_key.as_str(), StepState::NotStarted),],
         "only the re-run item moves; its new key has no operation yet"
     );
     assert_eq!(cps[1].items[1].row.comp_key, "ORD-12:send_confirmation:r2:rerun-1:compensate");

@@ -51,7 +51,11 @@ pub(crate) fn op(key: &str, action: &str, state: State) -> OperationRecord {
 
 /// Checkpoints: create_order in `first`, the items of `send` with their states (and
 /// compensations), close not started.
-pub(crate) fn cps(d: &Definition, first: Option<State>, items: &[(&str, Option<State>, Option<State>)]) -> Vec<Checkpoint> {
+pub(crate) fn cps(
+    d: &Definition,
+    first: Option<State>,
+    items: &[(&str, Option<State>, Option<State>)],
+) -> Vec<Checkpoint> {
     let rows = StepRow::all_of("t", ID, d);
     let first = Checkpoint::of(rows[0].clone(), first.map(|s| op(&step_key(ID, "create_order"), "create_order", s)));
     let items = items
@@ -102,8 +106,7 @@ fn items_are_planned_by_identity_not_position() {
     inst.input = json!({"recipients": [{"id": "r1", "address": "x"}, {"id": "r1", "address": "y"}]});
     let e = plan_items(&inst, &d, &cps(&d, S, &[]), 1).unwrap_err();
     assert!(e.contains("items 1 and 2 have the identity \"r1\" with different contents"), "{e}");
-    inst.input =
-        json!({"recipients": [{"id": "r1", "address": "x"}, {"id": "r2", "address": "y"}, {"id": "r1", "address": "z"}]});
+    inst.input = json!({"recipients": [{"id": "r1", "address": "x"}, {"id": "r2", "address": "y"}, {"id": "r1", "address": "z"}]});
     let e = plan_items(&inst, &d, &cps(&d, S, &[]), 1).unwrap_err();
     assert!(e.starts_with("items 1 and 3 have the identity \"r1\""), "both positions: {e}");
     inst.input = json!({"recipients": {"id": "r1"}});
@@ -272,20 +275,17 @@ fn the_plan_hash_covers_each_item() {
     let mut inst = instance(&d, &["r1", "r2", "r3"]);
     inst.state = InstanceState::Paused;
     let f = Some(State::Failed);
-    let base = plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", S, None)]), &[], &|_| {
-        false
-    })
-    .unwrap();
-    let same = plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", S, None)]), &[], &|_| {
-        false
-    })
-    .unwrap();
+    let base =
+        plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", S, None)]), &[], &|_| false)
+            .unwrap();
+    let same =
+        plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", S, None)]), &[], &|_| false)
+            .unwrap();
     assert_eq!(base.hash, same.hash);
     let e = Some(State::Executing);
-    let moved = plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", e, None)]), &[], &|_| {
-        false
-    })
-    .unwrap();
+    let moved =
+        plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", e, None)]), &[], &|_| false)
+            .unwrap();
     assert_eq!(moved.steps[1].items[2].disposition, crate::flow::StepDisposition::Kept, "on its way: kept");
     assert_ne!(moved.hash, base.hash, "r3's state changed: another plan");
 }

@@ -78,8 +78,7 @@ pub(super) fn plan_forward(
             }
             _ => item.row.op_key.clone(),
         };
-        let comp_key =
-            if op_key == item.row.op_key { item.row.comp_key.clone() } else { compensation_key(&op_key) };
+        let comp_key = if op_key == item.row.op_key { item.row.comp_key.clone() } else { compensation_key(&op_key) };
         let input = match disposition {
             StepDisposition::Redone | StepDisposition::Runs if step.connector.is_some() && inputs_known => {
                 item_input(inst, def, checkpoints, index, &item.row.item).ok()
