@@ -265,3 +265,54 @@ async fn sqlite_an_operator_reruns_only_the_refused_item() {
 async fn postgres_an_operator_reruns_only_the_refused_item() {
     an_operator_reruns_only_the_refused_item(Backend::Postgres).await;
 }
+
+/// Under `compensate`, an item's compensation refused by the provider pauses the
+/// compensation; the operator's re-run redoes that item's compensation under
+/// `{item key}:compensate-2` (the dry run says so, item by item), and the compensation
+/// goes on to the order. Each compensation at most once per key at the provider double.
+async fn a_rerun_redoes_a_failed_item_compensation(b: Backend) {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(b).await;
+    let s = Server::start_with_config(&db.url, &config(addr, "compensate"));
+    let id = "ORD-4:each";
+    provider.script(&format!("{id}:send:r3"), vec![Step::Status(422, None)]);
+    provider.script(&format!("{id}:send:r1:compensate"), vec![Step::Status(422, None)]);
+    assert_eq!(start(&s, id, &RECIPIENTS).await.status, 201);
+    let v = wait_instance(&s, id, 20, |v| !matches!(v["state"].as_str(), Some("RUNNING" | "COMPENSATING"))).await;
+    assert_eq!(v["state"], "PAUSED", "{v:#}");
+    assert_eq!(provider.effects(&format!("{id}:send:r1:compensate")), 0);
+
+    let operator = s.create_key("default", "operator");
+    let path = format!("/v1/workflows/{}/rerun", common::enc(id));
+    let dry = s.post(&operator, &path, &json!({"dry_run": true})).await;
+    assert_eq!(dry.status, 200, "{dry:?}");
+    assert_eq!(dry.body["resumes_as"], "COMPENSATING");
+    let r1 = &dry.body["steps"][1]["items"][0];
+    assert_eq!((r1["item"].as_str(), r1["disposition"].as_str()), (Some("r1"), Some("compensated")), "{dry:?}");
+    assert_eq!(r1["key"], format!("{id}:send:r1:compensate-2"));
+    assert_eq!(r1["action"], "unsend");
+    assert_eq!(dry.body["steps"][0]["disposition"], "compensation_runs", "then the order: {dry:?}");
+
+    let run = s.post(&operator, &path, &json!({"reason": "unsend is fixed", "plan_hash": dry.body["plan_hash"]})).await;
+    assert_eq!(run.status, 200, "{run:?}");
+    let v = wait_instance(&s, id, 20, |v| !matches!(v["state"].as_str(), Some("RUNNING" | "COMPENSATING"))).await;
+    assert_eq!(v["state"], "COMPENSATED", "{v:#}");
+    assert_eq!(provider.effects(&format!("{id}:send:r1:compensate-2")), 1, "redone once, under its new key");
+    assert_eq!(provider.effects(&format!("{id}:send:r1:compensate")), 0, "the refused attempt had no effect");
+    assert_eq!(provider.effects(&format!("{id}:create_order:compensate")), 1);
+    for r in RECIPIENTS {
+        let key = format!("{id}:send:{r}");
+        let undone = provider.effects(&format!("{key}:compensate")) + provider.effects(&format!("{key}:compensate-2"));
+        assert_eq!(undone, provider.effects(&key), "{key}: compensated once iff it completed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_rerun_redoes_a_failed_item_compensation() {
+    a_rerun_redoes_a_failed_item_compensation(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_rerun_redoes_a_failed_item_compensation() {
+    a_rerun_redoes_a_failed_item_compensation(Backend::Postgres).await;
+}
