@@ -470,7 +470,7 @@ pub fn plan_rerun_apply(
             effects_again.push(s.step.clone());
         }
         let items = s.items.iter().filter(|i| again(i.disposition, i.state));
-        effects_again.extend(items.map(|i| format!("{} (item {:?})", s.step, i.item)));
+        effects_again.extend(items.map(|i| format!("{} (item {})", s.step, i.item)));
     }
     if approved.is_none() && !effects_again.is_empty() {
         return Err(RerunRefusal::PlanHashRequired { steps: effects_again, now: plan.hash.clone() });

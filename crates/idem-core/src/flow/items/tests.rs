@@ -316,13 +316,13 @@ fn naming_the_step_redoes_every_item_and_unknown_items_follow_the_step_rules() {
     let busy = cps(&d, S, &[("r1", S, None), ("r2", Some(State::Executing), None)]);
     assert_eq!(
         plan_rerun(&inst, &d, &busy, &named, &|_| false),
-        Err(RerunRefusal::StepBusy { step: "send (item \"r2\")".into(), state: StepState::Executing })
+        Err(RerunRefusal::StepBusy { step: "send (item r2)".into(), state: StepState::Executing })
     );
 
     let unknown = cps(&d, S, &[("r1", S, None), ("r2", u, None)]);
     assert_eq!(
         plan_rerun(&inst, &d, &unknown, &[], &|_| false),
-        Err(RerunRefusal::NeedsResolution("send (item \"r2\")".into())),
+        Err(RerunRefusal::NeedsResolution("send (item r2)".into())),
         "no lookup: a person resolves it, or names the step"
     );
     let looked = plan_rerun(&inst, &d, &unknown, &[], &|c| c == "c").unwrap();
@@ -338,7 +338,7 @@ fn naming_the_step_redoes_every_item_and_unknown_items_follow_the_step_rules() {
     r2.operation = Some(op(&r2.row.op_key, "send", State::Failed));
     assert_eq!(
         plan_rerun(&inst, &d, &worn, &[], &|_| false),
-        Err(RerunRefusal::TooManyReruns("send (item \"r2\")".into()))
+        Err(RerunRefusal::TooManyReruns("send (item r2)".into()))
     );
 }
 

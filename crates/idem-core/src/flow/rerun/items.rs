@@ -26,9 +26,10 @@ use crate::flow::record::{
 };
 use crate::flow::state::StepState;
 
-/// How an item is named in refusals: `send (item "r2")`.
+/// How an item is named in refusals: `send (item r2)` (an identity needs no quotes: it is
+/// `[A-Za-z0-9_.-]`).
 fn label(step: &StepDef, item: &ItemCheckpoint) -> String {
-    format!("{} (item {:?})", step.name, item.row.item)
+    format!("{} (item {})", step.name, item.row.item)
 }
 
 /// What the forward re-run does to the items of step `index`: `named` (the step was named:

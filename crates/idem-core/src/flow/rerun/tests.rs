@@ -238,7 +238,7 @@ fn redoing_items_needs_the_hash_audits_each_item_and_supersedes_unknown_ones() {
     let plan = plan_rerun(&inst, &d, &checkpoints, &named, &|_| false).unwrap();
     match plan_rerun_apply(&inst, &plan, None, "the mail relay is fixed", &ops, NOW) {
         Err(RerunRefusal::PlanHashRequired { steps, now }) => {
-            assert_eq!(steps, ["send (item \"r1\")", "send (item \"r3\")"], "SUCCEEDED and UNKNOWN, not FAILED");
+            assert_eq!(steps, ["send (item r1)", "send (item r3)"], "SUCCEEDED and UNKNOWN, not FAILED");
             assert_eq!(now, plan.hash);
         }
         other => panic!("{other:?}"),
