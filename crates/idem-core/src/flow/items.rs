@@ -10,7 +10,9 @@
 //! flight, each with the step's recovery policy, the step after them once all SUCCEEDED;
 //! a failed or UNKNOWN item follows `on_failure` (pause or compensate — the items that
 //! completed are compensated, each once, `{item key}:compensate`). An empty list is a step
-//! with nothing to do.
+//! with nothing to do, shown SUCCEEDED once the instance moved past it
+//! ([`settle_empty_lists`]). An operator's re-run plans each item as a step (see
+//! `super::rerun`): a failed item is redone under `{item key}:rerun-N`.
 //!
 //! An item's input is the step's input template with `/item` the item itself (`null`
 //! template: the item as it is); the step's result, for later steps, maps each item's

@@ -17,9 +17,9 @@
 //!
 //! A step for each item is planned item by item, each item a line of its own (under the
 //! step's, in [`PlannedStep::items`]) with its own key, as a step is (the table in
-//! [`items`]): a plain re-run redoes its FAILED items (`{item key}:rerun-N`), looks its
-//! UNKNOWN ones up and keeps its SUCCEEDED ones; naming the step redoes every item. A step
-//! for each item whose list was empty is SUCCEEDED once the instance moved past it
+//! `rerun/items.rs`): a plain re-run redoes its FAILED items (`{item key}:rerun-N`), looks
+//! its UNKNOWN ones up and keeps its SUCCEEDED ones; naming the step redoes every item. A
+//! step for each item whose list was empty is SUCCEEDED once the instance moved past it
 //! ([`super::items::settle_empty_lists`]).
 //!
 //! An operation under a step's key that was not made for the step (another action or
