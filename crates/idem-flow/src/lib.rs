@@ -155,7 +155,10 @@ impl Flows {
             return Ok(None);
         };
         let definition = self.pinned(&instance).await?;
-        let checkpoints = flows.checkpoints(tenant, instance_id).await?;
+        let mut checkpoints = flows.checkpoints(tenant, instance_id).await?;
+        // A step for each item whose list was empty shows SUCCEEDED once the instance moved
+        // past it (it has no operation to show it by).
+        idem_core::flow::settle_empty_lists(&instance, &definition, &mut checkpoints);
         let events = flows.instance_events(tenant, instance_id).await?;
         let progress = Progress::of(instance.state, &checkpoints);
         Ok(Some(InstanceView { instance, definition, checkpoints, progress, events }))

@@ -97,9 +97,18 @@ impl Flows {
                 .filter(|(p, c)| p.op_key != c.row.op_key || p.comp_key != c.row.comp_key)
                 .map(|(p, c)| (c.row.position, p.op_key.clone(), p.comp_key.clone()))
                 .collect();
+            // The items of a step for each item, planned in their stored order.
+            let item_keys: Vec<(i64, String, String, String)> = plan
+                .steps
+                .iter()
+                .zip(&checkpoints)
+                .flat_map(|(p, c)| p.items.iter().zip(&c.items))
+                .filter(|(p, i)| p.op_key != i.row.op_key || p.comp_key != i.row.comp_key)
+                .map(|(p, i)| (i.row.position, i.row.item.clone(), p.op_key.clone(), p.comp_key.clone()))
+                .collect();
             let superseded = idem_core::flow::plan_superseded(&def, &plan, &checkpoints, reason, actor, now);
             let update = InstanceUpdate { record: record.clone(), read_version: inst.version, events: vec![event] };
-            let write = idem_store::flow::RerunWrite { update, keys, superseded };
+            let write = idem_store::flow::RerunWrite { update, keys, item_keys, superseded };
             if self.store.flows().apply_rerun(write).await? {
                 return self.after_rerun(tenant, id, actor, plan, checkpoints, record).await;
             }
@@ -113,8 +122,8 @@ impl Flows {
         }))
     }
 
-    /// After a re-run was written: count it, ask the providers of the steps to look up
-    /// first, and start a pass.
+    /// After a re-run was written: count it, ask the providers of the steps (and items) to
+    /// look up first, and start a pass.
     async fn after_rerun(
         &self,
         tenant: &str,
@@ -125,12 +134,25 @@ impl Flows {
         record: InstanceRecord,
     ) -> Result<(RerunPlan, InstanceRecord), FlowError> {
         metrics::counter!("idem_workflow_reruns_total").increment(1);
+        // (disposition, planned compensation key, checkpoint) of every step and item.
+        let mut lines = Vec::new();
         for (p, c) in plan.steps.iter().zip(&checkpoints) {
-            if p.disposition != StepDisposition::LookedUp {
+            match p.items.is_empty() {
+                true => lines.push((p.disposition, p.comp_key.as_str(), c.clone())),
+                false => lines.extend(
+                    p.items
+                        .iter()
+                        .zip(&c.items)
+                        .map(|(i, ic)| (i.disposition, i.comp_key.as_str(), ic.as_checkpoint())),
+                ),
+            }
+        }
+        for (disposition, comp_key, c) in lines {
+            if disposition != StepDisposition::LookedUp {
                 continue;
             }
             let op =
-                if p.comp_key != c.row.comp_key || c.compensation.is_some() { &c.compensation } else { &c.operation };
+                if comp_key != c.row.comp_key || c.compensation.is_some() { &c.compensation } else { &c.operation };
             if let Some(op) = op
                 && let Err(e) = self.reconciler.reconcile_one(op, actor.clone()).await
             {

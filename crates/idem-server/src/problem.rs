@@ -242,11 +242,6 @@ pub const PROBLEM_TYPES: &[(&str, &str, &str)] = &[
     ),
     ("too-many-reruns", "The step was re-run too often", "A step can be re-run 999 times; start a new instance."),
     (
-        "items-not-rerunnable",
-        "The step runs for each item of a list: its items cannot be re-run",
-        "Compensate the instance (or resolve an UNKNOWN item's operation), or start a new instance.",
-    ),
-    (
         "contention",
         "Too much contention on this key",
         "Concurrent writers kept changing the record, or another transaction holds its row locked (PostgreSQL) and as many requests as may wait for row locks already do; retry after Retry-After.",

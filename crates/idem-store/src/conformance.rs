@@ -67,6 +67,7 @@ cases!(
     instances_list_with_filters_and_pages,
     compensations_are_checkpointed_and_reruns_repoint_steps,
     items_are_written_once_and_read_with_their_operations,
+    reruns_repoint_items,
 );
 
 mod flow;

@@ -78,6 +78,10 @@ pub struct RerunWrite {
     pub update: InstanceUpdate,
     /// Step rows pointed at new keys: `(position, op_key, comp_key)`.
     pub keys: Vec<(i64, String, String)>,
+    /// Item rows (of a step for each item) pointed at new keys: `(position of the step,
+    /// item identity, op_key, comp_key)` — an item redone under `{item key}:rerun-N`, or
+    /// its compensation redone under `…:compensate-N`.
+    pub item_keys: Vec<(i64, String, String, String)>,
     /// Operations the re-run closes (idem-core `plan_superseded`): `(record, read
     /// version, event)`.
     pub superseded: Vec<idem_core::flow::Superseded>,
@@ -118,8 +122,8 @@ pub trait WorkflowStore: Send + Sync {
     async fn update_instance(&self, update: InstanceUpdate) -> Result<bool, StoreError>;
 
     /// Applies an operator's re-run ([`RerunWrite`]) in one transaction: the instance
-    /// (conditional on the version it was planned from, with its audit event), the step rows
-    /// pointed at their new keys, and the operations it closes (each conditional on its
+    /// (conditional on the version it was planned from, with its audit event), the step and
+    /// item rows pointed at their new keys, and the operations it closes (each conditional on its
     /// version); true if written, false (nothing written) if anything changed since it was
     /// read.
     async fn apply_rerun(&self, write: RerunWrite) -> Result<bool, StoreError>;

@@ -174,7 +174,8 @@ macro_rules! flow_ops {
             Ok(true)
         }
 
-        /// An operator's re-run (`RerunWrite`), inside the caller's transaction; false if the
+        /// An operator's re-run (`RerunWrite`: the instance, the operations it closes, the step
+        /// and item rows it points at new keys), inside the caller's transaction; false if the
         /// instance or an operation it closes changed since it was read (the caller rolls
         /// back).
         pub(crate) async fn apply_rerun_once(
@@ -204,6 +205,20 @@ macro_rules! flow_ops {
                 .bind(&u.record.tenant)
                 .bind(&u.record.instance_id)
                 .bind(position)
+                .execute(&mut *conn)
+                .await?;
+            }
+            for (position, item, op_key, comp_key) in &w.item_keys {
+                sqlx::query(
+                    "UPDATE workflow_items SET op_key = $1, comp_key = $2 \
+                     WHERE tenant = $3 AND instance_id = $4 AND position = $5 AND item = $6",
+                )
+                .bind(op_key)
+                .bind(comp_key)
+                .bind(&u.record.tenant)
+                .bind(&u.record.instance_id)
+                .bind(position)
+                .bind(item)
                 .execute(&mut *conn)
                 .await?;
             }

@@ -393,7 +393,8 @@ fn events(out: &mut String, v: &Value) {
     }
 }
 
-/// A re-run's plan: one line per step, and what to do next.
+/// A re-run's plan: one line per step (and per item of a step for each item, under it), and
+/// what to do next.
 pub fn rerun_plan(v: &Value) -> String {
     let dry = v.get("dry_run").and_then(Value::as_bool).unwrap_or(true);
     let mut out = format!(
@@ -413,6 +414,18 @@ pub fn rerun_plan(v: &Value) -> String {
             st.get("connector").and_then(Value::as_str).map(|c| format!(" via {c}")).unwrap_or_default(),
             input
         ));
+        // A step for each item: one line per item, under its step's.
+        for it in st.get("items").and_then(Value::as_array).into_iter().flatten() {
+            let input = it.get("input").filter(|i| !i.is_null()).map(|i| format!(" input {i}")).unwrap_or_default();
+            out.push_str(&format!(
+                "    item {:<19} {:<17} {} {}{}\n",
+                s(it, "item"),
+                s(it, "disposition"),
+                s(it, "action"),
+                s(it, "key"),
+                input
+            ));
+        }
     }
     if dry {
         out.push_str(&format!("run it: idem wf rerun … --reason \"…\" --plan-hash {}\n", s(v, "plan_hash")));
@@ -509,5 +522,31 @@ mod tests {
         ], "events": []});
         let text = instance_with_steps(&v);
         assert!(text.lines().any(|l| l.contains("charge") && l.ends_with("key wf:i1:charge:rerun-1")), "{text}");
+    }
+
+    #[test]
+    fn a_rerun_plan_shows_each_item_on_a_line_of_its_own() {
+        let v = json!({"dry_run": true, "plan_hash": "ab12", "resumes_as": "RUNNING", "steps": [
+            {"step": "send", "disposition": "redone", "action": "send", "key": "i1:send", "connector": "mail",
+             "items": [
+                {"item": "r1", "disposition": "kept", "action": "send", "key": "i1:send:r1"},
+                {"item": "r2", "disposition": "redone", "action": "send", "key": "i1:send:r2:rerun-1",
+                 "input": {"to": "b@example.org"}}
+             ]},
+            {"step": "close", "disposition": "runs", "action": "close", "key": "i1:close"}
+        ]});
+        let text = rerun_plan(&v);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[1].starts_with("  send ") && lines[1].contains("redone"), "{text}");
+        assert!(
+            lines[2].starts_with("    item r1 ") && lines[2].ends_with("kept              send i1:send:r1"),
+            "{text}"
+        );
+        assert!(
+            lines[3].starts_with("    item r2 ")
+                && lines[3].ends_with(r#"send i1:send:r2:rerun-1 input {"to":"b@example.org"}"#),
+            "{text}"
+        );
+        assert!(lines[4].starts_with("  close "), "the step after the items: {text}");
     }
 }

@@ -88,6 +88,15 @@ async fn each_item_once_then_the_next_step(b: Backend) {
     assert_eq!(start(&s, id, &reordered).await.status, 422);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_effects_once(&provider, &wait_instance(&s, id, 5, |_| true).await, id);
+    // An empty list: nothing to do, and the step shows SUCCEEDED once the instance moved
+    // past it (it showed NOT_STARTED forever), with no operation of its own.
+    let empty = "ORD-1:empty";
+    assert_eq!(start(&s, empty, &[]).await.status, 201);
+    let v = wait_instance(&s, empty, 20, |v| v["state"] != "RUNNING").await;
+    assert_eq!((v["state"].as_str(), v["steps"][1]["state"].as_str()), (Some("SUCCEEDED"), Some("SUCCEEDED")), "{v:#}");
+    assert_eq!((v["steps"][1]["items"].clone(), v["steps"][1]["attempts"].clone()), (json!([]), json!(0)));
+    assert_eq!(v["current_step"], Value::Null, "{v:#}");
+    assert_eq!(provider.effects(&format!("{empty}:close")), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -165,4 +174,145 @@ async fn sqlite_a_refused_item_compensates_the_completed_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_refused_item_compensates_the_completed_ones() {
     a_refused_item_compensates_the_completed_ones(Backend::Postgres).await;
+}
+
+/// An item refused by the provider under `pause`: the instance PAUSED on it. The dry run
+/// lists each item with what happens to it — only the refused one is redone, under
+/// `…:rerun-1`, with the input it would send — and the operator's re-run with the dry
+/// run's plan hash performs only that item again, then the step after them. At the
+/// provider: every item exactly once under its key (the refused one: no effect under its
+/// old key, one under the new), the order and the join once.
+async fn an_operator_reruns_only_the_refused_item(b: Backend) {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(b).await;
+    let s = Server::start_with_config(&db.url, &config(addr, "pause"));
+    let id = "ORD-3:each";
+    provider.script(&format!("{id}:send:r3"), vec![Step::Status(422, None)]);
+    assert_eq!(start(&s, id, &RECIPIENTS).await.status, 201);
+    // Paused, and no item still on its way (a sibling in flight finishes by itself).
+    let settled = |v: &Value| {
+        v["state"] == "PAUSED"
+            && v["steps"][1]["items"].as_array().is_some_and(|items| {
+                items.iter().all(|i| !matches!(i["state"].as_str(), Some("EXECUTING" | "PENDING")))
+            })
+    };
+    let v = wait_instance(&s, id, 20, settled).await;
+    assert_eq!(v["steps"][1]["items"][2]["state"], "FAILED", "{v:#}");
+    assert_eq!(provider.calls(&format!("{id}:close")), 0);
+
+    let operator = s.create_key("default", "operator");
+    let path = format!("/v1/workflows/{}/rerun", common::enc(id));
+    let dry = s.post(&operator, &path, &json!({"dry_run": true})).await;
+    assert_eq!(dry.status, 200, "{dry:?}");
+    let send = &dry.body["steps"][1];
+    assert_eq!(send["disposition"], "redone", "{send:#}");
+    let lines: Vec<(String, String)> = send["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["item"].as_str().unwrap().to_owned(), i["disposition"].as_str().unwrap().to_owned()))
+        .collect();
+    let expected: Vec<(String, String)> = RECIPIENTS
+        .iter()
+        .map(|r| {
+            let done = provider.effects(&format!("{id}:send:{r}")) == 1;
+            let what = match (*r, done) {
+                ("r3", _) => "redone",
+                (_, true) => "kept",
+                (_, false) => "runs",
+            };
+            ((*r).to_owned(), what.to_owned())
+        })
+        .collect();
+    assert_eq!(lines, expected, "{send:#}");
+    assert_eq!(send["items"][2]["key"], format!("{id}:send:r3:rerun-1"));
+    let order = provider.effects(&format!("{id}:create_order"));
+    assert_eq!(order, 1);
+    assert_eq!(send["items"][2]["input"]["to"], "r3@example.org", "shows what it would send: {send:#}");
+    assert_eq!(dry.body["steps"][2]["disposition"], "runs");
+
+    let run =
+        s.post(&operator, &path, &json!({"reason": "the address was fixed", "plan_hash": dry.body["plan_hash"]})).await;
+    assert_eq!(run.status, 200, "{run:?}");
+    let v = wait_instance(&s, id, 20, |v| !matches!(v["state"].as_str(), Some("RUNNING" | "PAUSED"))).await;
+    assert_eq!(v["state"], "SUCCEEDED", "{v:#}");
+    assert_eq!(v["steps"][1]["items"][2]["operation_key"], format!("{id}:send:r3:rerun-1"));
+    assert_eq!(provider.effects(&format!("{id}:send:r3")), 0, "the refused attempt had no effect");
+    assert_eq!(provider.effects(&format!("{id}:send:r3:rerun-1")), 1, "the re-run item: once, under its new key");
+    for key in ["create_order".to_owned(), "close".to_owned()]
+        .into_iter()
+        .chain(["r1", "r2", "r4"].map(|r| format!("send:{r}")))
+    {
+        assert_eq!(provider.effects(&format!("{id}:{key}")), 1, "{key}: once");
+    }
+    assert_eq!(v["steps"][2]["state"], "SUCCEEDED");
+    let old = s.record(&format!("{id}:send:r3")).await.body;
+    assert_eq!(old["state"], "FAILED", "the old attempt stays with its own outcome");
+    let e = v["events"].as_array().unwrap().iter().find(|e| e["kind"] == "rerun").unwrap().clone();
+    assert!(e["reason"].as_str().unwrap().contains(&format!("send item r3 redone as {id}:send:r3:rerun-1")), "{e}");
+    // Nothing is left to redo; a second request with the same hash changes nothing.
+    let again = s.post(&operator, &path, &json!({"reason": "again", "plan_hash": dry.body["plan_hash"]})).await;
+    assert_eq!(again.status.as_u16(), 409, "{again:?}");
+    assert_eq!(provider.effects(&format!("{id}:send:r3:rerun-1")), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_an_operator_reruns_only_the_refused_item() {
+    an_operator_reruns_only_the_refused_item(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_operator_reruns_only_the_refused_item() {
+    an_operator_reruns_only_the_refused_item(Backend::Postgres).await;
+}
+
+/// Under `compensate`, an item's compensation refused by the provider pauses the
+/// compensation; the operator's re-run redoes that item's compensation under
+/// `{item key}:compensate-2` (the dry run says so, item by item), and the compensation
+/// goes on to the order. Each compensation at most once per key at the provider double.
+async fn a_rerun_redoes_a_failed_item_compensation(b: Backend) {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(b).await;
+    let s = Server::start_with_config(&db.url, &config(addr, "compensate"));
+    let id = "ORD-4:each";
+    provider.script(&format!("{id}:send:r3"), vec![Step::Status(422, None)]);
+    provider.script(&format!("{id}:send:r1:compensate"), vec![Step::Status(422, None)]);
+    assert_eq!(start(&s, id, &RECIPIENTS).await.status, 201);
+    let v = wait_instance(&s, id, 20, |v| !matches!(v["state"].as_str(), Some("RUNNING" | "COMPENSATING"))).await;
+    assert_eq!(v["state"], "PAUSED", "{v:#}");
+    assert_eq!(provider.effects(&format!("{id}:send:r1:compensate")), 0);
+
+    let operator = s.create_key("default", "operator");
+    let path = format!("/v1/workflows/{}/rerun", common::enc(id));
+    let dry = s.post(&operator, &path, &json!({"dry_run": true})).await;
+    assert_eq!(dry.status, 200, "{dry:?}");
+    assert_eq!(dry.body["resumes_as"], "COMPENSATING");
+    let r1 = &dry.body["steps"][1]["items"][0];
+    assert_eq!((r1["item"].as_str(), r1["disposition"].as_str()), (Some("r1"), Some("compensated")), "{dry:?}");
+    assert_eq!(r1["key"], format!("{id}:send:r1:compensate-2"));
+    assert_eq!(r1["action"], "unsend");
+    assert_eq!(dry.body["steps"][0]["disposition"], "compensation_runs", "then the order: {dry:?}");
+
+    let run = s.post(&operator, &path, &json!({"reason": "unsend is fixed", "plan_hash": dry.body["plan_hash"]})).await;
+    assert_eq!(run.status, 200, "{run:?}");
+    let v = wait_instance(&s, id, 20, |v| !matches!(v["state"].as_str(), Some("RUNNING" | "COMPENSATING"))).await;
+    assert_eq!(v["state"], "COMPENSATED", "{v:#}");
+    assert_eq!(provider.effects(&format!("{id}:send:r1:compensate-2")), 1, "redone once, under its new key");
+    assert_eq!(provider.effects(&format!("{id}:send:r1:compensate")), 0, "the refused attempt had no effect");
+    assert_eq!(provider.effects(&format!("{id}:create_order:compensate")), 1);
+    for r in RECIPIENTS {
+        let key = format!("{id}:send:{r}");
+        let undone = provider.effects(&format!("{key}:compensate")) + provider.effects(&format!("{key}:compensate-2"));
+        assert_eq!(undone, provider.effects(&key), "{key}: compensated once iff it completed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_rerun_redoes_a_failed_item_compensation() {
+    a_rerun_redoes_a_failed_item_compensation(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_rerun_redoes_a_failed_item_compensation() {
+    a_rerun_redoes_a_failed_item_compensation(Backend::Postgres).await;
 }

@@ -10,7 +10,9 @@
 //! flight, each with the step's recovery policy, the step after them once all SUCCEEDED;
 //! a failed or UNKNOWN item follows `on_failure` (pause or compensate — the items that
 //! completed are compensated, each once, `{item key}:compensate`). An empty list is a step
-//! with nothing to do.
+//! with nothing to do, shown SUCCEEDED once the instance moved past it
+//! ([`settle_empty_lists`]). An operator's re-run plans each item as a step (see
+//! `super::rerun`): a failed item is redone under `{item key}:rerun-N`.
 //!
 //! An item's input is the step's input template with `/item` the item itself (`null`
 //! template: the item as it is); the step's result, for later steps, maps each item's
@@ -40,17 +42,18 @@ pub fn plan_items(
     let fe = step.for_each.as_ref().ok_or("not a step for each item")?;
     let list = list_of(inst, def, checkpoints, index)?;
     let mut rows: Vec<ItemRow> = Vec::with_capacity(list.len());
-    let mut seen: Vec<(&str, &Value)> = Vec::new();
+    // (identity, item, its 1-based place in the list) of each identity's first item.
+    let mut seen: Vec<(&str, &Value, usize)> = Vec::new();
     let ids: Vec<String> =
         list.iter().enumerate().map(|(i, v)| identity(v, &fe.id, i, &step.name)).collect::<Result<_, _>>()?;
     for (i, (item, id)) in list.iter().zip(&ids).enumerate() {
-        if let Some((_, other)) = seen.iter().find(|(s, _)| *s == id.as_str()) {
+        if let Some((_, other, first)) = seen.iter().find(|(s, _, _)| *s == id.as_str()) {
             if *other != item {
-                return Err(format!("items {} and another have the identity {id:?} with different contents", i + 1));
+                return Err(format!("items {first} and {} have the identity {id:?} with different contents", i + 1));
             }
             continue;
         }
-        seen.push((id, item));
+        seen.push((id, item, i + 1));
         let op_key = item_key(&inst.instance_id, &step.name, id);
         rows.push(ItemRow {
             tenant: inst.tenant.clone(),
@@ -151,6 +154,51 @@ pub(super) fn item_context(
     ctx
 }
 
+/// The input item `item` of step `index` sends: the step's input template built with
+/// `/item` the item (a `null` template: the item as it is).
+///
+/// # Errors
+/// The input builder's message (a pointer that is missing).
+pub(super) fn item_input(
+    inst: &InstanceRecord,
+    def: &Definition,
+    checkpoints: &[Checkpoint],
+    index: usize,
+    item: &str,
+) -> Result<Value, String> {
+    let ctx = item_context(inst, def, checkpoints, index, item);
+    let template = &def.steps[index].input;
+    if template.is_null() {
+        Ok(ctx["item"].clone())
+    } else {
+        build_step_input(template, &ctx).map_err(|e| e.to_string())
+    }
+}
+
+/// Marks SUCCEEDED each step for each item that has no items because its list was empty,
+/// once the instance moved past it (it SUCCEEDED, or a later step has begun): such a
+/// step had nothing to do, and showing it NOT_STARTED forever (`wf get`, the admin page,
+/// a re-run's plan) said otherwise. Derived, as every checkpoint is: no operation is
+/// invented (its `operation` stays `None`), and a list that is not empty now (an earlier
+/// step was redone since) leaves the step as it is: it runs when its turn comes.
+pub fn settle_empty_lists(inst: &InstanceRecord, def: &Definition, checkpoints: &mut [Checkpoint]) {
+    for index in 0..checkpoints.len().min(def.steps.len()) {
+        let c = &checkpoints[index];
+        if def.steps[index].for_each.is_none()
+            || !c.items.is_empty()
+            || c.operation.is_some()
+            || c.state != super::StepState::NotStarted
+        {
+            continue;
+        }
+        let moved_past = inst.state == super::InstanceState::Succeeded
+            || checkpoints[index + 1..].iter().any(|l| l.state != super::StepState::NotStarted);
+        if moved_past && list_of(inst, def, checkpoints, index).is_ok_and(|l| l.is_empty()) {
+            checkpoints[index].state = super::StepState::Succeeded;
+        }
+    }
+}
+
 /// What step `index`, a step for each item, needs next; `None` when every item SUCCEEDED
 /// (or the list is empty).
 pub(super) fn next_items(
@@ -183,13 +231,7 @@ pub(super) fn next_items(
         } else {
             match &cp.operation {
                 None => {
-                    let ctx = item_context(inst, def, checkpoints, index, &item.row.item);
-                    // A null template: the item as it is.
-                    let built = if step.input.is_null() {
-                        Ok(ctx["item"].clone())
-                    } else {
-                        build_step_input(&step.input, &ctx).map_err(|e| e.to_string())
-                    };
+                    let built = item_input(inst, def, checkpoints, index, &item.row.item);
                     Some(match built {
                         Ok(payload) => Next::Run { index, payload },
                         Err(e) => Next::Finish {
@@ -227,4 +269,4 @@ pub(super) fn next_items(
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -67,7 +67,7 @@ pub use definition::{
 };
 pub use group::{GroupFull, GroupState, admit_branch, groups_of};
 pub use input::{InputError, build_step_input};
-pub use items::plan_items;
+pub use items::{plan_items, settle_empty_lists};
 pub use plan::{
     CompensationRefusal, Next, StartDecision, StartInput, StartPlan, needs_compensation, plan_advance,
     plan_instance_update, plan_operator_compensation, plan_start,
@@ -79,6 +79,7 @@ pub use record::{
 };
 pub use recovery::{Recovery, plan_recovery};
 pub use rerun::{
-    PlannedStep, RerunPlan, RerunRefusal, StepDisposition, Superseded, plan_rerun, plan_rerun_apply, plan_superseded,
+    PlannedItem, PlannedStep, RerunPlan, RerunRefusal, StepDisposition, Superseded, plan_rerun, plan_rerun_apply,
+    plan_superseded,
 };
 pub use state::{InstanceState, StepState};

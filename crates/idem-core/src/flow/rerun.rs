@@ -15,6 +15,13 @@
 //! | not started                              | runs                             | runs             |
 //! | PENDING, EXECUTING                       | kept (it is on its way)          | refused          |
 //!
+//! A step for each item is planned item by item, each item a line of its own (under the
+//! step's, in [`PlannedStep::items`]) with its own key, as a step is (the table in
+//! `rerun/items.rs`): a plain re-run redoes its FAILED items (`{item key}:rerun-N`), looks
+//! its UNKNOWN ones up and keeps its SUCCEEDED ones; naming the step redoes every item. A
+//! step for each item whose list was empty is SUCCEEDED once the instance moved past it
+//! ([`super::items::settle_empty_lists`]).
+//!
 //! An operation under a step's key that was not made for the step (another action or
 //! connector: [`Checkpoint::foreign_operation`]) is never reused: the step is redone under
 //! a new key, named or not.
@@ -97,6 +104,36 @@ pub struct PlannedStep {
     /// or runs, when it can be known now: every step before it is kept (after a redone
     /// step, the input is built from its new result when its turn comes).
     pub input: Option<Value>,
+    /// For a step for each item: each of its items, in the list's order (empty for other
+    /// steps, and before its list was read). The step's own line then sums them up: its
+    /// disposition is the strongest of its items' (redone, looked up, runs, kept), its
+    /// keys are only the prefix of its items' (no operation has them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<PlannedItem>,
+}
+
+/// One item of a step for each item in a [`RerunPlan`]: planned as a step is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedItem {
+    /// The item's identity (the value of its step's `for_each.id` field).
+    pub item: String,
+    /// The item's state now (its compensation's, for a compensation re-run).
+    pub state: StepState,
+    /// What happens to it.
+    pub disposition: StepDisposition,
+    /// The action performed: the step's, or its compensation's for a compensation re-run.
+    pub action: String,
+    /// The key of the operation the disposition acts on: `op_key`, or `comp_key` for a
+    /// compensation re-run.
+    pub key: String,
+    /// The operation key the item will run under (`{instance}:{step}:{item}`, or a new
+    /// `…:rerun-N` when redone).
+    pub op_key: String,
+    /// The key of its compensation (a new one when the item or its compensation is redone).
+    pub comp_key: String,
+    /// The input it would send (an item or compensation idem performs that is redone or
+    /// runs), when it can be known now: every step before its step is kept.
+    pub input: Option<Value>,
 }
 
 /// What a re-run would do, step by step, and its hash.
@@ -148,13 +185,6 @@ pub enum RerunRefusal {
         "step {0:?} is UNKNOWN and cannot be looked up (no lookup): resolve it (idem ops resolve), or name it to redo it on purpose"
     )]
     NeedsResolution(String),
-    /// A named step runs for each item of a list, or one of its items FAILED or is
-    /// UNKNOWN: re-running items is not supported; compensate the instance or start a new
-    /// one.
-    #[error(
-        "step {0:?} runs for each item of a list: its items cannot be re-run; compensate the instance (or resolve an UNKNOWN item), or start a new instance"
-    )]
-    ItemsNotRerunnable(String),
     /// A step was re-run too often.
     #[error("step {0:?} was re-run {MAX_RERUNS} times; start a new instance")]
     TooManyReruns(String),
@@ -204,6 +234,9 @@ pub fn plan_rerun(
         InstanceState::Compensated => return Err(RerunRefusal::Compensated),
         _ => {}
     }
+    let mut settled = checkpoints.to_vec();
+    super::items::settle_empty_lists(inst, def, &mut settled);
+    let checkpoints = settled.as_slice();
     let compensating = super::plan::compensation_began(checkpoints);
     if inst.state == InstanceState::Paused && compensating {
         if let Some(n) = named.first() {
@@ -211,13 +244,7 @@ pub fn plan_rerun(
         }
         return plan_compensation_rerun(inst, def, checkpoints, has_lookup);
     }
-    for (step, c) in def.steps.iter().zip(checkpoints).filter(|(s, _)| s.for_each.is_some()) {
-        let stuck = c.items.iter().any(|i| matches!(i.state, StepState::Failed | StepState::Unknown));
-        if named.contains(&step.name) || stuck {
-            return Err(RerunRefusal::ItemsNotRerunnable(step.name.clone()));
-        }
-    }
-    let ctx = input_context(inst, checkpoints);
+    let ctx = super::items::context(inst, def, checkpoints);
     let mut steps = Vec::with_capacity(def.steps.len());
     // The first step that has not SUCCEEDED, with the branches of its parallel group: each
     // of them that failed is redone, each UNKNOWN one looked up (they run at once).
@@ -227,7 +254,7 @@ pub fn plan_rerun(
         let is_named = named.contains(&step.name);
         let foreign = c.foreign_step_operation(step).is_some();
         // A step for each item has no operation of its own: SUCCEEDED once all its items are
-        // (kept), else still to run (its stopped items were refused above).
+        // (kept), else open; its items are planned one by one below.
         let state = match step.for_each {
             Some(_) => (c.state == StepState::Succeeded).then_some(State::Succeeded),
             None => c.operation.as_ref().map(|o| o.state),
@@ -237,6 +264,25 @@ pub fn plan_rerun(
             first_open = Some(def.span(index));
         }
         let first = open && first_open.as_ref().is_some_and(|span| span.contains(&index));
+        if step.for_each.is_some() && !c.items.is_empty() {
+            let items =
+                items::plan_forward(inst, def, checkpoints, index, is_named, first, all_kept_before, has_lookup)?;
+            let disposition = items::summary(&items);
+            all_kept_before &= disposition == StepDisposition::Kept;
+            steps.push(PlannedStep {
+                step: step.name.clone(),
+                state: c.state,
+                disposition,
+                action: step.action.clone(),
+                key: c.row.op_key.clone(),
+                op_key: c.row.op_key.clone(),
+                comp_key: c.row.comp_key.clone(),
+                connector: step.connector.clone(),
+                input: None,
+                items,
+            });
+            continue;
+        }
         let disposition = match (state, is_named) {
             _ if foreign => StepDisposition::Redone,
             (None, _) => StepDisposition::Runs,
@@ -255,18 +301,15 @@ pub fn plan_rerun(
             (Some(_), false) => StepDisposition::Kept,
         };
         let op_key = match disposition {
-            StepDisposition::Redone => {
-                let n = rerun_number(&c.row.op_key) + 1;
-                if n > MAX_RERUNS {
-                    return Err(RerunRefusal::TooManyReruns(step.name.clone()));
-                }
-                rerun_key(&inst.instance_id, &step.key_name(), n)
-            }
+            StepDisposition::Redone => redo_key(inst, &step.key_name(), &c.row.op_key, || step.name.clone())?,
             _ => c.row.op_key.clone(),
         };
         let comp_key = if op_key == c.row.op_key { c.row.comp_key.clone() } else { compensation_key(&op_key) };
         let input = match disposition {
-            StepDisposition::Redone | StepDisposition::Runs if step.connector.is_some() && all_kept_before => {
+            // A step for each item's input is its items' (its list is read when it runs).
+            StepDisposition::Redone | StepDisposition::Runs
+                if step.connector.is_some() && all_kept_before && step.for_each.is_none() =>
+            {
                 build_step_input(&step.input, &ctx).ok()
             }
             _ => None,
@@ -282,12 +325,31 @@ pub fn plan_rerun(
             comp_key,
             connector: step.connector.clone(),
             input,
+            items: Vec::new(),
         });
     }
     if steps.iter().all(|s| s.disposition == StepDisposition::Kept) {
         return Err(RerunRefusal::NothingToRedo);
     }
     Ok(seal(inst, InstanceState::Running, steps))
+}
+
+/// The key a redone step (or item) runs under: `{instance}:{key_name}:rerun-N`, N one more
+/// than its current key's (`op_key`).
+///
+/// # Errors
+/// [`RerunRefusal::TooManyReruns`] naming `who()` past [`MAX_RERUNS`].
+fn redo_key(
+    inst: &InstanceRecord,
+    key_name: &str,
+    op_key: &str,
+    who: impl FnOnce() -> String,
+) -> Result<String, RerunRefusal> {
+    let n = rerun_number(op_key) + 1;
+    if n > MAX_RERUNS {
+        return Err(RerunRefusal::TooManyReruns(who()));
+    }
+    Ok(rerun_key(&inst.instance_id, key_name, n))
 }
 
 /// A re-run of an instance that paused during compensation: its failed compensation is
@@ -300,7 +362,24 @@ fn plan_compensation_rerun(
 ) -> Result<RerunPlan, RerunRefusal> {
     let ctx = input_context(inst, checkpoints);
     let mut steps = Vec::with_capacity(def.steps.len());
-    for (step, c) in def.steps.iter().zip(checkpoints) {
+    for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
+        if !c.items.is_empty() {
+            let items = items::plan_compensation(inst, def, checkpoints, index, has_lookup)?;
+            let comp_def = step.compensation.as_ref();
+            steps.push(PlannedStep {
+                step: step.name.clone(),
+                state: c.state,
+                disposition: items::summary(&items),
+                action: comp_def.map_or_else(|| step.action.clone(), |d| d.action.clone()),
+                key: c.row.comp_key.clone(),
+                op_key: c.row.op_key.clone(),
+                comp_key: c.row.comp_key.clone(),
+                connector: comp_def.and_then(|k| k.connector.clone()),
+                input: None,
+                items,
+            });
+            continue;
+        }
         let comp = c.compensation.as_ref();
         let foreign = c.foreign_compensation(step).is_some();
         let state = comp.map(|o| if foreign { State::Failed } else { o.state });
@@ -337,6 +416,7 @@ fn plan_compensation_rerun(
             comp_key,
             connector: comp_def.and_then(|k| k.connector.clone()),
             input,
+            items: Vec::new(),
         });
     }
     if steps.iter().all(|s| s.disposition == StepDisposition::Kept) {
@@ -367,7 +447,7 @@ fn seal(inst: &InstanceRecord, resumes_as: InstanceState, steps: Vec<PlannedStep
 /// # Errors
 /// [`RerunRefusal::PlanChanged`] when `approved` (a hash the caller saw) is not the plan's;
 /// [`RerunRefusal::PlanHashRequired`] when nothing was approved and the plan redoes a step
-/// that SUCCEEDED or is UNKNOWN.
+/// (or an item) that SUCCEEDED or is UNKNOWN.
 pub fn plan_rerun_apply(
     inst: &InstanceRecord,
     plan: &RerunPlan,
@@ -381,13 +461,17 @@ pub fn plan_rerun_apply(
     {
         return Err(RerunRefusal::PlanChanged { approved: a.to_owned(), now: plan.hash.clone() });
     }
-    let effects_again: Vec<String> = plan
-        .steps
-        .iter()
-        .filter(|s| s.disposition == StepDisposition::Redone)
-        .filter(|s| matches!(s.state, StepState::Succeeded | StepState::Unknown))
-        .map(|s| s.step.clone())
-        .collect();
+    let again = |d: StepDisposition, s: StepState| {
+        d == StepDisposition::Redone && matches!(s, StepState::Succeeded | StepState::Unknown)
+    };
+    let mut effects_again = Vec::new();
+    for s in &plan.steps {
+        if s.items.is_empty() && again(s.disposition, s.state) {
+            effects_again.push(s.step.clone());
+        }
+        let items = s.items.iter().filter(|i| again(i.disposition, i.state));
+        effects_again.extend(items.map(|i| format!("{} (item {})", s.step, i.item)));
+    }
     if approved.is_none() && !effects_again.is_empty() {
         return Err(RerunRefusal::PlanHashRequired { steps: effects_again, now: plan.hash.clone() });
     }
@@ -401,17 +485,22 @@ pub fn plan_rerun_apply(
     rec.next_run_at = Some(now_ms);
     rec.updated_at = now_ms;
     rec.version += 1;
-    let summary: Vec<String> = plan
-        .steps
-        .iter()
-        .filter(|s| s.disposition != StepDisposition::Kept)
-        .map(|s| match s.disposition {
-            StepDisposition::Redone => format!("{} redone as {}", s.step, s.op_key),
-            StepDisposition::Compensated => format!("{} compensated again as {}", s.step, s.comp_key),
-            StepDisposition::LookedUp => format!("{} looked up first", s.step),
-            _ => format!("{} runs", s.step),
-        })
-        .collect();
+    let line = |name: &str, d: StepDisposition, op_key: &str, comp_key: &str| match d {
+        StepDisposition::Redone => format!("{name} redone as {op_key}"),
+        StepDisposition::Compensated => format!("{name} compensated again as {comp_key}"),
+        StepDisposition::LookedUp => format!("{name} looked up first"),
+        _ => format!("{name} runs"),
+    };
+    let mut summary: Vec<String> = Vec::new();
+    for s in plan.steps.iter().filter(|s| s.disposition != StepDisposition::Kept) {
+        if s.items.is_empty() {
+            summary.push(line(&s.step, s.disposition, &s.op_key, &s.comp_key));
+        }
+        for i in s.items.iter().filter(|i| i.disposition != StepDisposition::Kept) {
+            let name = format!("{} item {}", s.step, i.item);
+            summary.push(line(&name, i.disposition, &i.op_key, &i.comp_key));
+        }
+    }
     let mut e = InstanceEvent::new(actor, &rec, InstanceEventKind::Rerun, now_ms);
     e.from_state = Some(inst.state);
     e.reason = Some(format!("operator re-run: {}; plan {}: {}", reason.trim(), &plan.hash[..12], summary.join(", ")));
@@ -440,20 +529,32 @@ pub fn plan_superseded(
     now_ms: i64,
 ) -> Vec<Superseded> {
     let mut out = Vec::new();
+    // (what was redone, as named in the message; its plan line's disposition and new key;
+    // its checkpoint), for the steps and the items.
+    let mut redone: Vec<(String, StepDisposition, &str, Checkpoint)> = Vec::new();
     for ((p, c), step) in plan.steps.iter().zip(checkpoints).zip(&def.steps) {
+        if p.items.is_empty() {
+            if c.foreign_step_operation(step).is_none() {
+                redone.push((format!("step {:?}", p.step), p.disposition, &p.op_key, c.clone()));
+            }
+            continue;
+        }
+        for (i, ic) in p.items.iter().zip(&c.items) {
+            let cp = ic.as_checkpoint();
+            if cp.foreign_step_operation(step).is_none() {
+                redone.push((format!("item {:?} of step {:?}", i.item, p.step), i.disposition, &i.op_key, cp));
+            }
+        }
+    }
+    for (what, disposition, new_key, c) in redone {
         let Some(op) = c.operation.as_ref() else { continue };
-        if p.disposition != StepDisposition::Redone
-            || p.op_key == c.row.op_key
-            || op.state != State::Unknown
-            || c.foreign_step_operation(step).is_some()
-        {
+        if disposition != StepDisposition::Redone || new_key == c.row.op_key || op.state != State::Unknown {
             continue;
         }
         let head = format!(
             // No "superseded:" prefix: the error class says it, and the CLI shows
             // "CLASS: MESSAGE" ("superseded: superseded: ..." was read twice).
-            "step {:?} re-run as {} (the outcome of this attempt was never known)",
-            p.step, p.op_key
+            "{what} re-run as {new_key} (the outcome of this attempt was never known)"
         );
         let full = format!("{head}: {}", reason.trim());
         let planned = crate::plan_resolution(op, State::Failed, None, &full, None, actor, now_ms)
@@ -465,6 +566,8 @@ pub fn plan_superseded(
     }
     out
 }
+
+mod items;
 
 #[cfg(test)]
 mod tests;

@@ -107,7 +107,8 @@ pub struct CheckpointView {
     pub position: i64,
     /// Key of the step's operation (`{instance}:{step}`; `{instance}:{group}:{step}` for a
     /// branch of a parallel group): GET `/v1/operations/{key}` for its
-    /// full timeline.
+    /// full timeline. For a step for each item it is only the prefix of its items' keys
+    /// (`{instance}:{step}:{item}`): no operation has it; see `items`.
     pub operation_key: String,
     /// Action of the step.
     pub action: String,
@@ -511,6 +512,46 @@ pub struct PlannedStepView {
     /// turn comes.
     #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
+    /// For a step for each item whose list was read: each item, in the list's order, planned
+    /// as a step is (absent for other steps). The step's own line then sums its items up:
+    /// its disposition is the strongest of theirs (`redone`, `compensated`, `looked_up`,
+    /// `runs`, `kept`), and its keys are only the prefix of its items' keys (no operation
+    /// has them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<PlannedItemView>>,
+}
+
+/// One item of a step for each item in a re-run plan.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PlannedItemView {
+    /// The item's identity (the value of its step's `for_each.id` field).
+    #[schema(example = "r-17")]
+    pub item: String,
+    /// The item's state now (its compensation's, for a compensation re-run).
+    #[schema(example = "FAILED")]
+    pub state: String,
+    /// As for a step: `kept`, `runs`, `redone` (under `{item key}:rerun-N`), `looked_up`,
+    /// `compensated` (under `{item key}:compensate-N`) or `compensation_runs`.
+    #[schema(example = "redone")]
+    pub disposition: String,
+    /// The action performed: the step's, or its compensation's in a compensation re-run.
+    pub action: String,
+    /// The key of the operation this line acts on: `operation_key`, or `compensation_key`
+    /// in a compensation re-run.
+    pub key: String,
+    /// The operation key the item runs under.
+    pub operation_key: String,
+    /// The key of its compensation.
+    pub compensation_key: String,
+    /// The input it would send (an item or compensation idem redoes or runs), when it is
+    /// known now.
+    #[schema(value_type = Option<Object>)]
+    pub input: Option<Value>,
+}
+
+/// The wire name of a disposition (`redone`, `looked_up`, …).
+fn disposition_name(d: idem_core::flow::StepDisposition) -> String {
+    serde_json::to_value(d).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
 /// What a re-run does (or did), with the plan's hash.
@@ -542,16 +583,28 @@ impl RerunView {
                 .map(|s| PlannedStepView {
                     step: s.step,
                     state: s.state.as_str().into(),
-                    disposition: serde_json::to_value(s.disposition)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default(),
+                    disposition: disposition_name(s.disposition),
                     action: s.action,
                     key: s.key,
                     operation_key: s.op_key,
                     compensation_key: s.comp_key,
                     connector: s.connector,
                     input: s.input,
+                    items: (!s.items.is_empty()).then(|| {
+                        s.items
+                            .into_iter()
+                            .map(|i| PlannedItemView {
+                                item: i.item,
+                                state: i.state.as_str().into(),
+                                disposition: disposition_name(i.disposition),
+                                action: i.action,
+                                key: i.key,
+                                operation_key: i.op_key,
+                                compensation_key: i.comp_key,
+                                input: i.input,
+                            })
+                            .collect()
+                    }),
                 })
                 .collect(),
             instance: instance.map(InstanceView::of),

@@ -97,7 +97,6 @@ fn rerun_problem(r: idem_core::flow::RerunRefusal, detail: String) -> Problem {
         R::NothingToRedo => (StatusCode::CONFLICT, "nothing-to-rerun"),
         R::NeedsResolution(_) => (StatusCode::CONFLICT, "step-needs-resolution"),
         R::TooManyReruns(_) => (StatusCode::CONFLICT, "too-many-reruns"),
-        R::ItemsNotRerunnable(_) => (StatusCode::CONFLICT, "items-not-rerunnable"),
         R::PlanChanged { .. } => (StatusCode::CONFLICT, "plan-changed"),
         // RFC 6585 §3: the server requires the request to be conditional (on a plan hash).
         R::PlanHashRequired { .. } => (StatusCode::PRECONDITION_REQUIRED, "plan-hash-required"),
@@ -374,11 +373,12 @@ pub async fn complete_step(
 
 /// Re-run an instance, guarded (`operator` role, a reason): a dry run shows exactly what it
 /// would do — per step kept, runs, redone (a new side effect under a new key), looked up
-/// first, compensated or compensation_runs, with the action and key each acts on — with a
-/// plan hash; a run may pass that hash and is refused if the
-/// instance changed since. A step that SUCCEEDED is redone only when named, and a run that
-/// redoes a SUCCEEDED or UNKNOWN step must pass the hash (428 without it), so a request
-/// sent twice cannot redo it twice.
+/// first, compensated or compensation_runs, with the action and key each acts on, and for a
+/// step for each item the same per item (`items`: a plain re-run redoes its failed items,
+/// naming the step redoes them all) — with a plan hash; a run may pass that hash and is
+/// refused if the instance changed since. A step that SUCCEEDED is redone only when named,
+/// and a run that redoes a SUCCEEDED or UNKNOWN step (or item) must pass the hash (428
+/// without it), so a request sent twice cannot redo it twice.
 #[utoipa::path(
     post, path = "/v1/workflows/{instance}/rerun", tag = "workflows",
     params(("instance" = String, Path, description = "Instance id (percent-encoded)")),
@@ -389,9 +389,9 @@ pub async fn complete_step(
         (status = 401, description = "Missing or invalid API key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The key's role is not `operator` or `admin`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such instance in the caller's tenant", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "Refused, nothing changed: `plan-changed` (the instance changed since the approved plan), `instance-running`, `instance-compensated`, `step-busy`, `compensation-in-progress`, `nothing-to-rerun`, `step-needs-resolution`, `too-many-reruns`, `items-not-rerunnable` (a step for each item)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Refused, nothing changed: `plan-changed` (the instance changed since the approved plan), `instance-running`, `instance-compensated`, `step-busy`, `compensation-in-progress`, `nothing-to-rerun`, `step-needs-resolution`, `too-many-reruns`; when it concerns an item of a step for each item, the detail names the item (`send (item r2)`)", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "The instance was removed after its retention window", body = Problem, content_type = "application/problem+json"),
-        (status = 428, description = "`plan-hash-required`: the re-run redoes a step that SUCCEEDED or is UNKNOWN (a new side effect), so it runs only with the `plan_hash` of a dry run (RFC 6585 §3); the detail names the steps and the plan hash now", body = Problem, content_type = "application/problem+json"),
+        (status = 428, description = "`plan-hash-required`: the re-run redoes a step (or an item of a step for each item) that SUCCEEDED or is UNKNOWN (a new side effect), so it runs only with the `plan_hash` of a dry run (RFC 6585 §3); the detail names the steps and the plan hash now", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

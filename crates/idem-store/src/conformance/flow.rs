@@ -247,7 +247,7 @@ pub(super) async fn compensations_are_checkpointed_and_reruns_repoint_steps(h: H
         "ORD-13:send_confirmation:rerun-1:compensate".to_string(),
     )];
     let stale = InstanceUpdate { record: rec.clone(), read_version: inst.version - 1, events: events.clone() };
-    let write = |update, keys| crate::flow::RerunWrite { update, keys, superseded: Vec::new() };
+    let write = |update, keys| crate::flow::RerunWrite { update, keys, item_keys: Vec::new(), superseded: Vec::new() };
     assert!(!flows.apply_rerun(write(stale, keys.clone())).await.unwrap(), "a stale version writes nothing");
     assert_eq!(flows.checkpoints(&h.tenant, "ORD-13").await.unwrap()[1].row.op_key, "ORD-13:send_confirmation");
     let update = InstanceUpdate { record: rec, read_version: inst.version, events };
@@ -259,27 +259,31 @@ pub(super) async fn compensations_are_checkpointed_and_reruns_repoint_steps(h: H
     assert_eq!(step.step, "send_confirmation");
 }
 
+/// Item `item` (at `seq` in its list) of step `send_confirmation` of instance `id`, with its
+/// derived keys.
+fn item_row(h: &Harness, id: &str, item: &str, seq: i64) -> idem_core::flow::ItemRow {
+    let op_key = idem_core::flow::item_key(id, "send_confirmation", item);
+    idem_core::flow::ItemRow {
+        tenant: h.tenant.clone(),
+        instance_id: id.into(),
+        position: 1,
+        step: "send_confirmation".into(),
+        item: item.into(),
+        seq,
+        comp_key: idem_core::flow::compensation_key(&op_key),
+        op_key,
+        policy: idem_core::flow::RecoveryPolicy::RedoSafe,
+    }
+}
+
 /// The items of a step for each item: written once (again: nothing changes), read with
 /// their operations and compensations in the checkpoints, found by their keys, and removed
 /// with their instance.
 pub(super) async fn items_are_written_once_and_read_with_their_operations(h: Harness) {
-    use idem_core::flow::{ItemRow, RecoveryPolicy, compensation_key, item_key};
+    use idem_core::flow::{compensation_key, item_key};
     let flows = h.store.flows();
     flows.start_instance(start(&h, "ORD-11", json!({}))).await.unwrap();
-    let row = |item: &str, seq: i64| {
-        let op_key = item_key("ORD-11", "send_confirmation", item);
-        ItemRow {
-            tenant: h.tenant.clone(),
-            instance_id: "ORD-11".into(),
-            position: 1,
-            step: "send_confirmation".into(),
-            item: item.into(),
-            seq,
-            comp_key: compensation_key(&op_key),
-            op_key,
-            policy: RecoveryPolicy::RedoSafe,
-        }
-    };
+    let row = |item: &str, seq: i64| item_row(&h, "ORD-11", item, seq);
     flows.add_items(vec![row("r2", 1), row("r1", 2)]).await.unwrap();
     flows.add_items(vec![row("r1", 1), row("r2", 2)]).await.unwrap();
     let mut input = step_input(&h, "ORD-11", "x");
@@ -303,4 +307,55 @@ pub(super) async fn items_are_written_once_and_read_with_their_operations(h: Har
     );
     let other_tenant = format!("{}-b", h.tenant);
     assert!(flows.step_of_operation(&other_tenant, "ORD-11:send_confirmation:r1").await.unwrap().is_none());
+}
+
+/// A re-run points an item at its new key (`{item key}:rerun-1`) with the instance, at the
+/// version it was planned from only: the item's checkpoint then reads the new key's
+/// operation (none yet: NOT_STARTED), its old operation stays under the old key, and the
+/// new key finds the item; the other items keep theirs.
+pub(super) async fn reruns_repoint_items(h: Harness) {
+    use idem_core::flow::{compensation_key, item_key};
+    let flows = h.store.flows();
+    let inst = flows.start_instance(start(&h, "ORD-12", json!({}))).await.unwrap().instance;
+    let row = |item: &str, seq: i64| item_row(&h, "ORD-12", item, seq);
+    flows.add_items(vec![row("r1", 1), row("r2", 2)]).await.unwrap();
+    for item in ["r1", "r2"] {
+        let mut input = step_input(&h, "ORD-12", "send_confirmation");
+        input.key = item_key("ORD-12", "send_confirmation", item);
+        let t = h.store.acquire(input.clone()).await.unwrap().record.fencing_token;
+        let outcome = match item {
+            "r1" => success("sent-r1"),
+            _ => idem_core::Outcome::FinalFailure { error_class: "validation".into(), message: None, result: None },
+        };
+        h.store.complete(complete(&h, &input.key, t, outcome)).await.unwrap();
+    }
+    let cps = flows.checkpoints(&h.tenant, "ORD-12").await.unwrap();
+    assert_eq!(cps[1].items[1].state, StepState::Failed);
+
+    let now = 1_010_000;
+    let next = Next::Wait { index: 1, until_ms: now };
+    let (rec, events) = plan_instance_update(&inst, &definition(), &next, &Actor::system(), now).unwrap();
+    let new_key = "ORD-12:send_confirmation:r2:rerun-1".to_string();
+    let item_keys = vec![(1, "r2".to_string(), new_key.clone(), compensation_key(&new_key))];
+    let write =
+        |update, item_keys| crate::flow::RerunWrite { update, keys: Vec::new(), item_keys, superseded: Vec::new() };
+    let stale = InstanceUpdate { record: rec.clone(), read_version: inst.version - 1, events: events.clone() };
+    assert!(!flows.apply_rerun(write(stale, item_keys.clone())).await.unwrap(), "a stale version writes nothing");
+    let cps = flows.checkpoints(&h.tenant, "ORD-12").await.unwrap();
+    assert_eq!(cps[1].items[1].row.op_key, "ORD-12:send_confirmation:r2");
+    let update = InstanceUpdate { record: rec, read_version: inst.version, events };
+    assert!(flows.apply_rerun(write(update, item_keys)).await.unwrap());
+    let cps = flows.checkpoints(&h.tenant, "ORD-12").await.unwrap();
+    let items: Vec<_> = cps[1].items.iter().map(|i| (i.row.item.as_str(), i.row.op_key.as_str(), i.state)).collect();
+    assert_eq!(
+        items,
+        [("r1", "ORD-12:send_confirmation:r1", StepState::Succeeded), ("r2", new_key.as_str(), StepState::NotStarted),],
+        "only the re-run item moves; its new key has no operation yet"
+    );
+    assert_eq!(cps[1].items[1].row.comp_key, "ORD-12:send_confirmation:r2:rerun-1:compensate");
+    let old = h.store.get(&h.tenant, "ORD-12:send_confirmation:r2").await.unwrap().unwrap();
+    assert_eq!(old.state, idem_core::State::Failed, "the old attempt stays, with its evidence");
+    let found = flows.step_of_operation(&h.tenant, &new_key).await.unwrap().unwrap();
+    assert_eq!((found.step.as_str(), found.op_key.as_str()), ("send_confirmation", new_key.as_str()));
+    assert!(flows.step_of_operation(&h.tenant, "ORD-12:send_confirmation:r2").await.unwrap().is_none());
 }

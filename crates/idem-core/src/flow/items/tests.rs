@@ -6,11 +6,11 @@ use crate::State;
 use crate::flow::canned::{ID, NOW, made_by_idem, op_at};
 use crate::flow::plan::{plan_advance, plan_instance_update};
 use crate::flow::record::{ItemCheckpoint, StepRow, step_key};
-use crate::flow::{InstanceState, plan_start};
+use crate::flow::{InstanceState, StepState, plan_start};
 use crate::record::{Actor, OperationRecord};
 use serde_json::json;
 
-fn def(on_failure: &str) -> Definition {
+pub(crate) fn def(on_failure: &str) -> Definition {
     serde_json::from_value(json!({
         "name": "each",
         "steps": [
@@ -27,11 +27,11 @@ fn def(on_failure: &str) -> Definition {
     .unwrap()
 }
 
-fn recipients(ids: &[&str]) -> serde_json::Value {
+pub(crate) fn recipients(ids: &[&str]) -> serde_json::Value {
     json!(ids.iter().map(|id| json!({"id": id, "address": format!("{id}@example.org")})).collect::<Vec<_>>())
 }
 
-fn instance(d: &Definition, ids: &[&str]) -> InstanceRecord {
+pub(crate) fn instance(d: &Definition, ids: &[&str]) -> InstanceRecord {
     let mut start = crate::flow::canned::start();
     start.workflow = d.name.clone();
     start.definition_version = d.version();
@@ -39,7 +39,7 @@ fn instance(d: &Definition, ids: &[&str]) -> InstanceRecord {
     plan_start(None, None, &start, NOW - 10_000).record
 }
 
-fn op(key: &str, action: &str, state: State) -> OperationRecord {
+pub(crate) fn op(key: &str, action: &str, state: State) -> OperationRecord {
     let mut r = op_at(key, state);
     r.action = action.into();
     r.connector = Some("c".into());
@@ -51,7 +51,11 @@ fn op(key: &str, action: &str, state: State) -> OperationRecord {
 
 /// Checkpoints: create_order in `first`, the items of `send` with their states (and
 /// compensations), close not started.
-fn cps(d: &Definition, first: Option<State>, items: &[(&str, Option<State>, Option<State>)]) -> Vec<Checkpoint> {
+pub(crate) fn cps(
+    d: &Definition,
+    first: Option<State>,
+    items: &[(&str, Option<State>, Option<State>)],
+) -> Vec<Checkpoint> {
     let rows = StepRow::all_of("t", ID, d);
     let first = Checkpoint::of(rows[0].clone(), first.map(|s| op(&step_key(ID, "create_order"), "create_order", s)));
     let items = items
@@ -77,7 +81,7 @@ fn cps(d: &Definition, first: Option<State>, items: &[(&str, Option<State>, Opti
     vec![first, Checkpoint::with_items(rows[1].clone(), items), Checkpoint::of(rows[2].clone(), None)]
 }
 
-const S: Option<State> = Some(State::Succeeded);
+pub(crate) const S: Option<State> = Some(State::Succeeded);
 
 #[test]
 fn items_are_planned_by_identity_not_position() {
@@ -101,7 +105,10 @@ fn items_are_planned_by_identity_not_position() {
     let mut inst = instance(&d, &["r1"]);
     inst.input = json!({"recipients": [{"id": "r1", "address": "x"}, {"id": "r1", "address": "y"}]});
     let e = plan_items(&inst, &d, &cps(&d, S, &[]), 1).unwrap_err();
-    assert!(e.contains("different contents"), "{e}");
+    assert!(e.contains("items 1 and 2 have the identity \"r1\" with different contents"), "{e}");
+    inst.input = json!({"recipients": [{"id": "r1", "address": "x"}, {"id": "r2", "address": "y"}, {"id": "r1", "address": "z"}]});
+    let e = plan_items(&inst, &d, &cps(&d, S, &[]), 1).unwrap_err();
+    assert!(e.starts_with("items 1 and 3 have the identity \"r1\""), "both positions: {e}");
     inst.input = json!({"recipients": {"id": "r1"}});
     let n = plan_advance(&inst, &d, &cps(&d, S, &[]), NOW).unwrap();
     assert!(matches!(n, Next::Finish { state: InstanceState::Failed, class: Some("step_input"), .. }), "{n:?}");
@@ -208,11 +215,14 @@ fn a_bad_for_each_is_refused_naming_its_field() {
     def("pause").validate("workflows.w", &caps).unwrap();
 }
 
-/// A re-run keeps a step for each item whose items all SUCCEEDED and redoes the failed
-/// step after it; one with a failed item is refused (items are not re-run).
+/// A re-run plans each item as a step (`rerun::items`'s table): with the items all
+/// SUCCEEDED the step is kept and the failed step after it redone; paused on a FAILED item
+/// (r2; r1 and r3 SUCCEEDED), a plain re-run redoes only r2, under `…:send:r2:rerun-1`,
+/// each item its own line with its input, and the step after it runs; a second re-run of
+/// it gets `:rerun-2`.
 #[test]
-fn a_rerun_keeps_finished_items_and_refuses_failed_ones() {
-    use crate::flow::rerun::{RerunRefusal, StepDisposition, plan_rerun};
+fn a_plain_rerun_redoes_only_the_failed_items() {
+    use crate::flow::rerun::{StepDisposition::*, plan_rerun};
     let d = def("pause");
     let mut inst = instance(&d, &["r1", "r2"]);
     inst.state = InstanceState::Failed;
@@ -221,10 +231,172 @@ fn a_rerun_keeps_finished_items_and_refuses_failed_ones() {
         Checkpoint::of(checkpoints[2].row.clone(), Some(op(&step_key(ID, "close"), "close", State::Failed)));
     let plan = plan_rerun(&inst, &d, &checkpoints, &[], &|_| false).unwrap();
     let dispositions: Vec<_> = plan.steps.iter().map(|p| p.disposition).collect();
-    assert_eq!(dispositions, [StepDisposition::Kept, StepDisposition::Kept, StepDisposition::Redone]);
-    let failed = cps(&d, S, &[("r1", S, None), ("r2", Some(State::Failed), None)]);
-    let refused = plan_rerun(&inst, &d, &failed, &[], &|_| false).unwrap_err();
-    assert_eq!(refused, RerunRefusal::ItemsNotRerunnable("send".into()));
+    assert_eq!(dispositions, [Kept, Kept, Redone]);
+    assert!(plan.steps[1].items.iter().all(|i| i.disposition == Kept), "{:?}", plan.steps[1]);
+
+    let mut inst = instance(&d, &["r1", "r2", "r3"]);
+    inst.state = InstanceState::Paused;
+    let f = Some(State::Failed);
+    let checkpoints = cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", S, None)]);
+    let plan = plan_rerun(&inst, &d, &checkpoints, &[], &|_| false).unwrap();
+    let send = &plan.steps[1];
+    let lines: Vec<_> = send.items.iter().map(|i| (i.item.as_str(), i.disposition, i.key.as_str())).collect();
+    assert_eq!(
+        lines,
+        [
+            ("r1", Kept, "ORD-7:intake:send:r1"),
+            ("r2", Redone, "ORD-7:intake:send:r2:rerun-1"),
+            ("r3", Kept, "ORD-7:intake:send:r3")
+        ]
+    );
+    assert_eq!(send.items[1].comp_key, "ORD-7:intake:send:r2:rerun-1:compensate");
+    assert_eq!(send.items[1].input, Some(json!({"to": "r2@example.org", "order": 42})), "what it would send");
+    assert_eq!((send.items[1].state, send.items[1].action.as_str()), (StepState::Failed, "send"));
+    assert_eq!(send.items[0].input, None, "a kept item sends nothing");
+    assert_eq!((send.disposition, send.key.as_str()), (Redone, "ORD-7:intake:send"), "the step's line sums up");
+    assert_eq!((plan.steps[2].disposition, &plan.steps[2].input), (Runs, &None), "built from the new result");
+
+    // The re-run item failed again: the next re-run gets `:rerun-2`.
+    let mut again = checkpoints.clone();
+    let r2 = &mut again[1].items[1];
+    r2.row.op_key = "ORD-7:intake:send:r2:rerun-1".into();
+    r2.row.comp_key = compensation_key(&r2.row.op_key);
+    r2.operation = Some(op(&r2.row.op_key, "send", State::Failed));
+    let second = plan_rerun(&inst, &d, &again, &[], &|_| false).unwrap();
+    assert_eq!(second.steps[1].items[1].key, "ORD-7:intake:send:r2:rerun-2");
+    assert_ne!(second.hash, plan.hash);
+}
+
+/// The plan hash covers the items: an item's state, and which items are named.
+#[test]
+fn the_plan_hash_covers_each_item() {
+    use crate::flow::rerun::plan_rerun;
+    let d = def("pause");
+    let mut inst = instance(&d, &["r1", "r2", "r3"]);
+    inst.state = InstanceState::Paused;
+    let f = Some(State::Failed);
+    let base =
+        plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", S, None)]), &[], &|_| false)
+            .unwrap();
+    let same =
+        plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", S, None)]), &[], &|_| false)
+            .unwrap();
+    assert_eq!(base.hash, same.hash);
+    let e = Some(State::Executing);
+    let moved =
+        plan_rerun(&inst, &d, &cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", e, None)]), &[], &|_| false)
+            .unwrap();
+    assert_eq!(moved.steps[1].items[2].disposition, crate::flow::StepDisposition::Kept, "on its way: kept");
+    assert_ne!(moved.hash, base.hash, "r3's state changed: another plan");
+}
+
+/// Naming the step redoes every item, under new keys (an item on its way refuses it); an
+/// UNKNOWN item is looked up when its connector can, else a person resolves it first (or
+/// the step is named); an item re-run 999 times is refused.
+#[test]
+fn naming_the_step_redoes_every_item_and_unknown_items_follow_the_step_rules() {
+    use crate::flow::rerun::{RerunRefusal, StepDisposition::*, plan_rerun};
+    let d = def("pause");
+    let mut inst = instance(&d, &["r1", "r2", "r3"]);
+    inst.state = InstanceState::Paused;
+    let (f, u) = (Some(State::Failed), Some(State::Unknown));
+    let named = ["send".to_owned()];
+    let checkpoints = cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", S, None)]);
+    let plan = plan_rerun(&inst, &d, &checkpoints, &named, &|_| false).unwrap();
+    let keys: Vec<_> = plan.steps[1].items.iter().map(|i| (i.disposition, i.key.as_str())).collect();
+    assert_eq!(
+        keys,
+        [
+            (Redone, "ORD-7:intake:send:r1:rerun-1"),
+            (Redone, "ORD-7:intake:send:r2:rerun-1"),
+            (Redone, "ORD-7:intake:send:r3:rerun-1")
+        ]
+    );
+    assert_eq!(plan.steps[0].disposition, Kept);
+    let busy = cps(&d, S, &[("r1", S, None), ("r2", Some(State::Executing), None)]);
+    assert_eq!(
+        plan_rerun(&inst, &d, &busy, &named, &|_| false),
+        Err(RerunRefusal::StepBusy { step: "send (item r2)".into(), state: StepState::Executing })
+    );
+
+    let unknown = cps(&d, S, &[("r1", S, None), ("r2", u, None)]);
+    assert_eq!(
+        plan_rerun(&inst, &d, &unknown, &[], &|_| false),
+        Err(RerunRefusal::NeedsResolution("send (item r2)".into())),
+        "no lookup: a person resolves it, or names the step"
+    );
+    let looked = plan_rerun(&inst, &d, &unknown, &[], &|c| c == "c").unwrap();
+    let lines: Vec<_> = looked.steps[1].items.iter().map(|i| (i.disposition, i.key.as_str())).collect();
+    assert_eq!(lines, [(Kept, "ORD-7:intake:send:r1"), (LookedUp, "ORD-7:intake:send:r2")]);
+    assert_eq!(looked.steps[1].disposition, LookedUp);
+    let redone = plan_rerun(&inst, &d, &unknown, &named, &|_| false).unwrap();
+    assert_eq!(redone.steps[1].items[1].key, "ORD-7:intake:send:r2:rerun-1");
+
+    let mut worn = cps(&d, S, &[("r1", S, None), ("r2", f, None)]);
+    let r2 = &mut worn[1].items[1];
+    r2.row.op_key = format!("ORD-7:intake:send:r2:rerun-{}", crate::flow::record::MAX_RERUNS);
+    r2.operation = Some(op(&r2.row.op_key, "send", State::Failed));
+    assert_eq!(
+        plan_rerun(&inst, &d, &worn, &[], &|_| false),
+        Err(RerunRefusal::TooManyReruns("send (item r2)".into()))
+    );
+}
+
+/// Paused during compensation with an item's compensation FAILED (r1's): a re-run redoes
+/// it under `{item key}:compensate-2`, runs the compensations not begun (r3's, then
+/// create_order's) and keeps the failed item (nothing to undo).
+#[test]
+fn a_compensation_rerun_redoes_failed_item_compensations() {
+    use crate::flow::rerun::{StepDisposition::*, plan_rerun};
+    let d = def("compensate");
+    let mut inst = instance(&d, &["r1", "r2", "r3"]);
+    inst.state = InstanceState::Paused;
+    let f = Some(State::Failed);
+    let checkpoints = cps(&d, S, &[("r1", S, f), ("r2", f, None), ("r3", S, None)]);
+    let plan = plan_rerun(&inst, &d, &checkpoints, &[], &|_| false).unwrap();
+    assert_eq!(plan.resumes_as, InstanceState::Compensating);
+    let lines: Vec<_> = plan.steps[1].items.iter().map(|i| (i.disposition, i.key.as_str())).collect();
+    assert_eq!(
+        lines,
+        [
+            (Compensated, "ORD-7:intake:send:r1:compensate-2"),
+            (Kept, "ORD-7:intake:send:r2:compensate"),
+            (CompensationRuns, "ORD-7:intake:send:r3:compensate")
+        ]
+    );
+    assert_eq!(plan.steps[1].items[0].action, "unsend");
+    assert_eq!(plan.steps[1].items[0].input, Some(json!({"to": "r1@example.org"})));
+    assert_eq!(plan.steps[1].disposition, Compensated);
+    assert_eq!(plan.steps[0].disposition, CompensationRuns);
+}
+
+/// A step for each item whose list was empty: NOT_STARTED until the instance moves past
+/// it, then SUCCEEDED (no operation invented); a re-run of the step after it keeps it.
+#[test]
+fn an_empty_list_is_succeeded_once_the_instance_moved_past_it() {
+    use crate::flow::rerun::{StepDisposition::*, plan_rerun};
+    let d = def("pause");
+    let mut inst = instance(&d, &[]);
+    let mut waiting = cps(&d, S, &[]);
+    settle_empty_lists(&inst, &d, &mut waiting);
+    assert_eq!(waiting[1].state, StepState::NotStarted, "not passed yet");
+    let mut failed = cps(&d, S, &[]);
+    failed[2] = Checkpoint::of(failed[2].row.clone(), Some(op(&step_key(ID, "close"), "close", State::Failed)));
+    inst.state = InstanceState::Failed;
+    let plan = plan_rerun(&inst, &d, &failed, &[], &|_| false).unwrap();
+    let dispositions: Vec<_> = plan.steps.iter().map(|p| p.disposition).collect();
+    assert_eq!(dispositions, [Kept, Kept, Redone]);
+    assert_eq!(plan.steps[2].input, Some(json!({"sent": {}})), "the empty list's result is {{}}");
+    settle_empty_lists(&inst, &d, &mut failed);
+    assert_eq!((failed[1].state, failed[1].operation.is_none()), (StepState::Succeeded, true));
+    let mut done = cps(&d, S, &[]);
+    inst.state = InstanceState::Succeeded;
+    settle_empty_lists(&inst, &d, &mut done);
+    assert_eq!(done[1].state, StepState::Succeeded);
+    // A list that is not empty (now) is not settled: its items were never planned.
+    let mut full = cps(&d, S, &[]);
+    settle_empty_lists(&instance(&d, &["r1"]), &d, &mut full);
+    assert_eq!(full[1].state, StepState::NotStarted);
 }
 
 /// An UNKNOWN item (policy `redo_safe` here, in the review queue) is settled by a person

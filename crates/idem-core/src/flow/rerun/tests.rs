@@ -220,3 +220,40 @@ fn applying_checks_the_approved_hash_and_audits_the_reason() {
         "{why}"
     );
 }
+
+/// An item is redone as a step is: a plan that redoes a SUCCEEDED or UNKNOWN item (the
+/// step named) runs only with its hash, naming the items; the audit event names each item
+/// and its new key; an UNKNOWN item's old operation is closed (`superseded`), a FAILED
+/// one's is left as it is.
+#[test]
+fn redoing_items_needs_the_hash_audits_each_item_and_supersedes_unknown_ones() {
+    use crate::flow::items::tests::{S, cps, def, instance};
+    let d = def("pause");
+    let mut inst = instance(&d, &["r1", "r2", "r3"]);
+    inst.state = InstanceState::Paused;
+    let (f, u) = (Some(State::Failed), Some(State::Unknown));
+    let checkpoints = cps(&d, S, &[("r1", S, None), ("r2", f, None), ("r3", u, None)]);
+    let ops = Actor { principal: "ops-anna".into(), request_id: None };
+    let named = ["send".to_owned()];
+    let plan = plan_rerun(&inst, &d, &checkpoints, &named, &|_| false).unwrap();
+    match plan_rerun_apply(&inst, &plan, None, "the mail relay is fixed", &ops, NOW) {
+        Err(RerunRefusal::PlanHashRequired { steps, now }) => {
+            assert_eq!(steps, ["send (item r1)", "send (item r3)"], "SUCCEEDED and UNKNOWN, not FAILED");
+            assert_eq!(now, plan.hash);
+        }
+        other => panic!("{other:?}"),
+    }
+    let (_, e) = plan_rerun_apply(&inst, &plan, Some(&plan.hash), "the mail relay is fixed", &ops, NOW).unwrap();
+    let why = e.reason.unwrap();
+    assert!(why.contains("send item r2 redone as ORD-7:intake:send:r2:rerun-1"), "{why}");
+    let closed = plan_superseded(&d, &plan, &checkpoints, "the mail relay is fixed", &ops, NOW);
+    let keys: Vec<_> = closed.iter().map(|(r, _, _)| (r.key.as_str(), r.state, r.error_class.as_deref())).collect();
+    assert_eq!(keys, [("ORD-7:intake:send:r3", State::Failed, Some("superseded"))]);
+    let message = closed[0].0.error_message.clone().unwrap();
+    assert!(message.contains("item \"r3\" of step \"send\" re-run as ORD-7:intake:send:r3:rerun-1"), "{message}");
+
+    // A plain re-run with a lookup: r2 redone (no hash needed: it FAILED), r3 looked up.
+    let plain = plan_rerun(&inst, &d, &checkpoints, &[], &|_| true).unwrap();
+    assert!(plan_rerun_apply(&inst, &plain, None, "retry", &ops, NOW).is_ok(), "a failed item has no effect");
+    assert!(plan_superseded(&d, &plain, &checkpoints, "retry", &ops, NOW).is_empty(), "r3 is looked up, not closed");
+}
