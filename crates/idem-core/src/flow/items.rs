@@ -26,6 +26,11 @@ use super::record::{Checkpoint, InstanceRecord, ItemRow, compensation_key, input
 use super::record::{MAX_STEP_NAME_LEN, validate_step_name};
 use serde_json::Value;
 
+/// The most items one step for each item takes. Every pass over the instance reads all of
+/// its items with their operations, so a pass costs in proportion to the list: beyond this,
+/// split the list over several instances (one per batch, say).
+pub const MAX_ITEMS: usize = 1_000;
+
 /// The items of step `index` (a step for each item) as rows to write, in the list's order,
 /// or why the list cannot be read (a missing or non-list value, an item without a valid
 /// identity, two items with one identity and different contents).
@@ -41,6 +46,12 @@ pub fn plan_items(
     let step = &def.steps[index];
     let fe = step.for_each.as_ref().ok_or("not a step for each item")?;
     let list = list_of(inst, def, checkpoints, index)?;
+    if list.len() > MAX_ITEMS {
+        return Err(format!(
+            "it has {} items, more than the {MAX_ITEMS} a step for each item takes: split the list over several instances",
+            list.len()
+        ));
+    }
     let mut rows: Vec<ItemRow> = Vec::with_capacity(list.len());
     // (identity, item, its 1-based place in the list) of each identity's first item.
     let mut seen: Vec<(&str, &Value, usize)> = Vec::new();

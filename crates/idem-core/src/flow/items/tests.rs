@@ -425,3 +425,20 @@ fn compensation_waits_for_unknown_items_to_settle() {
     let n = plan_advance(&comp, &d, &lapsed, NOW).unwrap();
     assert_eq!(n, Next::Wait { index: 1, until_ms: NOW + crate::flow::plan::EXPIRY_POLL_MS });
 }
+
+/// A list of exactly MAX_ITEMS items is planned; one more fails the step (step_input) with
+/// a message that says how to split it, before any item is written.
+#[test]
+fn a_list_longer_than_max_items_fails_the_step() {
+    let d = def("pause");
+    let ids: Vec<String> = (0..=MAX_ITEMS).map(|i| format!("r{i}")).collect();
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let at_most = instance(&d, &refs[..MAX_ITEMS]);
+    assert_eq!(plan_items(&at_most, &d, &cps(&d, S, &[]), 1).unwrap().len(), MAX_ITEMS);
+    let too_many = instance(&d, &refs);
+    let n = plan_advance(&too_many, &d, &cps(&d, S, &[]), NOW).unwrap();
+    let Next::Finish { state: InstanceState::Failed, class: Some("step_input"), reason, .. } = &n else {
+        panic!("{n:?}")
+    };
+    assert!(reason.contains("1001 items") && reason.contains("split the list"), "{reason}");
+}
