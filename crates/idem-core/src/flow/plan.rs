@@ -428,6 +428,11 @@ fn next_compensating(inst: &InstanceRecord, def: &Definition, checkpoints: &[Che
                 Err(next @ Next::Compensate { .. }) => {
                     return Next::Item { item: item.row.item.clone(), next: Box::new(next) };
                 }
+                // A pause names the item whose compensation waits for a person.
+                Err(Next::Pause { index, class, reason }) => {
+                    let reason = format!("item {:?}: {reason} (key {:?})", item.row.item, item.row.comp_key);
+                    return Next::Pause { index, class, reason };
+                }
                 Err(next) => return next,
             }
         }

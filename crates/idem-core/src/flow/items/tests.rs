@@ -442,3 +442,16 @@ fn a_list_longer_than_max_items_fails_the_step() {
     };
     assert!(reason.contains("1001 items") && reason.contains("split the list"), "{reason}");
 }
+
+/// An item's compensation that failed pauses the instance naming the item and its key.
+#[test]
+fn a_failed_item_compensation_pauses_naming_the_item() {
+    let d = def("compensate");
+    let inst = instance(&d, &["r1", "r2"]);
+    let items = [("r1", S, Some(State::Failed)), ("r2", Some(State::Failed), None)];
+    let begin = plan_advance(&inst, &d, &cps(&d, S, &items), NOW).unwrap();
+    let (comp, _) = plan_instance_update(&inst, &d, &begin, &Actor::system(), NOW).unwrap();
+    let n = plan_advance(&comp, &d, &cps(&d, S, &items), NOW).unwrap();
+    let Next::Pause { index: 1, class: "compensation_failed", reason } = &n else { panic!("{n:?}") };
+    assert!(reason.starts_with("item \"r1\": ") && reason.contains("ORD-7:intake:send:r1:compensate"), "{reason}");
+}
