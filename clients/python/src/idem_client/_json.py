@@ -99,9 +99,12 @@ def _convert(v: object, path: str, depth: int) -> JSON:
     raise _fail(path, f"a {type(v).__name__} is not JSON; use dict, list, str, int, float, bool or None")
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def dumps(value: JSON) -> bytes:
     """The JSON text of a checked value (UTF-8, no NaN)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return _ENCODER.encode(value).encode("utf-8")
 
 
 def _es_number(x: float) -> str:
