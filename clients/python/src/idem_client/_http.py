@@ -1,4 +1,4 @@
-"""idem's own HTTP calls, sync and async (httpx), with bounded retries.
+"""idem's own HTTP calls, sync (urllib3) and async (httpx), with bounded retries.
 
 Every call idem_client makes is safe to send again: an acquire is resent with the same
 ``holder`` (a resend after a lost answer gets its own grant back, README "Five minutes with
@@ -248,6 +248,9 @@ class SyncHTTP(Protocol):
         ...
 
 
+#: urllib3's own retries and redirects off (``retries=False``, made once, not per request).
+_NO_RETRIES = urllib3.Retry(total=False, redirect=False)
+
 #: Idle connections a client keeps per server (more are opened when more threads call at
 #: once; those are closed after their request), as httpx's default ``max_keepalive_connections``.
 POOL_SIZE = 20
@@ -274,12 +277,12 @@ class Urllib3HTTP:
                 u.port,
                 maxsize=POOL_SIZE,
                 block=False,
-                retries=False,
+                retries=_NO_RETRIES,
                 ssl_context=httpx.create_ssl_context(),
             )
         else:
             self._pool = urllib3.HTTPConnectionPool(
-                host, u.port, maxsize=POOL_SIZE, block=False, retries=False
+                host, u.port, maxsize=POOL_SIZE, block=False, retries=_NO_RETRIES
             )
 
     def request(
@@ -295,7 +298,7 @@ class Urllib3HTTP:
                 self._prefix + path,
                 body=content,
                 headers=self._headers if content is None else self._json_headers,
-                retries=False,
+                retries=_NO_RETRIES,
                 redirect=False,
                 timeout=timeout,
                 preload_content=True,
