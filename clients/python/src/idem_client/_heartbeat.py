@@ -91,14 +91,18 @@ class Heartbeats:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
-                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._cond.wait(timeout)
-                if self._closed:
-                    return
+                while True:
+                    if self._closed:
+                        return
+                    heap = self._heap
+                    # Claims that completed are dropped in one go, before their renewal is due:
+                    # waking up for each of them would cost every claim a wake-up after all.
+                    while heap and heap[0][2].cancelled:
+                        heapq.heappop(heap)
+                    if heap and heap[0][0] <= time.monotonic():
+                        break
+                    self._cond.wait(heap[0][0] - time.monotonic() if heap else None)
                 _, _, beat = heapq.heappop(self._heap)
-                if beat.cancelled:
-                    continue
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(RENEWAL_THREADS, thread_name_prefix="idem-renewal")
                 pool = self._pool
