@@ -71,6 +71,12 @@ def to_json(value: object, what: str = "value") -> JSON:
 
 
 def _convert(v: object, path: _Path, depth: int) -> JSON:
+    # the common exact types first, without the isinstance chain (an ABC's is slow)
+    if type(v) is str:
+        _check_str(v, path)
+        return v
+    if type(v) is dict and depth < MAX_DEPTH:
+        return _convert_members(v, path, depth)
     if v is None or isinstance(v, bool):
         return v
     if isinstance(v, str):
@@ -99,22 +105,26 @@ def _convert(v: object, path: _Path, depth: int) -> JSON:
     if isinstance(v, Mapping):
         if depth >= MAX_DEPTH:
             raise _fail(path, f"nested deeper than {MAX_DEPTH} levels of arrays and objects")
-        out: dict[str, Any] = {}
-        seen: set[str] = set()
-        for k, x in v.items():
-            if not isinstance(k, str):
-                raise _fail(path, f"member name {k!r} is a {type(k).__name__}; JSON member names are strings")
-            _check_str(k, path)
-            nfc = k if k.isascii() else unicodedata.normalize("NFC", k)  # ASCII is NFC already
-            if nfc in seen:
-                raise _fail(path, f"two member names are {nfc!r} after Unicode NFC (I-JSON duplicate names)")
-            seen.add(nfc)
-            out[k] = _convert(x, (path, k), depth + 1)
-        return out
+        return _convert_members(v, path, depth)
     raise _fail(path, f"a {type(v).__name__} is not JSON; use dict, list, str, int, float, bool or None")
 
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _convert_members(v: Mapping[Any, object], path: _Path, depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    seen: set[str] = set()
+    for k, x in v.items():
+        if not isinstance(k, str):
+            raise _fail(path, f"member name {k!r} is a {type(k).__name__}; JSON member names are strings")
+        _check_str(k, path)
+        nfc = k if k.isascii() else unicodedata.normalize("NFC", k)  # ASCII is NFC already
+        if nfc in seen:
+            raise _fail(path, f"two member names are {nfc!r} after Unicode NFC (I-JSON duplicate names)")
+        seen.add(nfc)
+        out[k] = _convert(x, (path, k), depth + 1)
+    return out
 
 
 def dumps(value: JSON) -> bytes:
