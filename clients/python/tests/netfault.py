@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass, field
 
 
-def _read_message(sock: socket.socket, buf: bytearray) -> bytes | None:
+def read_message(sock: socket.socket, buf: bytearray) -> bytes | None:
     """One HTTP/1.1 message (headers and a Content-Length body) from ``sock``; None at EOF."""
     while b"\r\n\r\n" not in buf:
         chunk = sock.recv(65536)
@@ -83,7 +83,7 @@ class FaultProxy:
         upstream = socket.create_connection(self.upstream)
         cbuf, ubuf = bytearray(), bytearray()
         try:
-            while (request := _read_message(client, cbuf)) is not None:
+            while (request := read_message(client, cbuf)) is not None:
                 rule = self._match(request)
                 if rule is not None and rule.action == "unavailable":
                     body = (
@@ -98,7 +98,7 @@ class FaultProxy:
                     )
                     continue
                 upstream.sendall(request)
-                answer = _read_message(upstream, ubuf)
+                answer = read_message(upstream, ubuf)
                 if answer is None:
                     return
                 if rule is not None and rule.action == "drop":

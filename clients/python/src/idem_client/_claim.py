@@ -646,11 +646,12 @@ class Claim(_ClaimBase):
             body["message"] = message_of(message)
         return self._complete(body)
 
-    def _succeeded_or_unknown(self, provider_ref: str, result: JSON) -> InvalidRequestError | None:
-        """Completes SUCCEEDED; if idem refuses that completion as malformed (400: nothing was
-        recorded), completes UNKNOWN instead (the effect happened) and returns the refusal."""
+    def _succeeded_or_unknown(self, body: dict[str, JSON]) -> InvalidRequestError | None:
+        """Completes SUCCEEDED with ``body`` (of :func:`succeeded_body`); if idem refuses that
+        completion as malformed (400: nothing was recorded), completes UNKNOWN instead (the
+        effect happened) and returns the refusal."""
         try:
-            self.succeeded(provider_ref, result)
+            self._complete(body)
             return None
         except InvalidRequestError as e:
             self._completion_tried = False
@@ -731,10 +732,10 @@ class AsyncClaim(_ClaimBase):
             body["message"] = message_of(message)
         return await self._complete(body)
 
-    async def _succeeded_or_unknown(self, provider_ref: str, result: JSON) -> InvalidRequestError | None:
+    async def _succeeded_or_unknown(self, body: dict[str, JSON]) -> InvalidRequestError | None:
         """As :meth:`Claim._succeeded_or_unknown`."""
         try:
-            await self.succeeded(provider_ref, result)
+            await self._complete(body)
             return None
         except InvalidRequestError as e:
             self._completion_tried = False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import urllib.request
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
@@ -18,7 +19,18 @@ from ._claim import ClaimContext, ExceptionMatch, Target
 from ._decorator import EvidenceSpec, Idempotent, KeySpec, PayloadSpec
 from ._errors import InvalidInputError, check_answer
 from ._heartbeat import Heartbeats
-from ._http import USER_AGENT, Answer, Request, RetryPolicy, asend, send
+from ._http import (
+    USER_AGENT,
+    Answer,
+    HttpxHTTP,
+    Request,
+    RetryPolicy,
+    SyncHTTP,
+    Urllib3HTTP,
+    asend,
+    send,
+    urllib3_fits,
+)
 from ._json import to_json
 from ._records import JSON, Instance, Operation
 
@@ -54,11 +66,16 @@ class Client:
     ``url`` defaults to ``IDEM_URL`` (else ``http://127.0.0.1:8080``), ``api_key`` to
     ``IDEM_API_KEY``. ``timeout_s``: how long one request may wait for its answer (plus any
     ``wait_ms``); ``connect_timeout_s``: for the connection; ``retry``: how idem's own calls are
-    retried (:class:`RetryPolicy`). ``transport`` / ``async_transport``: httpx transports (for a
-    proxy or custom TLS); with ``async_transport`` give ``transport`` too, configured alike: the
-    leases of ``async`` claims are renewed from the library's heartbeat thread, over the sync
-    transport. One client serves threads and every event loop (an ``httpx.AsyncClient`` per
-    loop); close it with :meth:`close` / :meth:`aclose` or ``with``.
+    retried (:class:`RetryPolicy`). Sync calls go over a urllib3 connection pool (a third of
+    httpx's CPU per request), ``async`` ones over httpx; TLS is verified alike (httpx's default
+    context: certifi, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``). ``transport`` /
+    ``async_transport``: httpx transports (for a custom proxy or TLS, or a test double); given
+    ``transport``, the sync calls go through an ``httpx.Client`` with it, as they also do when a
+    proxy is set in the environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, which httpx
+    honours). With ``async_transport`` give ``transport`` too, configured alike: the leases of
+    ``async`` claims are renewed from the library's heartbeat thread, over the sync connections.
+    One client serves threads and every event loop (an ``httpx.AsyncClient`` per loop); close it
+    with :meth:`close` / :meth:`aclose` or ``with``.
 
     Fork-safe: in a child process (``os.fork``, gunicorn ``--preload``, Celery prefork,
     ``multiprocessing``) the client drops the connections and heartbeat thread it inherited
@@ -100,7 +117,7 @@ class Client:
         self._transport = transport
         self._async_transport = async_transport
         self._lock = threading.Lock()
-        self._http: httpx.Client | None = None
+        self._http: SyncHTTP | None = None
         self._heartbeats = Heartbeats()
         self._ahttp: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
@@ -129,11 +146,16 @@ class Client:
                 "post_fork, Celery worker_process_init); nothing was sent"
             )
 
-    def _sync_http(self) -> httpx.Client:
+    def _sync_http(self) -> SyncHTTP:
         self._check_not_forked()
         with self._lock:
             if self._http is None:
-                self._http = httpx.Client(base_url=self.url, headers=self._headers, transport=self._transport)
+                if self._transport is None and urllib3_fits(self.url, urllib.request.getproxies()):
+                    self._http = Urllib3HTTP(self.url, self._headers)
+                else:
+                    self._http = HttpxHTTP(
+                        httpx.Client(base_url=self.url, headers=self._headers, transport=self._transport)
+                    )
             return self._http
 
     def _async_http(self) -> httpx.AsyncClient:

@@ -102,7 +102,7 @@ class Idempotent:
                     if isinstance(body, Exception):
                         await c.unknown(message_of(body))
                         raise self._not_storable(c, body, value) from body
-                    refused = await c._succeeded_or_unknown(body[0], body[1])
+                    refused = await c._succeeded_or_unknown(body)
                     if refused is not None:
                         raise self._not_storable(c, refused, value) from refused
                     return value
@@ -120,7 +120,7 @@ class Idempotent:
                 if isinstance(body, Exception):
                     c.unknown(message_of(body))
                     raise self._not_storable(c, body, value) from body
-                refused = c._succeeded_or_unknown(body[0], body[1])
+                refused = c._succeeded_or_unknown(body)
                 if refused is not None:
                     raise self._not_storable(c, refused, value) from refused
                 return value
@@ -177,8 +177,9 @@ class Idempotent:
             raise OperationFailedError(op)
         return self._deserialize(op.result) if self._deserialize else op.result
 
-    def _stored(self, c: Claim | AsyncClaim, value: object) -> tuple[str, JSON] | Exception:
-        """The evidence and the result to store, or why they cannot be stored."""
+    def _stored(self, c: Claim | AsyncClaim, value: object) -> dict[str, JSON] | Exception:
+        """The success to complete with (the evidence and the result to store), or why it cannot
+        be stored."""
         try:
             if isinstance(self._provider_ref, str):
                 ref = _field(value, self._provider_ref)
@@ -190,9 +191,8 @@ class Idempotent:
                     f"provider_ref read {ref!r} from the result; the evidence must be a non-empty string "
                     "or an integer"
                 )
-            stored = to_json(self._serialize(value) if self._serialize else value, "result")
-            succeeded_body(ref, stored)  # the evidence's rules, before anything is sent
-            return ref, stored
+            # the evidence's rules and the result's JSON, checked before anything is sent
+            return succeeded_body(ref, self._serialize(value) if self._serialize else value)
         except Exception as e:  # the function ran: whatever fails here must end UNKNOWN, not vanish
             return e
 

@@ -1,4 +1,4 @@
-"""idem's own HTTP calls, sync and async (httpx), with bounded retries.
+"""idem's own HTTP calls, sync (urllib3) and async (httpx), with bounded retries.
 
 Every call idem_client makes is safe to send again: an acquire is resent with the same
 ``holder`` (a resend after a lost answer gets its own grant back, README "Five minutes with
@@ -16,18 +16,29 @@ retried, with full jitter (AWS Architecture Blog, "Exponential Backoff And Jitte
 A call with ``until`` (a completion: the effect happened, and its report is idempotent) goes on
 after the policy's tries, with the same capped full-jitter waits, until that monotonic instant
 (the lease's end), so a restart of idem during the effect does not lose its outcome.
+
+Sync calls go over urllib3's connection pool (:class:`Urllib3HTTP`): per request it costs about
+a third of the CPU of ``httpx.Client`` (bench/peers, ``idem_py_bench.py --client library``), and a
+guarded call makes two. httpx carries the ``async`` calls, and the sync ones when the client was
+given an httpx ``transport`` or a proxy is set in the environment (:class:`HttpxHTTP`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import http.client
+import json
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from http import HTTPStatus
+from typing import Any, Protocol
 
 import httpx
+import urllib3
+from urllib3.exceptions import ClosedPoolError, ConnectTimeoutError, EmptyPoolError
 
 from ._errors import NoAnswerError, ProblemError, ServerUnreachableError, problem_error
 from ._json import dumps
@@ -66,7 +77,8 @@ class Answer:
     """One HTTP answer of idem: status, headers and the JSON body (``None`` if not JSON)."""
 
     status: int
-    headers: httpx.Headers
+    #: Case-insensitive (``httpx.Headers`` or urllib3's ``HTTPHeaderDict``).
+    headers: Mapping[str, str]
     body: Any
 
     @property
@@ -82,14 +94,21 @@ class Answer:
         if not (isinstance(body, dict) and isinstance(body.get("type"), str)):
             body = {
                 "type": "about:blank",
-                "title": httpx.codes.get_reason_phrase(self.status),
+                "title": _reason(self.status),
                 "status": self.status,
                 "detail": f"HTTP {self.status} without a problem document",
             }
         return problem_error(self.status, body, self.request_id, retry_after_s(self.headers))
 
 
-def retry_after_s(headers: httpx.Headers) -> float | None:
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
     """``Retry-After`` in seconds: delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
     raw = headers.get("retry-after")
     if raw is None:
@@ -125,7 +144,21 @@ def _parse(r: httpx.Response) -> Answer:
     return Answer(r.status_code, r.headers, body)
 
 
-_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+class UnansweredTryError(Exception):
+    """One try that got no answer. ``cause``: the HTTP library's exception; ``unsent``: no
+    connection could be made (refused, unresolvable, connect timeout), so nothing was sent."""
+
+    def __init__(self, cause: Exception, unsent: bool) -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.unsent = unsent
+
+
+_HTTPX_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+def _httpx_no_answer(e: httpx.TransportError) -> UnansweredTryError:
+    return UnansweredTryError(e, isinstance(e, _HTTPX_UNSENT))
 
 
 class _Tries:
@@ -140,11 +173,11 @@ class _Tries:
         self.last_exc: Exception | None = None
         self.last_answer: Answer | None = None
 
-    def exc(self, e: httpx.TransportError) -> float | None:
-        """Records a transport error; the wait before the next try, or None to give up."""
+    def exc(self, e: UnansweredTryError) -> float | None:
+        """Records a try without an answer; the wait before the next try, or None to give up."""
         self.tries += 1
-        self.last_exc, self.last_answer = e, None
-        if not isinstance(e, _UNSENT):
+        self.last_exc, self.last_answer = e.cause, None
+        if not e.unsent:
             self.maybe_delivered = True
         return self._next(None)
 
@@ -196,18 +229,143 @@ class Request:
     has_body: bool = False
     read_timeout_s: float = 10.0
 
-    def kwargs(self, connect_timeout_s: float) -> dict[str, Any]:
-        headers = {"accept": "application/json"}
-        content = None
-        if self.has_body:
-            headers["content-type"] = "application/json"
-            content = dumps(self.body)
-        timeout = httpx.Timeout(self.read_timeout_s, connect=connect_timeout_s)
-        return {"headers": headers, "content": content, "timeout": timeout}
+    def content(self) -> bytes | None:
+        """The body's JSON text, or None for a call without one."""
+        return dumps(self.body) if self.has_body else None
+
+
+class SyncHTTP(Protocol):
+    """The connections of a client's sync calls: one try of a request, and ``close``."""
+
+    def request(
+        self, method: str, path: str, content: bytes | None, read_timeout_s: float, connect_timeout_s: float
+    ) -> Answer:
+        """One try: the answer, whatever its status. Raises :class:`UnansweredTryError`."""
+        ...
+
+    def close(self) -> None:
+        """Closes the connections."""
+        ...
+
+
+#: urllib3's own retries and redirects off (``retries=False``, made once, not per request).
+_NO_RETRIES = urllib3.Retry(total=False, redirect=False)
+
+#: Idle connections a client keeps per server (more are opened when more threads call at
+#: once; those are closed after their request), as httpx's default ``max_keepalive_connections``.
+POOL_SIZE = 20
+
+
+class Urllib3HTTP:
+    """Sync calls over a urllib3 connection pool to ``url`` (``http`` or ``https``, optionally
+    with a path prefix), with ``headers`` on every request; TLS is verified with httpx's
+    default context (certifi, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), as before. urllib3's
+    own retries and redirects are off: :func:`send` retries, and a redirect is never followed
+    (httpx's default too). Only for a URL :func:`urllib3_fits` accepts."""
+
+    def __init__(self, url: str, headers: Mapping[str, str]) -> None:
+        u = urllib3.util.parse_url(url)
+        host = u.host or ""  # urllib3_fits: there is one
+        self._prefix = (u.path or "").rstrip("/")
+        self._headers = {**headers, "accept": "application/json"}
+        self._json_headers = {**self._headers, "content-type": "application/json"}
+        self._timeouts: dict[tuple[float, float], urllib3.Timeout] = {}
+        self._pool: urllib3.HTTPConnectionPool
+        if u.scheme == "https":
+            self._pool = urllib3.HTTPSConnectionPool(
+                host,
+                u.port,
+                maxsize=POOL_SIZE,
+                block=False,
+                retries=_NO_RETRIES,
+                ssl_context=httpx.create_ssl_context(),
+            )
+        else:
+            self._pool = urllib3.HTTPConnectionPool(
+                host, u.port, maxsize=POOL_SIZE, block=False, retries=_NO_RETRIES
+            )
+
+    def request(
+        self, method: str, path: str, content: bytes | None, read_timeout_s: float, connect_timeout_s: float
+    ) -> Answer:
+        timeout = self._timeouts.get((read_timeout_s, connect_timeout_s))
+        if timeout is None:
+            timeout = urllib3.Timeout(connect=connect_timeout_s, read=read_timeout_s)
+            self._timeouts[(read_timeout_s, connect_timeout_s)] = timeout
+        try:
+            r = self._pool.urlopen(
+                method,
+                self._prefix + path,
+                body=content,
+                headers=self._headers if content is None else self._json_headers,
+                retries=_NO_RETRIES,
+                redirect=False,
+                timeout=timeout,
+                preload_content=True,
+            )
+            data = r.data
+        except (ConnectTimeoutError, EmptyPoolError, ClosedPoolError) as e:  # no connection: nothing sent
+            raise UnansweredTryError(e, True) from e
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as e:
+            raise UnansweredTryError(
+                e, False
+            ) from e  # sent, maybe: read timeout, reset, closed mid-answer, TLS
+        body: Any = None
+        if "json" in r.headers.get("content-type", ""):
+            try:
+                body = json.loads(data)
+            except ValueError:
+                body = None
+        return Answer(r.status, r.headers, body)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def urllib3_fits(url: str, environ_proxies: Mapping[str, str]) -> bool:
+    """Whether :class:`Urllib3HTTP` reaches ``url`` as httpx would: ``http``/``https`` without
+    credentials, query or fragment in the URL, and no proxy in the environment
+    (``environ_proxies``: ``urllib.request.getproxies()``; httpx honours ``HTTP_PROXY``,
+    ``HTTPS_PROXY``, ``ALL_PROXY``). Otherwise the sync calls keep httpx."""
+    try:
+        u = urllib3.util.parse_url(url)
+    except urllib3.exceptions.LocationParseError:
+        return False
+    plain = u.scheme in ("http", "https") and bool(u.host) and u.auth is None
+    return plain and u.query is None and u.fragment is None and not any(k != "no" for k in environ_proxies)
+
+
+class HttpxHTTP:
+    """Sync calls over an ``httpx.Client`` (a ``transport`` given to the client, or a proxy)."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self._client = client
+
+    def request(
+        self, method: str, path: str, content: bytes | None, read_timeout_s: float, connect_timeout_s: float
+    ) -> Answer:
+        try:
+            r = self._client.request(
+                method, path, **_httpx_kwargs(content, read_timeout_s, connect_timeout_s)
+            )
+        except httpx.TransportError as e:
+            raise _httpx_no_answer(e) from e
+        return _parse(r)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _httpx_kwargs(content: bytes | None, read_timeout_s: float, connect_timeout_s: float) -> dict[str, Any]:
+    headers = {"accept": "application/json"}
+    if content is not None:
+        headers["content-type"] = "application/json"
+    timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+    return {"headers": headers, "content": content, "timeout": timeout}
 
 
 def send(
-    client: httpx.Client,
+    http: SyncHTTP,
     req: Request,
     policy: RetryPolicy,
     connect_timeout_s: float,
@@ -220,16 +378,18 @@ def send(
         ServerUnreachableError, NoAnswerError: the retries are spent without an answer.
         ProblemError: the retries are spent on retryable answers (503, ...).
     """
-    tries = _Tries(policy, f"{req.method} {req.path}", until)
-    kwargs = req.kwargs(connect_timeout_s)
+    tries: _Tries | None = None
+    content = req.content()
     while True:
         try:
-            answer = _parse(client.request(req.method, req.path, **kwargs))
-        except httpx.TransportError as e:
+            answer = http.request(req.method, req.path, content, req.read_timeout_s, connect_timeout_s)
+        except UnansweredTryError as e:
+            tries = tries or _Tries(policy, f"{req.method} {req.path}", until)
             wait = tries.exc(e)
         else:
             if not _retryable_status(answer):
                 return answer
+            tries = tries or _Tries(policy, f"{req.method} {req.path}", until)
             wait = tries.answer(answer)
         if wait is None:
             raise tries.give_up()
@@ -243,17 +403,19 @@ async def asend(
     connect_timeout_s: float,
     until: float | None = None,
 ) -> Answer:
-    """:func:`send` for asyncio."""
-    tries = _Tries(policy, f"{req.method} {req.path}", until)
-    kwargs = req.kwargs(connect_timeout_s)
+    """:func:`send` for asyncio (over httpx)."""
+    tries: _Tries | None = None
+    kwargs = _httpx_kwargs(req.content(), req.read_timeout_s, connect_timeout_s)
     while True:
         try:
             answer = _parse(await client.request(req.method, req.path, **kwargs))
         except httpx.TransportError as e:
-            wait = tries.exc(e)
+            tries = tries or _Tries(policy, f"{req.method} {req.path}", until)
+            wait = tries.exc(_httpx_no_answer(e))
         else:
             if not _retryable_status(answer):
                 return answer
+            tries = tries or _Tries(policy, f"{req.method} {req.path}", until)
             wait = tries.answer(answer)
         if wait is None:
             raise tries.give_up()

@@ -30,11 +30,26 @@ class NotJSONError(InvalidInputError):
     """A value cannot be stored as JSON by idem; the message names its path (a JSON pointer)."""
 
 
-def _fail(path: str, why: str) -> NotJSONError:
-    return NotJSONError(f"{path or '/'}: {why}")
+#: Where a value sits: the root's text (``"payload "``), or its parent's place and its member
+#: name or index. Made into a JSON pointer only for an error, not for every value checked.
+_Path = str | tuple["_Path", str | int]
 
 
-def _check_str(s: str, path: str) -> None:
+def _pointer(path: _Path) -> str:
+    segments: list[str] = []
+    while isinstance(path, tuple):
+        path, seg = path
+        segments.append(str(seg) if isinstance(seg, int) else seg.replace("~", "~0").replace("/", "~1"))
+    return path + "".join("/" + s for s in reversed(segments))
+
+
+def _fail(path: _Path, why: str) -> NotJSONError:
+    return NotJSONError(f"{_pointer(path) or '/'}: {why}")
+
+
+def _check_str(s: str, path: _Path) -> None:
+    if s.isascii():
+        return
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
@@ -55,7 +70,13 @@ def to_json(value: object, what: str = "value") -> JSON:
     return _convert(value, f"{what} ", 0)
 
 
-def _convert(v: object, path: str, depth: int) -> JSON:
+def _convert(v: object, path: _Path, depth: int) -> JSON:
+    # the common exact types first, without the isinstance chain (an ABC's is slow)
+    if type(v) is str:
+        _check_str(v, path)
+        return v
+    if type(v) is dict and depth < MAX_DEPTH:
+        return _convert_members(v, path, depth)
     if v is None or isinstance(v, bool):
         return v
     if isinstance(v, str):
@@ -80,28 +101,35 @@ def _convert(v: object, path: str, depth: int) -> JSON:
     if isinstance(v, (list, tuple)):
         if depth >= MAX_DEPTH:
             raise _fail(path, f"nested deeper than {MAX_DEPTH} levels of arrays and objects")
-        return [_convert(x, f"{path}/{i}", depth + 1) for i, x in enumerate(v)]
+        return [_convert(x, (path, i), depth + 1) for i, x in enumerate(v)]
     if isinstance(v, Mapping):
         if depth >= MAX_DEPTH:
             raise _fail(path, f"nested deeper than {MAX_DEPTH} levels of arrays and objects")
-        out: dict[str, Any] = {}
-        seen: set[str] = set()
-        for k, x in v.items():
-            if not isinstance(k, str):
-                raise _fail(path, f"member name {k!r} is a {type(k).__name__}; JSON member names are strings")
-            _check_str(k, path)
-            nfc = unicodedata.normalize("NFC", k)
-            if nfc in seen:
-                raise _fail(path, f"two member names are {nfc!r} after Unicode NFC (I-JSON duplicate names)")
-            seen.add(nfc)
-            out[k] = _convert(x, f"{path}/{k.replace('~', '~0').replace('/', '~1')}", depth + 1)
-        return out
+        return _convert_members(v, path, depth)
     raise _fail(path, f"a {type(v).__name__} is not JSON; use dict, list, str, int, float, bool or None")
+
+
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _convert_members(v: Mapping[Any, object], path: _Path, depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    seen: set[str] = set()
+    for k, x in v.items():
+        if not isinstance(k, str):
+            raise _fail(path, f"member name {k!r} is a {type(k).__name__}; JSON member names are strings")
+        _check_str(k, path)
+        nfc = k if k.isascii() else unicodedata.normalize("NFC", k)  # ASCII is NFC already
+        if nfc in seen:
+            raise _fail(path, f"two member names are {nfc!r} after Unicode NFC (I-JSON duplicate names)")
+        seen.add(nfc)
+        out[k] = _convert(x, (path, k), depth + 1)
+    return out
 
 
 def dumps(value: JSON) -> bytes:
     """The JSON text of a checked value (UTF-8, no NaN)."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    return _ENCODER.encode(value).encode("utf-8")
 
 
 def _es_number(x: float) -> str:
