@@ -317,3 +317,22 @@ def test_a_completion_answered_503_gives_up_at_the_lease_end_with_the_token(
         assert e.value.completion is not None
         op = c.complete(e.value.key, e.value.fencing_token, e.value.completion)
     assert (op.state, op.provider_ref) == ("SUCCEEDED", f"msg-{key}")
+
+
+def test_a_completion_is_not_retried_after_the_lease_end_within_its_tries(server: IdemServer, key: str) -> None:
+    """With the default policy (5 tries) and a Retry-After of 5 s, the completion's second try
+    falls at the lease's end (1 s): it gives up there, not after three more 5 s waits."""
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations/", "unavailable", times=1000, retry_after=5)
+    ran: list[str] = []
+    started = time.monotonic()
+    with (
+        idem_client.Client(proxy.url, ADMIN_KEY) as c,
+        pytest.raises(idem_client.OutcomeNotRecordedError) as e,
+    ):
+        guarded(c, ran, lease_ms=1000)(key)
+    took = time.monotonic() - started
+    proxy.close()
+    assert ran == [key]
+    assert took < 4.5, f"waited {took:.1f} s: past the lease's end (1 s)"
+    assert e.value.fencing_token is not None

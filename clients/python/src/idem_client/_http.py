@@ -191,12 +191,14 @@ class _Tries:
     def _next(self, retry_after: float | None) -> float | None:
         wait = self.policy.delay(self.tries - 1, retry_after)
         left = None if self.until is None else self.until - time.monotonic()
+        if left is not None:
+            # A call bounded by ``until`` (a completion, by its lease's end) is tried until
+            # then, beyond ``attempts``, and never after it: a completion sent after the
+            # lease's end proves nothing the caller can act on, so the error carries what
+            # to report later instead (the TypeScript client does the same).
+            return None if left <= 0 else min(wait, left)
         too_long = retry_after is not None and retry_after > self.policy.max_retry_after_s
-        if self.tries < self.policy.attempts and not too_long:
-            return wait if left is None or left <= 0 else min(wait, left)
-        if left is None or left <= 0:
-            return None
-        return min(wait, left)  # never past ``until``: the last try is at it at the latest
+        return wait if self.tries < self.policy.attempts and not too_long else None
 
     def give_up(self) -> Exception:
         if self.last_answer is not None:
