@@ -319,7 +319,9 @@ def test_a_completion_answered_503_gives_up_at_the_lease_end_with_the_token(
     assert (op.state, op.provider_ref) == ("SUCCEEDED", f"msg-{key}")
 
 
-def test_a_completion_is_not_retried_after_the_lease_end_within_its_tries(server: IdemServer, key: str) -> None:
+def test_a_completion_is_not_retried_after_the_lease_end_within_its_tries(
+    server: IdemServer, key: str
+) -> None:
     """With the default policy (5 tries) and a Retry-After of 5 s, the completion's second try
     falls at the lease's end (1 s): it gives up there, not after three more 5 s waits."""
     proxy = proxy_for(server.url)
