@@ -382,9 +382,10 @@ impl OutboxStore {
                        lease_owner = NULL, lease_expires_at = NULL, manual = FALSE \
                        FROM i WHERE o.seq = i.seq AND o.fencing_token = i.token AND o.state = 'PENDING' \
                        RETURNING o.seq, i.token, i.trigger, i.result, i.sink, i.class, i.message, i.evidence), \
-                     a AS ({insert} SELECT seq, idem.now_ms(), 'attempt', trigger, $11, token, result, sink, class, \
+                     a AS ({insert} SELECT seq, {at}, 'attempt', trigger, $11, token, result, sink, class, \
                        message, evidence FROM u) \
-                     SELECT seq FROM u"
+                     SELECT seq FROM u",
+                    at = trail_at("u.seq")
                 );
                 let col = |f: fn(&RecordRow) -> Option<String>| rows.iter().map(f).collect::<Vec<_>>();
                 let applied: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
@@ -406,8 +407,10 @@ impl OutboxStore {
             OutboxStore::Sqlite(pool) => {
                 // The statements' text once for the batch, not once per row.
                 let update = sqlite(update);
-                let insert =
-                    sqlite(&format!("{insert} VALUES ($1, idem.now_ms(), 'attempt', $2, $3, $4, $5, $6, $7, $8, $9)"));
+                let insert = sqlite(&format!(
+                    "{insert} VALUES ($1, {}, 'attempt', $2, $3, $4, $5, $6, $7, $8, $9)",
+                    trail_at("$1")
+                ));
                 let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
                 let mut applied = Vec::with_capacity(rows.len());
                 for r in &rows {
@@ -488,7 +491,8 @@ impl OutboxStore {
             .await?))
     }
 
-    /// One event by id, with its audit trail (oldest first).
+    /// One event by id, with its audit trail (oldest first: by `at`, which [`trail_at`] keeps
+    /// strictly increasing per event).
     ///
     /// # Errors
     /// Database errors.
@@ -526,8 +530,11 @@ impl OutboxStore {
         let read = "SELECT seq, state FROM idem.outbox WHERE id = $1 FOR UPDATE";
         let update = "UPDATE idem.outbox SET state = $2, manual = $3, next_attempt_at = NULL, lease_owner = NULL, \
                       lease_expires_at = NULL WHERE seq = $1";
-        let audit = "INSERT INTO idem.outbox_attempts (event_seq, at, kind, operator, reason) \
-                     VALUES ($1, idem.now_ms(), $2, $3, $4)";
+        let audit = format!(
+            "INSERT INTO idem.outbox_attempts (event_seq, at, kind, operator, reason) VALUES ($1, {}, $2, $3, $4)",
+            trail_at("$1")
+        );
+        let audit = audit.as_str();
         on_pool!(self, |pool, q| {
             let mut tx = match self {
                 OutboxStore::Sqlite(_) => pool.begin_with("BEGIN IMMEDIATE").await?,
@@ -614,4 +621,15 @@ impl OutboxStore {
             Ok(OutboxStats { by_state: rows.into_iter().collect(), lag_ms: lag_ms.max(0) })
         })
     }
+}
+
+/// The `at` (epoch ms) of a new row of event `seq`'s audit trail: now, or 1 ms after the
+/// event's latest row when that is not earlier, so the trail's order is the order its rows
+/// were written even within one millisecond (a redrive and the manual attempt it causes; a
+/// dead attempt and the redrive right after it). Portable SQL (PostgreSQL and SQLite).
+fn trail_at(seq: &str) -> String {
+    format!(
+        "(SELECT CASE WHEN coalesce(max(x.at), 0) >= idem.now_ms() THEN max(x.at) + 1 ELSE idem.now_ms() END \
+         FROM idem.outbox_attempts x WHERE x.event_seq = {seq})"
+    )
 }
