@@ -42,6 +42,9 @@ pub struct Flows {
     registry: Arc<Registry>,
     clock: Arc<dyn Clock>,
     declared: BTreeMap<String, Arc<Definition>>,
+    /// The version (`Definition::version`, a SHA-256 of its canonical JSON) of each declared
+    /// workflow, computed once: a start pins it without hashing the definition again.
+    versions: BTreeMap<String, String>,
     /// Who may start each declared workflow.
     tenants: BTreeMap<String, idem_connect::tenants::TenantScope>,
     /// Pinned definitions read back from the store, by (tenant, name, version): they never
@@ -89,7 +92,9 @@ impl Flows {
         declared: BTreeMap<String, config::Declared>,
     ) -> Arc<Self> {
         let tenants = declared.iter().map(|(k, v)| (k.clone(), v.tenants.clone())).collect();
-        let declared = declared.into_iter().map(|(k, v)| (k, Arc::new(v.definition))).collect();
+        let declared: BTreeMap<String, Arc<Definition>> =
+            declared.into_iter().map(|(k, v)| (k, Arc::new(v.definition))).collect();
+        let versions = declared.iter().map(|(k, d)| (k.clone(), d.version())).collect();
         Arc::new_cyclic(|me| Flows {
             store,
             executor,
@@ -97,6 +102,7 @@ impl Flows {
             registry,
             clock,
             declared,
+            versions,
             tenants,
             pinned: Mutex::new(HashMap::new()),
             admission: (0..ADMISSION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),

@@ -167,11 +167,15 @@ impl Flows {
         }
         let input_fingerprint =
             idem_core::fingerprint(&call.input, None).map_err(|e| FlowError::Invalid(e.to_string()))?.0;
+        let definition_version = match (&call.steps, self.versions.get(&call.workflow)) {
+            (None, Some(version)) => version.clone(),
+            _ => definition.version(),
+        };
         let input = StartInput {
             tenant: call.tenant,
             instance_id: call.instance_id,
             workflow: call.workflow,
-            definition_version: definition.version(),
+            definition_version,
             definition_given: call.steps.is_some(),
             source_event: call.source_event,
             input: call.input,
