@@ -8,7 +8,8 @@
 //!   (PENDING with `next_attempt_at` passed; EXECUTING `redo_safe` operations whose lease
 //!   expired), takes a token from the connector's retry budget, acquires the operation like
 //!   any trigger (so two nodes never run the same attempt), and runs it. Because the
-//!   schedule lives in the store, due retries resume after a restart.
+//!   schedule lives in the store, due retries resume after a restart. A workflow step's
+//!   retry whose instance compensates is left alone: the engine closes it instead.
 
 use crate::connector::OperationCtx;
 use crate::registry::Registry;
@@ -183,6 +184,9 @@ impl Executor {
                 break;
             }
             for rec in self.store.due_executions(&name, free).await? {
+                if self.instance_compensates(&rec).await? {
+                    continue;
+                }
                 // Take a slot before the lease, so a granted lease never waits for one.
                 let Ok(slot) = self.slots.clone().try_acquire_owned() else {
                     return Ok(started);
@@ -211,6 +215,23 @@ impl Executor {
             }
         }
         Ok(started)
+    }
+
+    /// Whether `rec` is a workflow step's (or item's) operation whose instance compensates
+    /// (COMPENSATING, or PAUSED during its compensation): its retry is not performed — an
+    /// effect started now would only be undone, or could not be — and the workflow engine
+    /// closes it (FAILED) before compensating. Step keys always hold a ':'.
+    async fn instance_compensates(&self, rec: &OperationRecord) -> Result<bool, StoreError> {
+        if !rec.key.contains(':') {
+            return Ok(false);
+        }
+        let flows = self.store.flows();
+        let Some(step) = flows.step_of_operation(&rec.tenant, &rec.key).await? else { return Ok(false) };
+        let Some(inst) = flows.instance(&step.tenant, &step.instance_id).await? else { return Ok(false) };
+        use idem_core::flow::InstanceState;
+        Ok(inst.state == InstanceState::Compensating
+            || (inst.state == InstanceState::Paused
+                && inst.error_class.as_deref().is_some_and(|c| c.starts_with("compensation_"))))
     }
 
     /// Polls for due work every poll interval until the process ends.

@@ -336,6 +336,22 @@ impl World {
                     self.store(next);
                 }
             }
+            Next::Abandon { index } => {
+                // As the engine does: a PENDING step closed FAILED while compensating.
+                let key = self.rows[index].op_key.clone();
+                let rec = self.ops[&key].clone();
+                if let Ok((next, _)) = plan_resolution(
+                    &rec,
+                    State::Failed,
+                    Some(State::Pending),
+                    "compensating",
+                    None,
+                    &Actor::system(),
+                    self.now,
+                ) {
+                    self.store(next);
+                }
+            }
             other => {
                 if let Some((rec, _)) = plan_instance_update(&self.inst, &self.def, &other, &Actor::system(), self.now)
                 {

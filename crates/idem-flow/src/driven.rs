@@ -156,6 +156,18 @@ impl Flows {
         if inst.state != InstanceState::Running && would_grant {
             return Err(FlowError::NotRunning { instance: call.instance_id, state: inst.state });
         }
+        // A sibling branch FAILED or is UNKNOWN: the group stopped, and the engine pauses,
+        // compensates or fails the instance at its next pass. A branch not started yet must
+        // not start meanwhile: apply that pass now, and answer as for a stopped instance.
+        let span = def.span(index);
+        let group_stopped = def.steps[index].group.is_some()
+            && checkpoints[span].iter().any(|c| matches!(c.state, StepState::Failed | StepState::Unknown));
+        if would_grant && group_stopped {
+            let state = self.advance(&call.tenant, &call.instance_id).await?.map_or(inst.state, |i| i.state);
+            if state != InstanceState::Running {
+                return Err(FlowError::NotRunning { instance: call.instance_id, state });
+            }
+        }
         let now = self.clock.now_ms();
         if let Err(GroupFull { group, max, in_flight, until_ms }) = admit_branch(&def, &checkpoints, index, now) {
             return Err(FlowError::GroupFull {

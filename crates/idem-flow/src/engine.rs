@@ -185,15 +185,17 @@ impl Flows {
             let now = self.clock.now_ms();
             let next = plan_advance(&inst, &def, &checkpoints, now)?;
             let next = match next {
-                Next::Run { .. } | Next::Compensate { .. } | Next::Redo { .. } | Next::Item { .. } => {
-                    match self.perform(&inst, &def, &mut checkpoints, next).await? {
-                        None => {
-                            known = Some((inst, checkpoints));
-                            continue;
-                        }
-                        Some(next) => next,
+                Next::Run { .. }
+                | Next::Compensate { .. }
+                | Next::Redo { .. }
+                | Next::Abandon { .. }
+                | Next::Item { .. } => match self.perform(&inst, &def, &mut checkpoints, next).await? {
+                    None => {
+                        known = Some((inst, checkpoints));
+                        continue;
                     }
-                }
+                    Some(next) => next,
+                },
                 Next::Parallel { runs } => match self.run_branches(&inst, &def, &mut checkpoints, runs).await? {
                     None => {
                         known = Some((inst, checkpoints));
@@ -390,7 +392,10 @@ impl Flows {
             other => (None, other),
         };
         let index = match &next {
-            Next::Run { index, .. } | Next::Compensate { index, .. } | Next::Redo { index } => *index,
+            Next::Run { index, .. }
+            | Next::Compensate { index, .. }
+            | Next::Redo { index }
+            | Next::Abandon { index } => *index,
             other => return Err(FlowError::Invalid(format!("{other:?} cannot be performed"))),
         };
         let cp = &checkpoints[index];
@@ -408,6 +413,15 @@ impl Flows {
                 Some(job) => (job, true, payload),
                 None => return Err(FlowError::Invalid("a compensation without a connector was planned".into())),
             },
+            Next::Abandon { .. } => {
+                // The operation as it is now (closed, or acquired by a worker first) goes
+                // into the checkpoints: the next round plans from it, never from the stale one.
+                let op = self.abandon(inst, step, op_key).await?;
+                return Ok(match op {
+                    Some(op) => Attempt::Done(Target { index, item, compensation: false }, Box::new(op)),
+                    None => Attempt::Redone,
+                });
+            }
             _ => {
                 self.redo(inst, step, op_key).await?;
                 return Ok(Attempt::Redone);
@@ -417,6 +431,34 @@ impl Flows {
             StepRun::Progressed(op) => Attempt::Done(Target { index, item, compensation }, op),
             StepRun::Blocked(next) => Attempt::Blocked(next),
         })
+    }
+
+    /// Closes a PENDING step (or item) operation FAILED while its instance compensates
+    /// ([`Next::Abandon`]): an audited system resolution expecting PENDING, so a worker that
+    /// acquired it meanwhile wins and the compensation waits for its attempt instead.
+    async fn abandon(
+        &self,
+        inst: &InstanceRecord,
+        step: &StepDef,
+        key: &str,
+    ) -> Result<Option<idem_core::OperationRecord>, FlowError> {
+        let req = ResolveRequest {
+            tenant: inst.tenant.clone(),
+            key: key.to_owned(),
+            to: State::Failed,
+            expected_state: Some(State::Pending),
+            reason: format!(
+                "not performed again: workflow instance {:?} compensates, and step {:?} had not run this attempt",
+                inst.instance_id, step.name
+            ),
+            evidence: None,
+            actor: Actor::system(),
+        };
+        match self.store.resolve(req).await {
+            Ok(op) => Ok(Some(op)),
+            Err(StoreError::Resolve(_)) => Ok(self.store.get(&inst.tenant, key).await?),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Moves an UNKNOWN `redo_safe` step's operation back to PENDING (an audited system

@@ -359,3 +359,52 @@ async fn sqlite_compensation_waits_for_an_unknown_branch() {
 async fn postgres_compensation_waits_for_an_unknown_branch() {
     compensation_waits_for_an_unknown_branch(Backend::Postgres).await;
 }
+
+/// Nothing new is performed while compensating: a branch whose lookup proved its effect
+/// absent (PENDING, due for another attempt), or that an operator resolved to PENDING during
+/// the compensation's pause, is closed FAILED ("not performed again") instead of being
+/// performed only to be undone. Before, the executor performed it again meanwhile.
+async fn nothing_new_is_performed_while_compensating(b: Backend) {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(b).await;
+    let settled = |v: &Value| !matches!(v["state"].as_str(), Some("RUNNING" | "COMPENSATING"));
+    let s = Server::start_with_config(&db.url, &config(addr, "compensate"));
+    let id = "ORD-7:fan";
+    provider.script(&format!("{id}:notify:chat"), vec![Step::Status(422, None)]);
+    provider.script(&format!("{id}:notify:data"), vec![Step::Hang, Step::Ok]);
+    assert_eq!(start(&s, id).await.status, 201);
+    let v = wait_instance(&s, id, 30, settled).await;
+    assert_eq!(v["state"], "COMPENSATED", "{v:#}");
+    let data = format!("{id}:notify:data");
+    assert_eq!((provider.calls(&data), provider.effects(&data)), (1, 0), "data was not called again");
+    assert_eq!(provider.calls(&format!("{data}:compensate")), 0, "nothing to undo");
+    let op = s.get(ADMIN_KEY, &format!("/v1/operations/{}", enc(&data))).await;
+    assert_eq!(op.body["state"], "FAILED", "{op:?}");
+    drop(s);
+
+    let s = Server::start_with_config(&db.url, &config_with(addr, "compensate", "manual"));
+    let id = "ORD-8:fan";
+    provider.script(&format!("{id}:notify:chat"), vec![Step::Status(422, None)]);
+    provider.script(&format!("{id}:notify:data"), vec![Step::EffectThenHang, Step::Ok]);
+    assert_eq!(start(&s, id).await.status, 201);
+    let v = wait_instance(&s, id, 30, settled).await;
+    assert_eq!(v["error"]["class"], "compensation_unknown", "{v:#}");
+    let data = format!("{id}:notify:data");
+    let pending = json!({"to": "PENDING", "reason": "the operator believes it did not happen"});
+    let r = s.post(ADMIN_KEY, &format!("/v1/operations/{}/resolve", enc(&data)), &pending).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = wait_instance(&s, id, 30, |v| v["state"] == "COMPENSATED").await;
+    assert_eq!(v["state"], "COMPENSATED", "{v:#}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(provider.calls(&data), 1, "not performed again after the resolution to PENDING");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_nothing_new_is_performed_while_compensating() {
+    nothing_new_is_performed_while_compensating(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_nothing_new_is_performed_while_compensating() {
+    nothing_new_is_performed_while_compensating(Backend::Postgres).await;
+}

@@ -284,3 +284,41 @@ async fn the_cli_declares_groups() {
         (json!("notify"), json!("compensate"), json!(1))
     );
 }
+
+/// A branch whose lease lapsed becomes UNKNOWN (the sweeper) before the engine's next pass
+/// pauses the instance: a branch not started yet is refused in that moment too (the
+/// acquire applies the pass first), never granted.
+async fn a_branch_does_not_start_once_a_sibling_is_unknown(b: Backend) {
+    let db = Db::new(b).await;
+    let s = server(&db);
+    let id = "ORD-54:lapsed";
+    assert_eq!(start(&s, id, fan_out(&["email", "chat", "data"]), None).await.status, 201);
+    let body = json!({"payload": {"step": "email"}, "lease_ms": 1000});
+    let email = s.post(ADMIN_KEY, &format!("/v1/workflows/{}/steps/email", enc(id)), &body).await;
+    assert_eq!(email.status, 201, "{email:?}");
+    let key = format!("{id}:notify:email");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let op = s.get(ADMIN_KEY, &format!("/v1/operations/{}", enc(&key))).await;
+        if op.body["state"] == "UNKNOWN" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the lease never lapsed: {op:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let data = acquire(&s, id, "data").await;
+    assert_eq!((data.status.as_u16(), data.problem()), (409, "instance-not-running"), "{data:?}");
+    let v = instance(&s, id).await;
+    assert_eq!(v["state"], "PAUSED", "{v:#}");
+    assert!(v["steps"][2]["operation"].is_null() || v["steps"][2]["state"] == "NOT_STARTED", "{v:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_branch_does_not_start_once_a_sibling_is_unknown() {
+    a_branch_does_not_start_once_a_sibling_is_unknown(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_branch_does_not_start_once_a_sibling_is_unknown() {
+    a_branch_does_not_start_once_a_sibling_is_unknown(Backend::Postgres).await;
+}

@@ -232,6 +232,15 @@ pub enum Next {
         /// The state it goes back to.
         to: InstanceState,
     },
+    /// Close the PENDING operation of step `index` (a retry or a redo waiting for its turn)
+    /// as FAILED, an audited system resolution expecting PENDING, so that nothing performs
+    /// it while the instance compensates: an effect started now would only be undone (or
+    /// could not be, like an e-mail). If a worker acquired it first, the resolution is
+    /// refused and the compensation waits for that attempt like any in flight.
+    Abandon {
+        /// Step index.
+        index: usize,
+    },
     /// Begin compensation: a step failed finally (or its outcome is UNKNOWN under the
     /// `compensate` policy), and earlier steps' effects have compensations.
     BeginCompensation {
@@ -300,10 +309,7 @@ pub fn plan_advance(
         InstanceState::Compensating => Ok(next_compensating(inst, def, checkpoints, now_ms)),
         // Paused during compensation (a compensation exists, or the pause is one of the
         // compensation's: its class begins `compensation_`); else in the forward run.
-        InstanceState::Paused
-            if compensation_began(checkpoints)
-                || inst.error_class.as_deref().is_some_and(|c| c.starts_with("compensation_")) =>
-        {
+        InstanceState::Paused if paused_in_compensation(inst, checkpoints) => {
             Ok(match next_compensating(inst, def, checkpoints, now_ms) {
                 Next::Pause { .. } => Next::Idle,
                 _ => Next::Resume { to: InstanceState::Compensating },
@@ -332,6 +338,15 @@ pub fn needs_compensation(step: &StepDef, c: &Checkpoint) -> bool {
             Some(State::Unknown) => step.policy == RecoveryPolicy::Compensate,
             _ => false,
         }
+}
+
+/// Whether PAUSED `inst` paused during its compensation (a compensation's operation
+/// exists, or the pause is one of the compensation's: its class begins `compensation_`),
+/// rather than in its forward run.
+pub fn paused_in_compensation(inst: &InstanceRecord, checkpoints: &[Checkpoint]) -> bool {
+    inst.state == InstanceState::Paused
+        && (compensation_began(checkpoints)
+            || inst.error_class.as_deref().is_some_and(|c| c.starts_with("compensation_")))
 }
 
 /// Whether a compensation's operation exists, for a step or an item of one.
@@ -467,7 +482,10 @@ fn compensation_next(
         if comp.connector.is_none() {
             return Err(pause(
                 "compensation_by_hand",
-                "is performed by a person: compensate it, then resolve the step".into(),
+                format!(
+                    "has no connector: your code (or a person) performs it and records it as the operation {:?} (acquire it with action {:?} through POST /v1/operations, then complete it); the compensation then goes on by itself",
+                    c.row.comp_key, comp.action
+                ),
             ));
         }
         return Err(match build_step_input(&comp.input, &ctx()) {
@@ -673,6 +691,7 @@ pub fn plan_instance_update(
     match next {
         Next::Run { .. }
         | Next::Redo { .. }
+        | Next::Abandon { .. }
         | Next::Compensate { .. }
         | Next::Parallel { .. }
         | Next::PlanItems { .. }

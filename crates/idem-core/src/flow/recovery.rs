@@ -28,11 +28,15 @@
 //! | UNKNOWN, `lookup_before_redo` or `redo_safe`     | waits for the reconciler's lookup |
 //! | UNKNOWN, `manual`, in the review queue, or performed by the caller | pauses (`compensation_unknown`) until a person resolves it |
 //! | UNKNOWN, and the step has no compensation        | does not wait (nothing to undo) |
+//! | PENDING (a retry or a redo not yet run), performed by idem | closes it FAILED first (`Next::Abandon`): nothing new is performed while compensating |
 //!
-//! `redo_safe` is not redone while compensating (that would make an effect only to undo
-//! it): the reconciler's lookup settles it — found: SUCCEEDED, and it is undone; absent:
-//! nothing to undo — or, on a connector without a lookup, sends it to the review queue,
-//! and a person resolves it: SUCCEEDED (its compensation then runs) or FAILED.
+//! An UNKNOWN `redo_safe` step is not redone while compensating (that would make an effect
+//! only to undo it): the reconciler's lookup settles it — found: SUCCEEDED, and it is
+//! undone; absent: PENDING, then closed as above — or, on a connector without a lookup,
+//! sends it to the review queue, and a person resolves it: SUCCEEDED (its compensation then
+//! runs) or FAILED. (A `redo_safe` operation whose lease lapsed is re-granted by the
+//! executor as for any trigger — its declaration says a repeat is harmless — and the
+//! compensation waits for that attempt.)
 
 use super::definition::{Definition, RecoveryPolicy, StepDef};
 use super::plan::{EXPIRY_POLL_MS, Next, needs_compensation};
@@ -110,21 +114,31 @@ pub(super) fn settle_before_compensation(def: &Definition, checkpoints: &[Checkp
     let mut waits = Vec::new();
     for (index, (step, c)) in def.steps.iter().zip(checkpoints).enumerate() {
         let one = |cp: &Checkpoint, label: String| settle(step, index, cp, &label, now_ms);
-        let found: Vec<Next> = if c.items.is_empty() {
+        let found: Vec<(Next, Option<String>)> = if c.items.is_empty() {
             let label = match &step.group {
                 Some(g) => format!("branch {:?} of group {g:?}", step.name),
                 None => format!("step {:?}", step.name),
             };
-            one(c, label).into_iter().collect()
+            one(c, label).into_iter().map(|n| (n, None)).collect()
         } else {
             c.items
                 .iter()
-                .filter_map(|i| one(&i.as_checkpoint(), format!("item {:?} of step {:?}", i.row.item, step.name)))
+                .filter_map(|i| {
+                    let next = one(&i.as_checkpoint(), format!("item {:?} of step {:?}", i.row.item, step.name))?;
+                    Some((next, Some(i.row.item.clone())))
+                })
                 .collect()
         };
-        for next in found {
+        for (next, item) in found {
             match next {
                 pause @ Next::Pause { .. } => return Some(pause),
+                Next::Abandon { index } => {
+                    let abandon = Next::Abandon { index };
+                    return Some(match item {
+                        Some(item) => Next::Item { item, next: Box::new(abandon) },
+                        None => abandon,
+                    });
+                }
                 wait => waits.push(wait),
             }
         }
@@ -140,6 +154,7 @@ fn settle(step: &StepDef, index: usize, c: &Checkpoint, label: &str, now_ms: i64
             index,
             until_ms: op.lease_expires_at.filter(|end| *end > now_ms).unwrap_or(now_ms + EXPIRY_POLL_MS),
         }),
+        State::Pending if step.connector.is_some() => Some(Next::Abandon { index }),
         State::Unknown if step.compensation.is_none() || needs_compensation(step, c) => None,
         State::Unknown => {
             let cause = match plan_recovery(step, op, now_ms) {

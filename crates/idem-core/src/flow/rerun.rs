@@ -237,7 +237,7 @@ pub fn plan_rerun(
     let mut settled = checkpoints.to_vec();
     super::items::settle_empty_lists(inst, def, &mut settled);
     let checkpoints = settled.as_slice();
-    let compensating = super::plan::compensation_began(checkpoints);
+    let compensating = super::plan::paused_in_compensation(inst, checkpoints);
     if inst.state == InstanceState::Paused && compensating {
         if let Some(n) = named.first() {
             return Err(RerunRefusal::Compensating(n.clone()));

@@ -347,9 +347,12 @@ fn compensation_waits_for_unknown_branches_to_settle() {
     let step = |def: &Definition, cps: Vec<Checkpoint>| plan_advance(&comp_inst, def, &cps, NOW).unwrap();
     let n = step(&def, cps(&def, &[S, S, f, u], &[]));
     assert!(matches!(n, Next::Wait { index: 3, until_ms } if until_ms >= NOW + LOOKUP_POLL_MS), "{n:?}");
-    // The lookup found it: it is compensated, first. It proved it absent (PENDING): skipped.
+    // The lookup found it: it is compensated, first. It proved it absent (PENDING, due for
+    // another attempt): it is closed FAILED before anything performs it, then skipped.
     assert!(matches!(step(&def, cps(&def, &[S, S, f, S], &[])), Next::Compensate { index: 3, .. }));
     let n = step(&def, cps(&def, &[S, S, f, Some(State::Pending)], &[]));
+    assert_eq!(n, Next::Abandon { index: 3 }, "a PENDING branch is never performed while compensating");
+    let n = step(&def, cps(&def, &[S, S, f, f], &[]));
     assert!(matches!(n, Next::Compensate { index: 1, .. }), "{n:?}");
     // In flight: waited for until its lease ends; lapsed: until the sweeper records it.
     assert_eq!(step(&def, cps(&def, &[S, S, f, e], &[])), Next::Wait { index: 3, until_ms: NOW + 5_000 });

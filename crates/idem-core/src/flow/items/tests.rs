@@ -455,3 +455,17 @@ fn a_failed_item_compensation_pauses_naming_the_item() {
     let Next::Pause { index: 1, class: "compensation_failed", reason } = &n else { panic!("{n:?}") };
     assert!(reason.starts_with("item \"r1\": ") && reason.contains("ORD-7:intake:send:r1:compensate"), "{reason}");
 }
+
+/// A PENDING item (a retry waiting for its turn) is closed before the compensation undoes
+/// anything, so nothing performs it while the instance compensates.
+#[test]
+fn a_pending_item_is_abandoned_while_compensating() {
+    let d = def("compensate");
+    let inst = instance(&d, &["r1", "r2", "r3"]);
+    let f = Some(State::Failed);
+    let items = [("r1", S, None), ("r2", f, None), ("r3", Some(State::Pending), None)];
+    let begin = plan_advance(&inst, &d, &cps(&d, S, &items), NOW).unwrap();
+    let (comp, _) = plan_instance_update(&inst, &d, &begin, &Actor::system(), NOW).unwrap();
+    let n = plan_advance(&comp, &d, &cps(&d, S, &items), NOW).unwrap();
+    assert_eq!(n, Next::Item { item: "r3".into(), next: Box::new(Next::Abandon { index: 1 }) });
+}
