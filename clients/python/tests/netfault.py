@@ -35,7 +35,8 @@ def read_message(sock: socket.socket, buf: bytearray) -> bytes | None:
 class Rule:
     """What to do with requests whose first line starts with ``prefix`` (``POST /v1/operations``):
     ``drop`` answers lost after the server processed the request, ``unavailable`` 503s answered
-    by the proxy without forwarding; each for the next ``times`` matching requests."""
+    by the proxy without forwarding, ``internal`` a 500 in place of the server's answer; each
+    for the next ``times`` matching requests."""
 
     prefix: bytes
     action: str
@@ -103,6 +104,14 @@ class FaultProxy:
                     return
                 if rule is not None and rule.action == "drop":
                     return  # the server acted; its answer never reaches the client
+                if rule is not None and rule.action == "internal":
+                    # A gateway's 500 in place of the server's answer (the server acted).
+                    body = b'{"type":"/problems/internal","title":"Internal error","status":500}'
+                    answer = (
+                        b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/problem+json\r\n"
+                        + f"content-length: {len(body)}\r\n\r\n".encode()
+                        + body
+                    )
                 client.sendall(answer)
         except OSError:
             return

@@ -158,6 +158,16 @@ def test_no_api_key_is_refused_before_anything_is_sent(monkeypatch: pytest.Monke
         idem_client.Client("http://127.0.0.1:9")
 
 
+@pytest.mark.parametrize("key", ["idem_abc\n", "idem_abc ", " idem_abc", "idem_a\r\nb", "idem_é"])
+def test_an_api_key_with_a_space_a_line_break_or_non_ascii_is_refused_at_once(key: str) -> None:
+    """Sent as is, such a key failed one HTTP library (a ValueError) and not the other (five
+    tries, then "it may have been recorded"): it is refused before anything is sent, and the
+    message does not repeat the key."""
+    with pytest.raises(idem_client.InvalidInputError, match="newline") as e:
+        idem_client.Client("http://127.0.0.1:9", key)
+    assert "idem_abc" not in str(e.value)
+
+
 #: Problem types a client library's calls never meet (raised as the class of their status):
 #: listed once for every client library in the case file.
 NOT_CLIENT_FACING = set(CASES["problems_not_client_facing"]["types"])
@@ -338,3 +348,44 @@ def test_a_completion_is_not_retried_after_the_lease_end_within_its_tries(
     assert ran == [key]
     assert took < 4.5, f"waited {took:.1f} s: past the lease's end (1 s)"
     assert e.value.fencing_token is not None
+
+
+def test_a_completion_answered_500_is_not_recorded_and_carries_the_token(
+    server: IdemServer, key: str
+) -> None:
+    """A 500 in answer to the completion (the function ran): OutcomeNotRecordedError with the
+    key, the token and the completion, never a bare ServerError; reporting it settles it."""
+    proxy = proxy_for(server.url)
+    proxy.rule("POST /v1/operations/", "internal", times=1)
+    ran: list[str] = []
+    with (
+        idem_client.Client(proxy.url, ADMIN_KEY, retry=FAST) as c,
+        pytest.raises(idem_client.OutcomeNotRecordedError) as e,
+    ):
+        guarded(c, ran)(key)
+    proxy.close()
+    assert ran == [key]
+    assert e.value.fencing_token is not None
+    assert e.value.completion is not None
+    with server.client() as c:
+        op = c.complete(e.value.key, e.value.fencing_token, e.value.completion)
+    assert (op.state, op.provider_ref) == ("SUCCEEDED", f"msg-{key}")
+
+
+async def test_a_failed_tls_handshake_is_unreachable_on_both_paths(server: IdemServer, key: str) -> None:
+    """https:// against a plain HTTP server: the handshake fails before any request is sent,
+    so sync (urllib3) and async (httpx) both say nothing was sent, and nothing runs."""
+    url = server.url.replace("http://", "https://")
+    ran: list[str] = []
+    with idem_client.Client(url, ADMIN_KEY, retry=FAST) as c:
+        with pytest.raises(idem_client.ServerUnreachableError):
+            guarded(c, ran)(key)
+
+        @c.idempotent(key="{order}", action="send_confirmation", payload=["order"], provider_ref="ref")
+        async def send(order: str) -> dict[str, str]:
+            ran.append(order)
+            return {"ref": "x"}
+
+        with pytest.raises(idem_client.ServerUnreachableError):
+            await send(key)
+    assert ran == []

@@ -133,7 +133,7 @@ class Lease:
     lease's end passed without a successful renewal (by this process's monotonic clock,
     counted from before the request that granted or renewed it). Long work should check it
     between steps and stop (or, in ``async`` code, race it against :meth:`wait_lost`); its
-    completion is then accepted only while no other lease was granted (README "Completing").
+    completion is then accepted only while no other lease was granted (book: Concepts, Leases, "Completing").
     The heartbeat renews it from the client's own thread, for ``async`` claims too.
     """
 
@@ -416,6 +416,12 @@ class _ClaimBase:
             self._operation = op
             return op
         err = a.error()
+        if not 400 <= a.status < 500:
+            # A 5xx (other than those retried until the lease's end), a redirect, or a 200
+            # without a record: no answer about this completion, and the function ran. The
+            # caller gets what it needs to report the outcome later, never a bare error that
+            # reads as "nothing happened".
+            raise self._not_recorded(err)
         if isinstance(err, StaleFencingTokenError):
             err.args = (
                 f"{self._target.describe}: the completion was refused because the lease was lost and another "

@@ -105,6 +105,12 @@ class Client:
             raise InvalidInputError(
                 "no API key: pass api_key= or set IDEM_API_KEY (idem prints one on first start)"
             )
+        if any(not 33 <= ord(ch) <= 126 for ch in key):
+            # Sent as is, a line break or a space would fail one HTTP library and not the other.
+            raise InvalidInputError(
+                "the API key holds a space, a line break or a non-ASCII character: idem's keys are "
+                "visible ASCII (idem_ and hex digits); a key read from a file often ends in a newline"
+            )
         if async_transport is not None and transport is None:
             raise InvalidInputError(
                 "async_transport= needs transport= too, configured alike: async claims renew their "
@@ -358,7 +364,8 @@ class Client:
         outside a claim — the one an :class:`OutcomeNotRecordedError` carries
         (``client.complete(e.key, e.fencing_token, e.completion)``), later, once idem is back.
         ``completion`` is the body without the token: ``{"outcome": "succeeded", "provider_ref":
-        ..., "result": ...}`` and the other outcomes' fields (README "Completing"). Safe to repeat.
+        ..., "result": ...}`` and the other outcomes' fields (book: Concepts, Leases,
+        "Completing"). Safe to repeat.
         For a workflow step, ``key`` is the step's operation key (the error carries it).
 
         Raises: :class:`StaleFencingTokenError` (another lease was granted since: nothing

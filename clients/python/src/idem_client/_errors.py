@@ -25,7 +25,7 @@ class OutcomeUnknownError(IdemError):
     acted, or its attempt ended without a known result. The function is **not** run again
     until the reconciler's lookup or an operator settles the operation
     (``idem ops resolve KEY ...``); ``operation`` is the record (``needs_review``,
-    ``error_message`` say why). README "What a trigger gets".
+    ``error_message`` say why). Book: Concepts, States, "What a trigger gets".
     """
 
     def __init__(self, operation: Operation, message: str | None = None) -> None:

@@ -308,6 +308,10 @@ class Urllib3HTTP:
             data = r.data
         except (ConnectTimeoutError, EmptyPoolError, ClosedPoolError) as e:  # no connection: nothing sent
             raise UnansweredTryError(e, True) from e
+        except urllib3.exceptions.SSLError as e:
+            # The TLS handshake failed (an untrusted certificate, http:// against https://):
+            # no request was sent, as httpx's ConnectError says on the async path.
+            raise UnansweredTryError(e, True) from e
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as e:
             raise UnansweredTryError(
                 e, False

@@ -1,4 +1,5 @@
-"""The records idem answers with: an operation, a workflow instance (README "What a trigger gets")."""
+"""The records idem answers with: an operation, a workflow instance (book: Concepts, States,
+"What a trigger gets")."""
 
 from __future__ import annotations
 
