@@ -9,7 +9,7 @@
 //!   expired), takes a token from the connector's retry budget, acquires the operation like
 //!   any trigger (so two nodes never run the same attempt), and runs it. Because the
 //!   schedule lives in the store, due retries resume after a restart. A workflow step's
-//!   retry whose instance compensates is left alone: the engine closes it instead.
+//!   PENDING retry whose instance compensates is left alone: the engine closes it instead.
 
 use crate::connector::OperationCtx;
 use crate::registry::Registry;
@@ -184,7 +184,10 @@ impl Executor {
                 break;
             }
             for rec in self.store.due_executions(&name, free).await? {
-                if self.instance_compensates(&rec).await? {
+                // A retry (PENDING) is left alone while its workflow instance compensates;
+                // a `redo_safe` operation whose lease lapsed is still re-granted: the
+                // compensation waits for that attempt, and nothing else would end it.
+                if rec.state == idem_core::State::Pending && self.instance_compensates(&rec).await? {
                     continue;
                 }
                 // Take a slot before the lease, so a granted lease never waits for one.

@@ -448,7 +448,7 @@ impl Flows {
             to: State::Failed,
             expected_state: Some(State::Pending),
             reason: format!(
-                "not performed again: workflow instance {:?} compensates, and step {:?} had not run this attempt",
+                "not performed again: workflow instance {:?} compensates, and step {:?} was PENDING (due for another attempt)",
                 inst.instance_id, step.name
             ),
             evidence: None,

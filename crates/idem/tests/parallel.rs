@@ -408,3 +408,45 @@ async fn sqlite_nothing_new_is_performed_while_compensating() {
 async fn postgres_nothing_new_is_performed_while_compensating() {
     nothing_new_is_performed_while_compensating(Backend::Postgres).await;
 }
+
+/// kill -9 while the instance compensates and a `redo_safe` branch's call hangs after
+/// acting: after the restart its lapsed lease is re-granted (as its declaration allows),
+/// the compensation waits for that attempt and then undoes it; the instance ends
+/// COMPENSATED. Before, the executor left it alone while compensating and the
+/// compensation waited forever.
+async fn a_redo_safe_branch_in_flight_when_a_compensating_node_dies_is_settled(b: Backend) {
+    let (provider, addr) = start_provider().await;
+    let db = Db::new(b).await;
+    // data's call hangs for up to 4 s (its timeout) under a 5 s lease: the kill comes
+    // while it is in flight, however slow the machine.
+    let config = config_with(addr, "compensate", "redo_safe")
+        .replace("timeout_ms = 800", "timeout_ms = 4000")
+        .replace("lease_ms = 1500", "lease_ms = 5000");
+    let s = Server::start_with_config(&db.url, &config);
+    let id = "ORD-9:fan";
+    provider.script(&format!("{id}:notify:chat"), vec![Step::Status(422, None)]);
+    provider.script(&format!("{id}:notify:data"), vec![Step::EffectThenHang, Step::Ok]);
+    assert_eq!(start(&s, id).await.status, 201);
+    let v = wait_instance(&s, id, 20, |v| v["state"] != "RUNNING").await;
+    assert_eq!(v["state"], "COMPENSATING", "{v:#}");
+    let data = format!("{id}:notify:data");
+    let op = s.get(ADMIN_KEY, &format!("/v1/operations/{}", enc(&data))).await;
+    assert_eq!(op.body["state"], "EXECUTING", "data's call still hangs: {op:?}");
+    drop(s); // kill -9
+    let s = Server::start_with_config(&db.url, &config);
+    let v = wait_instance(&s, id, 30, |v| v["state"] != "COMPENSATING").await;
+    assert_eq!(v["state"], "COMPENSATED", "{v:#}");
+    assert!(provider.effects(&data) >= 1);
+    assert_eq!(provider.calls(&format!("{data}:compensate")), 1, "data's effect undone once");
+    assert_eq!(provider.calls(&format!("{id}:close")), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_redo_safe_branch_in_flight_when_a_compensating_node_dies_is_settled() {
+    a_redo_safe_branch_in_flight_when_a_compensating_node_dies_is_settled(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_redo_safe_branch_in_flight_when_a_compensating_node_dies_is_settled() {
+    a_redo_safe_branch_in_flight_when_a_compensating_node_dies_is_settled(Backend::Postgres).await;
+}
