@@ -153,8 +153,15 @@ impl Flows {
         }
         let cp = &checkpoints[index];
         let would_grant = cp.operation.as_ref().is_none_or(|o| o.state == State::Pending);
-        if inst.state != InstanceState::Running && would_grant {
-            return Err(FlowError::NotRunning { instance: call.instance_id, state: inst.state });
+        let mut state = inst.state;
+        if state == InstanceState::Paused && would_grant {
+            // The cause of the pause may have just been settled (a completion through
+            // /v1/operations, an operator's resolution): its pass runs in the background.
+            // Apply it now, so the answer does not depend on which comes first.
+            state = self.advance(&call.tenant, &call.instance_id).await?.map_or(state, |i| i.state);
+        }
+        if state != InstanceState::Running && would_grant {
+            return Err(FlowError::NotRunning { instance: call.instance_id, state });
         }
         // A sibling branch FAILED or is UNKNOWN: the group stopped, and the engine pauses,
         // compensates or fails the instance at its next pass. A branch not started yet must
@@ -163,7 +170,7 @@ impl Flows {
         let group_stopped = def.steps[index].group.is_some()
             && checkpoints[span].iter().any(|c| matches!(c.state, StepState::Failed | StepState::Unknown));
         if would_grant && group_stopped {
-            let state = self.advance(&call.tenant, &call.instance_id).await?.map_or(inst.state, |i| i.state);
+            let state = self.advance(&call.tenant, &call.instance_id).await?.map_or(state, |i| i.state);
             if state != InstanceState::Running {
                 return Err(FlowError::NotRunning { instance: call.instance_id, state });
             }
