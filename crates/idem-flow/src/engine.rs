@@ -434,50 +434,54 @@ impl Flows {
     }
 
     /// Closes a PENDING step (or item) operation FAILED while its instance compensates
-    /// ([`Next::Abandon`]): an audited system resolution expecting PENDING, so a worker that
-    /// acquired it meanwhile wins and the compensation waits for its attempt instead.
+    /// ([`Next::Abandon`]): a worker that acquired it meanwhile wins, and the compensation
+    /// waits for its attempt instead.
     async fn abandon(
         &self,
         inst: &InstanceRecord,
         step: &StepDef,
         key: &str,
     ) -> Result<Option<idem_core::OperationRecord>, FlowError> {
+        let reason = format!(
+            "not performed again: workflow instance {:?} compensates, and step {:?} was PENDING (due for another attempt)",
+            inst.instance_id, step.name
+        );
+        self.system_resolve(inst, key, State::Pending, State::Failed, reason).await
+    }
+
+    /// Moves an UNKNOWN `redo_safe` step's operation back to PENDING, so the next round
+    /// runs it again.
+    async fn redo(&self, inst: &InstanceRecord, step: &StepDef, key: &str) -> Result<(), FlowError> {
+        let reason = format!(
+            "recovery policy redo_safe: step {:?} of workflow instance {:?} is redone",
+            step.name, inst.instance_id
+        );
+        self.system_resolve(inst, key, State::Unknown, State::Pending, reason).await.map(|_| ())
+    }
+
+    /// An audited system resolution of operation `key` from `from` to `to`: the operation as
+    /// it is afterwards. When it is no longer `from` (another writer came first), nothing is
+    /// changed and the operation is read as it is.
+    async fn system_resolve(
+        &self,
+        inst: &InstanceRecord,
+        key: &str,
+        from: State,
+        to: State,
+        reason: String,
+    ) -> Result<Option<idem_core::OperationRecord>, FlowError> {
         let req = ResolveRequest {
             tenant: inst.tenant.clone(),
             key: key.to_owned(),
-            to: State::Failed,
-            expected_state: Some(State::Pending),
-            reason: format!(
-                "not performed again: workflow instance {:?} compensates, and step {:?} was PENDING (due for another attempt)",
-                inst.instance_id, step.name
-            ),
+            to,
+            expected_state: Some(from),
+            reason,
             evidence: None,
             actor: Actor::system(),
         };
         match self.store.resolve(req).await {
             Ok(op) => Ok(Some(op)),
             Err(StoreError::Resolve(_)) => Ok(self.store.get(&inst.tenant, key).await?),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Moves an UNKNOWN `redo_safe` step's operation back to PENDING (an audited system
-    /// resolution), so the next round runs it again.
-    async fn redo(&self, inst: &InstanceRecord, step: &StepDef, key: &str) -> Result<(), FlowError> {
-        let req = ResolveRequest {
-            tenant: inst.tenant.clone(),
-            key: key.to_owned(),
-            to: State::Pending,
-            expected_state: Some(State::Unknown),
-            reason: format!(
-                "recovery policy redo_safe: step {:?} of workflow instance {:?} is redone",
-                step.name, inst.instance_id
-            ),
-            evidence: None,
-            actor: Actor::system(),
-        };
-        match self.store.resolve(req).await {
-            Ok(_) | Err(StoreError::Resolve(_)) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
