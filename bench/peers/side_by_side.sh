@@ -6,7 +6,9 @@
 # Per round: pgbench raw claim+complete (c32); Powertools+Redis(AOF always) first/replay
 # (32 procs); Powertools+Redis(no AOF) first (32 procs); idem over HTTP from 32 Python
 # procs, SQLite and PostgreSQL, first/replay, by hand (http.client) and through idem's Python
-# client (clients/python: a decorated function); DBOS 3-step workflow (4x8); `idem bench`.
+# client (clients/python: a decorated function); the same from 32 Node.js procs (NODE_CLIENTS:
+# fetch by hand, node:http by hand, clients/typescript's makeIdempotent; none without `node`);
+# DBOS 3-step workflow (4x8); `idem bench`.
 # Results: $PEERS_RESULTS (default ~/.cache/idem-peers/results): *.jsonl, bench-N.txt;
 # then summary.py prints the side-by-side table with ratios.
 set -euo pipefail
@@ -17,6 +19,8 @@ if [ -z "${IDEM:-}" ]; then
   IDEM="$(cd "$ROOT" && realpath "${CARGO_TARGET_DIR:-target}")/release/idem"
 fi
 ROUNDS="${ROUNDS:-2}"; D="${DURATION:-8}"
+# idem_node_bench.mjs's clients (none without node): fetch by hand, node:http by hand, idem-client
+NODE_CLIENTS="${NODE_CLIENTS-http http-module library}"; command -v node >/dev/null || NODE_CLIENTS=""
 PH="${PEERS_HOME:-$HOME/.cache/idem-peers}"; PY="$PH/venv/bin/python"; RES="${PEERS_RESULTS:-$PH/results}"; mkdir -p "$RES"; rm -f "$RES"/*
 ./setup.sh >/dev/null
 for round in $(seq 1 "$ROUNDS"); do
@@ -29,9 +33,14 @@ for round in $(seq 1 "$ROUNDS"); do
   ./redis_ctl.sh start default
   timeout 300 "$PY" powertools_bench.py --runs 1 --duration "$D" --redis-mode default --mode first --workers 32 --kind process --out "$RES/powertools.jsonl" 2>>"$RES/stderr.log" | tail -1
   ./redis_ctl.sh stop
-  for be in sqlite postgres; do for op in first replay; do for client in http library; do
-    timeout 300 "$PY" idem_py_bench.py --idem "$IDEM" --backend $be --mode $op --workers 32 --duration "$D" --client $client --out "$RES/idem_py.jsonl" 2>>"$RES/stderr.log" | tail -1
-  done; done; done
+  for be in sqlite postgres; do for op in first replay; do
+    for client in http library; do
+      timeout 300 "$PY" idem_py_bench.py --idem "$IDEM" --backend $be --mode $op --workers 32 --duration "$D" --client $client --out "$RES/idem_py.jsonl" 2>>"$RES/stderr.log" | tail -1
+    done
+    for client in $NODE_CLIENTS; do
+      timeout 300 node idem_node_bench.mjs --idem "$IDEM" --backend $be --mode $op --workers 32 --duration "$D" --client $client --out "$RES/idem_node.jsonl" 2>>"$RES/stderr.log" | tail -1
+    done
+  done; done
   timeout 300 "$PY" dbos_bench.py --runs 1 --duration "$D" --warmup 5 --mode first --threads 8 --procs 4 --out "$RES/dbos.jsonl" 2>>"$RES/stderr.log" | tail -1
   timeout 600 "$IDEM" bench --seconds 5 --concurrency 1,64,256 --http-concurrency 32 --postgres-url postgres://postgres@127.0.0.1:5432/postgres > "$RES/bench-$round.txt" 2>>"$RES/stderr.log" || echo "idem bench failed"
   grep -E '^(embedded|HTTP|SQLite|PostgreSQL|relay)' "$RES/bench-$round.txt" || true
