@@ -160,8 +160,10 @@ function freePort() {
   });
 }
 
-async function waitForPort(port) {
+/** Waits up to 20 s for a listener on `port`; throws at once when `gone()` says why there will be none. */
+async function waitForPort(port, gone) {
   for (let i = 0; i < 200; i++) {
+    if (gone()) throw new Error(gone());
     const up = await new Promise((resolve) => {
       const c = connect(port, "127.0.0.1", () => { c.destroy(); resolve(true); });
       c.on("error", () => resolve(false));
@@ -209,10 +211,14 @@ async function main() {
   const srv = spawn(a.idem, ["serve", "--listen", `127.0.0.1:${port}`, "--database-url", url], {
     cwd: tmp, env: { ...process.env, IDEM_BOOTSTRAP_KEY: KEY, RUST_LOG: "warn" }, stdio: ["ignore", log, log],
   });
-  const exited = new Promise((resolve) => srv.once("exit", resolve));
+  let gone = null; // why idem serve is not running, once it is not
+  const exited = new Promise((resolve) => {
+    srv.once("exit", (code, signal) => { gone = `idem serve exited (${code ?? signal}), see ${tmp}/serve.log`; resolve(); });
+    srv.once("error", (e) => { gone = `idem serve did not start: ${e.message}`; resolve(); });
+  });
   const children = [];
   try {
-    await waitForPort(port);
+    await waitForPort(port, () => gone);
     let replayKey = null;
     if (a.mode === "replay") {
       replayKey = `R-${randomUUID().slice(0, 10)}`;
