@@ -13,14 +13,19 @@
  * `client.makeIdempotent` as a user would write it (holder per attempt, lease and heartbeat
  * timers, checked payload, result and answers): what a user pays per pair.
  *
- * N worker processes (child_process.fork), one request in flight each; all are warmed up,
- * then released together at one instant of CLOCK_MONOTONIC (process.hrtime, shared by the
- * processes) and start calls until a common deadline. ops/s = calls / (start .. last call's
+ * N worker processes (child_process.fork), each with --inflight concurrent calls on its event
+ * loop (default 1, the shape of the Python benches; `--workers 2 --inflight 16` is 32 clients
+ * the way a Node service runs them, an event loop a core, whose V8 is warm: a fresh process
+ * spends 2-3 times the CPU per call of one after ~1000 calls, its JIT still compiling, and 32
+ * processes × 1 on two cores make ~100 calls each in 8 s); all are warmed up (--warmup calls
+ * a loop), then released together at one instant of CLOCK_MONOTONIC (process.hrtime, shared
+ * by the processes) and start calls until a common deadline. ops/s = calls / (start .. last call's
  * end). Client CPU: each worker's process.cpuUsage() (user + system, all its threads) over
  * its window. Server CPU: /proc/PID/stat of `idem serve` (user, system) read around the
  * window. Starts its own `idem serve` (SQLite file in a temp dir, or a fresh PostgreSQL
  * database). One JSON line per run on stdout, appended to --out if given (idem_py_bench.py's
- * fields, plus `client`: "node-http", "node-http-module" or "node-library").
+ * fields, `concurrency` = processes × inflight, plus `client`: "node-http", "node-http-module"
+ * or "node-library", `processes` and `inflight`).
  *   node idem_node_bench.mjs --idem /path/to/idem --backend sqlite --mode first --workers 32
  */
 import { execFileSync, fork, spawn, spawnSync } from "node:child_process";
@@ -67,9 +72,9 @@ function pairOver(post) {
   };
 }
 
-/** httpPair's requests over node:http: one keep-alive connection, the body read whole. */
-function httpModulePair(port) {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+/** httpPair's requests over node:http: up to `sockets` keep-alive connections, the body read whole. */
+function httpModulePair(port, sockets) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: sockets });
   function post(path, body) {
     const data = JSON.stringify(body);
     const headers = { authorization: `Bearer ${KEY}`, "content-type": "application/json", "content-length": Buffer.byteLength(data) };
@@ -101,11 +106,16 @@ async function libraryPair(base) {
   return async (key) => (await sendSms(key)).provider_message_id === "m1";
 }
 
+/** One worker process: `cfg.inflight` loops of pairs on one event loop, each one call at a time. */
 async function worker(cfg) {
   const base = `http://127.0.0.1:${cfg.port}`;
-  const pair = cfg.client === "library" ? await libraryPair(base) : cfg.client === "http-module" ? httpModulePair(cfg.port) : httpPair(base);
+  const pair =
+    cfg.client === "library" ? await libraryPair(base) : cfg.client === "http-module" ? httpModulePair(cfg.port, cfg.inflight) : httpPair(base);
   const nonce = randomUUID().slice(0, 10);
-  for (let i = 0; i < cfg.warmup; i++) await pair(cfg.replayKey ?? `W-${nonce}-${cfg.wid}-${i}`);
+  const loops = (body) => Promise.all(Array.from({ length: cfg.inflight }, (_, j) => body(j)));
+  await loops(async (j) => {
+    for (let i = 0; i < cfg.warmup; i++) await pair(cfg.replayKey ?? `W-${nonce}-${cfg.wid}-${j}-${i}`);
+  });
   const start = await new Promise((resolve) => {
     process.once("message", (m) => resolve(BigInt(m.start)));
     process.send({ ready: true });
@@ -116,15 +126,18 @@ async function worker(cfg) {
   const cpu0 = process.cpuUsage();
   let n = 0;
   let err = 0;
-  while (now() < deadline) {
-    try {
-      if (!(await pair(cfg.replayKey ?? `B-${nonce}-${cfg.wid}-${n}`))) err += 1;
-    } catch (e) {
-      err += 1;
-      if (err < 3) console.error(`worker ${cfg.wid}: ${e?.stack ?? e}`);
+  await loops(async () => {
+    while (now() < deadline) {
+      const key = cfg.replayKey ?? `B-${nonce}-${cfg.wid}-${n}`;
+      n += 1;
+      try {
+        if (!(await pair(key))) err += 1;
+      } catch (e) {
+        err += 1;
+        if (err < 3) console.error(`worker ${cfg.wid}: ${e?.stack ?? e}`);
+      }
     }
-    n += 1;
-  }
+  });
   const end = now();
   const cpu = process.cpuUsage(cpu0); // µs, since cpu0
   process.send({ n, err, end: String(end), cpuMs: (cpu.user + cpu.system) / 1000 }, () => process.exit(0));
@@ -185,6 +198,7 @@ async function main() {
       pg: { type: "string", default: "postgres://postgres@127.0.0.1:5432" },
       mode: { type: "string", default: "first" },
       workers: { type: "string", default: "32" },
+      inflight: { type: "string", default: "1" },
       duration: { type: "string", default: "10" },
       warmup: { type: "string", default: "20" },
       out: { type: "string" },
@@ -196,7 +210,7 @@ async function main() {
   if (!["sqlite", "postgres"].includes(a.backend)) bad("--backend sqlite|postgres");
   if (!["first", "replay"].includes(a.mode)) bad("--mode first|replay");
   if (!["http", "http-module", "library"].includes(a.client)) bad("--client http|http-module|library");
-  const workers = Number(a.workers), duration = Number(a.duration), warmup = Number(a.warmup);
+  const workers = Number(a.workers), inflight = Number(a.inflight), duration = Number(a.duration), warmup = Number(a.warmup);
   const tmp = mkdtempSync(join(tmpdir(), "idem-peer-"));
   const port = await freePort();
   let db = null, url;
@@ -227,7 +241,7 @@ async function main() {
     const busy = await busyPct(1000);
     const ready = [], results = [];
     for (let wid = 0; wid < workers; wid++) {
-      const cfg = { port, wid, client: a.client, duration, warmup, replayKey };
+      const cfg = { port, wid, client: a.client, inflight, duration, warmup, replayKey };
       const c = fork(fileURLToPath(import.meta.url), ["--worker", JSON.stringify(cfg)], { stdio: ["ignore", "inherit", "inherit", "ipc"] });
       children.push(c);
       ready.push(new Promise((resolve, reject) => {
@@ -255,7 +269,7 @@ async function main() {
     const out = {
       system: { http: "idem-http-node", "http-module": "idem-http-module-node", library: "idem-client-node" }[a.client],
       client: `node-${a.client}`,
-      backend: a.backend, op: a.mode, concurrency: workers, duration_s: duration,
+      backend: a.backend, op: a.mode, concurrency: workers * inflight, processes: workers, inflight, duration_s: duration,
       window_s: round3(window), ops: total, errors,
       ops_per_s: Math.round((10 * total) / window) / 10,
       client_cpu_ms_per_op: per(got.reduce((s, g) => s + g.cpuMs, 0)),
