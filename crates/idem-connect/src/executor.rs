@@ -123,6 +123,42 @@ impl Executor {
             outcome = outcome.name(),
             "attempt finished"
         );
+        self.record(granted, outcome, policy).await
+    }
+
+    /// Ends the attempt of `granted` (EXECUTING, just acquired) without calling the
+    /// provider: nothing was sent, so it is recorded as a retryable failure of class
+    /// `class` due at once (the operation goes back to PENDING; whoever decides about it
+    /// next — a retry, or a workflow's compensation closing it — sees that nothing
+    /// happened). Returns the record as stored afterwards.
+    ///
+    /// # Errors
+    /// Store errors while completing (the lease then expires: PENDING again under
+    /// `redo_safe`, else UNKNOWN, which the reconciler's lookup settles).
+    pub async fn decline_attempt(
+        &self,
+        granted: OperationRecord,
+        class: &str,
+        message: String,
+    ) -> Result<OperationRecord, StoreError> {
+        let policy = granted.connector.as_deref().and_then(|n| self.registry.get(n)).map(|e| e.policy.clone());
+        tracing::info!(
+            tenant = %granted.tenant,
+            key_hash = %idem_core::key::log_hash(&granted.key),
+            class,
+            "attempt not started"
+        );
+        self.record(granted, crate::connector::retryable(class, message, Some(0)), policy).await
+    }
+
+    /// Completes `granted` with `outcome` under its fencing token; the record as stored
+    /// afterwards (read back when the completion is refused: another writer came first).
+    async fn record(
+        &self,
+        granted: OperationRecord,
+        outcome: idem_core::Outcome,
+        policy: Option<idem_core::RetryPolicy>,
+    ) -> Result<OperationRecord, StoreError> {
         let req = CompleteRequest {
             tenant: granted.tenant.clone(),
             key: granted.key.clone(),
@@ -134,7 +170,7 @@ impl Executor {
         match self.store.complete(req).await {
             Ok(done) => Ok(done.record),
             Err(StoreError::Complete(e)) => {
-                tracing::warn!(tenant = %ctx.tenant, error = %e, "attempt's completion refused");
+                tracing::warn!(tenant = %granted.tenant, error = %e, "attempt's completion refused");
                 self.store.get(&granted.tenant, &granted.key).await.map(|r| r.unwrap_or(granted))
             }
             Err(e) => Err(e),
@@ -231,10 +267,7 @@ impl Executor {
         let flows = self.store.flows();
         let Some(step) = flows.step_of_operation(&rec.tenant, &rec.key).await? else { return Ok(false) };
         let Some(inst) = flows.instance(&step.tenant, &step.instance_id).await? else { return Ok(false) };
-        use idem_core::flow::InstanceState;
-        Ok(inst.state == InstanceState::Compensating
-            || (inst.state == InstanceState::Paused
-                && inst.error_class.as_deref().is_some_and(|c| c.starts_with("compensation_"))))
+        Ok(inst.compensates())
     }
 
     /// Polls for due work every poll interval until the process ends.

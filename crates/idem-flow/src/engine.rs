@@ -111,6 +111,16 @@ impl Target {
     }
 }
 
+/// What a round of a pass does next, after performing what it planned.
+enum Round {
+    /// Something progressed (the checkpoints are updated): plan again.
+    Again,
+    /// Nothing can move now: write this and end the pass.
+    Write(Next),
+    /// What this pass knows is stale (another pass changed the instance): read it again.
+    Reread,
+}
+
 /// What one attempt at a `Run`, `Compensate` or `Redo` led to.
 enum Attempt {
     /// The operation moved (or was found finished): its record as stored now.
@@ -119,6 +129,8 @@ enum Attempt {
     Redone,
     /// It cannot move now: write this.
     Blocked(Next),
+    /// Not started: the instance changed under this pass (see [`StepRun::Stale`]).
+    Stale,
 }
 
 /// What performing a `Run` or a `Compensate` led to.
@@ -128,6 +140,9 @@ enum StepRun {
     Progressed(Box<idem_core::OperationRecord>),
     /// The step cannot move now: write this and end the pass.
     Blocked(Next),
+    /// Not started: the instance began compensating since this pass read it, and the
+    /// granted attempt was declined (nothing sent): read the instance again.
+    Stale,
 }
 
 impl Flows {
@@ -190,18 +205,20 @@ impl Flows {
                 | Next::Redo { .. }
                 | Next::Abandon { .. }
                 | Next::Item { .. } => match self.perform(&inst, &def, &mut checkpoints, next).await? {
-                    None => {
+                    Round::Again => {
                         known = Some((inst, checkpoints));
                         continue;
                     }
-                    Some(next) => next,
+                    Round::Reread => continue,
+                    Round::Write(next) => next,
                 },
                 Next::Parallel { runs } => match self.run_branches(&inst, &def, &mut checkpoints, runs).await? {
-                    None => {
+                    Round::Again => {
                         known = Some((inst, checkpoints));
                         continue;
                     }
-                    Some(next) => next,
+                    Round::Reread => continue,
+                    Round::Write(next) => next,
                 },
                 Next::PlanItems { items, .. } => {
                     // Written once (identical rows from another pass change nothing); then
@@ -220,7 +237,15 @@ impl Flows {
                 continue;
             }
             count(&inst, &record);
-            if matches!(next, Next::Resume { .. } | Next::BeginCompensation { .. }) {
+            if matches!(next, Next::BeginCompensation { .. }) {
+                // Read the checkpoints again, after COMPENSATING is written: a step another
+                // pass acquired since this one read them is then seen in flight (and waited
+                // for); one acquired later sees the compensation and is not started.
+                let checkpoints = flows.checkpoints(tenant, instance_id).await?;
+                known = Some((record, checkpoints));
+                continue;
+            }
+            if matches!(next, Next::Resume { .. }) {
                 known = Some((record, checkpoints));
                 continue;
             }
@@ -282,6 +307,14 @@ impl Flows {
         };
         let out = self.store.acquire(input).await?;
         Ok(match out.decision {
+            Decision::Acquire if job.kind != "compensation" && self.began_compensating(inst).await? => {
+                let message = format!(
+                    "not started: workflow instance {:?} began compensating before this attempt could start (nothing was sent)",
+                    inst.instance_id
+                );
+                self.executor.decline_attempt(out.record, "not_started", message).await?;
+                StepRun::Stale
+            }
             Decision::Acquire => {
                 let started = std::time::Instant::now();
                 let done = self.executor.run_attempt(out.record).await?;
@@ -319,24 +352,40 @@ impl Flows {
         })
     }
 
+    /// Whether `inst` compensates as stored now, although this pass planned a forward step
+    /// from an older read: another pass (the runner's, an operator's `wf compensate`) may
+    /// have begun the compensation since. Read after the step's operation was granted, so
+    /// either that pass's reading of the checkpoints (after it wrote COMPENSATING) sees the
+    /// operation in flight and waits for it, or this read sees the compensation and the
+    /// attempt is not started: nothing new is performed while an instance compensates.
+    async fn began_compensating(&self, inst: &InstanceRecord) -> Result<bool, FlowError> {
+        if inst.compensates() {
+            return Ok(true);
+        }
+        let now = self.store.flows().instance(&inst.tenant, &inst.instance_id).await?;
+        Ok(now.is_some_and(|i| i.compensates()))
+    }
+
     /// Performs the branches of a parallel group at once (each its own operation: a grant
     /// leads to a call, anything else is read from its record), and redoes the UNKNOWN
-    /// `redo_safe` ones. Updates `checkpoints` with what progressed; `None` when something
-    /// did (plan again), else what to write: a pause if one branch's key holds another
-    /// operation, else the earliest wait.
+    /// `redo_safe` ones. Updates `checkpoints` with what progressed: [`Round::Reread`] when
+    /// an attempt was declined because the instance began compensating, else
+    /// [`Round::Again`] when something progressed, else what to write: a pause if one
+    /// branch's key holds another operation, else the earliest wait.
     async fn run_branches(
         &self,
         inst: &InstanceRecord,
         def: &Definition,
         checkpoints: &mut [Checkpoint],
         runs: Vec<Next>,
-    ) -> Result<Option<Next>, FlowError> {
+    ) -> Result<Round, FlowError> {
         let results = {
             let (cps, me) = (&*checkpoints, self);
             let jobs = runs.into_iter().map(|run| async move { me.attempt(inst, def, cps, run).await });
             futures_util::future::join_all(jobs).await
         };
         let mut progressed = false;
+        let mut stale = false;
         let mut blocked: Option<Next> = None;
         for result in results {
             match result? {
@@ -345,6 +394,7 @@ impl Flows {
                     progressed = true;
                 }
                 Attempt::Redone => progressed = true,
+                Attempt::Stale => stale = true,
                 Attempt::Blocked(next) => {
                     let earlier = |n: &Next| match n {
                         Next::Wait { until_ms, .. } => *until_ms,
@@ -356,26 +406,33 @@ impl Flows {
                 }
             }
         }
-        Ok(if progressed { None } else { blocked })
+        Ok(if stale {
+            Round::Reread
+        } else if progressed {
+            Round::Again
+        } else {
+            blocked.map_or(Round::Again, Round::Write)
+        })
     }
 
     /// Performs one `Run`, `Compensate` or `Redo` (of a step, or wrapped in `Item` for an
-    /// item): `None` when it progressed (`checkpoints` updated: plan again), else what to
-    /// write.
+    /// item): [`Round::Again`] when it progressed (`checkpoints` updated), [`Round::Reread`]
+    /// when it was declined because the instance began compensating, else what to write.
     async fn perform(
         &self,
         inst: &InstanceRecord,
         def: &Definition,
         checkpoints: &mut [Checkpoint],
         next: Next,
-    ) -> Result<Option<Next>, FlowError> {
+    ) -> Result<Round, FlowError> {
         Ok(match self.attempt(inst, def, checkpoints, next).await? {
             Attempt::Done(target, op) => {
                 target.record(checkpoints, op);
-                None
+                Round::Again
             }
-            Attempt::Redone => None,
-            Attempt::Blocked(next) => Some(next),
+            Attempt::Redone => Round::Again,
+            Attempt::Blocked(next) => Round::Write(next),
+            Attempt::Stale => Round::Reread,
         })
     }
 
@@ -430,6 +487,7 @@ impl Flows {
         Ok(match self.run_operation(inst, job, payload).await? {
             StepRun::Progressed(op) => Attempt::Done(Target { index, item, compensation }, op),
             StepRun::Blocked(next) => Attempt::Blocked(next),
+            StepRun::Stale => Attempt::Stale,
         })
     }
 

@@ -344,9 +344,7 @@ pub fn needs_compensation(step: &StepDef, c: &Checkpoint) -> bool {
 /// exists, or the pause is one of the compensation's: its class begins `compensation_`),
 /// rather than in its forward run.
 pub fn paused_in_compensation(inst: &InstanceRecord, checkpoints: &[Checkpoint]) -> bool {
-    inst.state == InstanceState::Paused
-        && (compensation_began(checkpoints)
-            || inst.error_class.as_deref().is_some_and(|c| c.starts_with("compensation_")))
+    inst.state == InstanceState::Paused && (compensation_began(checkpoints) || inst.compensates())
 }
 
 /// Whether a compensation's operation exists, for a step or an item of one.

@@ -439,6 +439,18 @@ pub fn input_context(inst: &InstanceRecord, checkpoints: &[Checkpoint]) -> Value
 }
 
 impl InstanceRecord {
+    /// Whether the instance compensates: COMPENSATING, or PAUSED by its compensation (the
+    /// pause's class begins `compensation_`). Nothing new is performed for such an instance:
+    /// an effect started now would only be undone, or could not be. A pause taken by the
+    /// forward run is not this, even after a compensation's operation exists; the engine's
+    /// plan tells those apart with the checkpoints
+    /// ([`paused_in_compensation`](super::paused_in_compensation)).
+    pub fn compensates(&self) -> bool {
+        self.state == InstanceState::Compensating
+            || (self.state == InstanceState::Paused
+                && self.error_class.as_deref().is_some_and(|c| c.starts_with("compensation_")))
+    }
+
     /// Sets `expires_at` on an instance that just became final (SUCCEEDED, FAILED,
     /// COMPENSATED): `completed_at` + the default retention (DESIGN.md §6); never on
     /// another state. Its step operations are kept while the instance is (the operation
