@@ -149,11 +149,13 @@ fn options(path: &Path) -> SqliteConnectOptions {
 /// server's instructions (scripts/callgrind.sh: idle 2.66 M -> 1.10 M instructions/s).
 /// Plans no longer depend on bound values; the statements' plans are checked by
 /// `testing::hot_read_plans_sqlite` and `conformance background_queries_use_the_partial_indexes`.
+/// The outbox relay's SQLite pool (idem-outbox) sets it too: its claim's `LIMIT ?` was
+/// re-prepared on every tick.
 ///
 /// # Errors
 /// [`StoreError::Database`] if the connection's worker thread is gone or SQLite refuses
 /// the setting.
-pub(crate) async fn stable_plans(conn: &mut SqliteConnection) -> Result<(), StoreError> {
+pub async fn stable_plans(conn: &mut SqliteConnection) -> Result<(), StoreError> {
     let mut handle = conn.lock_handle().await?;
     let db = handle.as_raw_handle().as_ptr();
     let mut on: std::os::raw::c_int = 0;
