@@ -151,6 +151,7 @@ impl World {
             input_fingerprint: "f".repeat(64),
             trace_id: None,
             actor: Actor::default(),
+            hold_ms: 0,
         };
         let inst = plan_start(None, None, &start, 1_000).record;
         let rows = StepRow::all_of("t", ID, &def);

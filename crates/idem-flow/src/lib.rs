@@ -56,6 +56,9 @@ pub struct Flows {
     admission: Vec<tokio::sync::Mutex<()>>,
     /// This value itself, for passes started in the background.
     me: std::sync::Weak<Flows>,
+    /// How long a start holds a new instance whose first pass it runs (ms; 0 until
+    /// [`Flows::spawn_runner`] sets its hold): see [`idem_core::flow::StartInput::hold_ms`].
+    start_hold_ms: std::sync::atomic::AtomicI64,
 }
 
 /// Stripes of [`Flows`]' admission locks.
@@ -107,6 +110,7 @@ impl Flows {
             pinned: Mutex::new(HashMap::new()),
             admission: (0..ADMISSION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             me: me.clone(),
+            start_hold_ms: std::sync::atomic::AtomicI64::new(0),
         })
     }
 

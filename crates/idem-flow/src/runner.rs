@@ -47,6 +47,8 @@ impl Flows {
         hold: Duration,
     ) -> tokio::task::JoinHandle<()> {
         let hold_ms = i64::try_from(hold.as_millis()).unwrap_or(i64::MAX).max(1);
+        // A start that runs its instance's first pass holds it as long as a claim would.
+        self.start_hold_ms.store(hold_ms, std::sync::atomic::Ordering::Relaxed);
         let slots = Arc::new(Semaphore::new(concurrency.max(1)));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);

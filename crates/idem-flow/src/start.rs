@@ -143,8 +143,11 @@ impl Flows {
         }
     }
 
-    /// Starts (or finds) an instance. The new instance is due at once: the runner (or a
-    /// call to [`Flows::advance`], or [`Flows::advance_in_background`]) runs its steps.
+    /// Starts (or finds) an instance. A new instance of a workflow whose steps idem
+    /// performs ([`Flows::performs_steps`]) is held for the runner's hold, for the
+    /// caller's own first pass ([`Flows::advance_started`] or
+    /// [`Flows::advance_started_in_background`]), which must follow; any other new
+    /// instance is due at once for the runner.
     ///
     /// # Errors
     /// A [`FlowError`] for a bad request (nothing is written then) or a store failure.
@@ -171,6 +174,10 @@ impl Flows {
             (None, Some(version)) => version.clone(),
             _ => definition.version(),
         };
+        let hold_ms = match self.performs_steps(&call.workflow) {
+            true => self.start_hold_ms.load(std::sync::atomic::Ordering::Relaxed),
+            false => 0,
+        };
         let input = StartInput {
             tenant: call.tenant,
             instance_id: call.instance_id,
@@ -180,6 +187,7 @@ impl Flows {
             source_event: call.source_event,
             input: call.input,
             input_fingerprint,
+            hold_ms,
             trace_id: call.trace_id,
             actor: call.actor,
         };

@@ -50,6 +50,7 @@ pub fn start() -> StartInput {
         input_fingerprint: "f".repeat(64),
         trace_id: None,
         actor: Actor { principal: "p".into(), request_id: None },
+        hold_ms: 0,
     }
 }
 

@@ -53,6 +53,11 @@ pub struct StartInput {
     pub trace_id: Option<String>,
     /// Who starts it.
     pub actor: Actor,
+    /// How long the starter holds a new instance before a runner may claim it (ms; 0: due
+    /// at once): the starter runs its first pass itself, and a runner's pass beside it
+    /// would only read it again and collide. If the starter dies, a runner resumes the
+    /// instance once the hold has passed, as after a pass whose node died.
+    pub hold_ms: i64,
 }
 
 /// What a start gets.
@@ -101,7 +106,7 @@ pub fn plan_start(
             error_class: None,
             error_message: None,
             trace_id: input.trace_id.clone(),
-            next_run_at: Some(now_ms),
+            next_run_at: Some(now_ms + input.hold_ms.max(0)),
             created_at: now_ms,
             updated_at: now_ms,
             completed_at: None,

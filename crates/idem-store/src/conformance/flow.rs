@@ -34,6 +34,7 @@ fn start(h: &Harness, id: &str, input: Value) -> StartRequest {
             input,
             trace_id: Some("trace-1".into()),
             actor: actor("starter"),
+            hold_ms: 0,
         },
         definition,
     }

@@ -30,6 +30,10 @@ fn start_is_idempotent_by_instance_id_and_input() {
     let mut other = start();
     other.workflow = "refund".into();
     assert_eq!(plan_start(Some(&first.record), None, &other, NOW).decision, StartDecision::Mismatch);
+    // A starter that runs the first pass itself holds the instance, as a runner's claim would.
+    let mut held = start();
+    held.hold_ms = 5_000;
+    assert_eq!(plan_start(None, None, &held, NOW).record.next_run_at, Some(NOW + 5_000));
 }
 
 #[test]
