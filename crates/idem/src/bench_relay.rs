@@ -7,6 +7,9 @@
 //!   right after commit, no outbox": each producer commits the business row, then
 //!   publishes itself (POST to the receiver / JetStream publish awaiting its PubAck) — the
 //!   dual write the outbox replaces (a crash between the two loses the event).
+//! - The halves alone: producers appending with no relay running (events/s committed),
+//!   then the relay draining that backlog with no producer (events/s delivered), so the
+//!   row shows which of the two limits the throughput above.
 //! - Latency: producers paced to 1 000 events/s in all; commit-to-delivery = the receiver's
 //!   arrival (webhook) or a subscriber's receipt (NATS) minus the producer's commit, p50
 //!   and p99.
@@ -248,12 +251,29 @@ fn latencies(s: &Setup, commits: &Times) -> Vec<u64> {
 /// The relay rows on a fresh application database at `app_url`.
 pub async fn rows(app_url: &str, nats_url: Option<&str>, c: usize, secs: f64) -> anyhow::Result<Vec<RelayRow>> {
     let s = Arc::new(setup(app_url, nats_url).await?);
+    let mut out = Vec::new();
+    // The two halves alone, to show which one limits: producers appending with no relay
+    // running, then the relay draining that backlog with no producers.
+    let (backlog, t0) = producers(&s, Target::Webhook, c, secs, None, true).await?;
+    let appended = backlog.lock().unwrap().len() as f64;
+    let append_rate = appended / t0.elapsed().as_secs_f64();
     let relay_task = s.relay.clone().spawn(None);
+    let t0 = Instant::now();
+    drained(&s, &backlog).await?;
+    let drain_rate = appended / t0.elapsed().as_secs_f64();
+    out.push((
+        format!("outbox halves alone, webhook, {c} producers: append / drain events/s"),
+        append_rate,
+        Some(drain_rate),
+        format!(
+            "idem: producers committing a row and its event with no relay running; baseline column: the relay \
+             draining those {appended:.0} events with no producer"
+        ),
+    ));
     let mut targets = vec![(Target::Webhook, "webhook")];
     if s.nats.is_some() {
         targets.push((Target::Nats, "NATS"));
     }
-    let mut out = Vec::new();
     for (target, name) in targets {
         let (naive, t0) = producers(&s, target, c, secs, None, false).await?;
         let naive_rate = naive.lock().unwrap().len() as f64 / t0.elapsed().as_secs_f64();
