@@ -250,7 +250,9 @@ async function main() {
       }));
       results.push(new Promise((resolve, reject) => {
         c.on("message", (m) => { if (m.n !== undefined) resolve(m); });
-        c.once("exit", (code) => reject(new Error(`worker ${wid} exited with ${code} without a result`)));
+        // "close", not "exit": a message sent just before the exit can be delivered after
+        // the "exit" event, never after "close" (the IPC channel is closed by then).
+        c.once("close", (code) => reject(new Error(`worker ${wid} exited with ${code} without a result`)));
       }));
     }
     results.forEach((p) => p.catch(() => {})); // awaited below; no unhandled rejection meanwhile

@@ -42,12 +42,13 @@ for round in $(seq 1 "$ROUNDS"); do
       timeout 300 "$PY" idem_py_bench.py --idem "$IDEM" --backend $be --mode $op --workers 32 --duration "$D" --client $client --out "$RES/idem_py.jsonl" 2>>"$RES/stderr.log" | tail -1
     done
     for client in $NODE_CLIENTS; do for shape in $NODE_SHAPES; do IFS=: read -r procs inflight warmup <<<"$shape"
-      timeout 300 node idem_node_bench.mjs --idem "$IDEM" --backend $be --mode $op --workers $procs --inflight $inflight --warmup $warmup --duration "$D" --client $client --out "$RES/idem_node.jsonl" 2>>"$RES/stderr.log" | tail -1
+      timeout 300 node idem_node_bench.mjs --idem "$IDEM" --backend $be --mode $op --workers $procs --inflight $inflight --warmup $warmup --duration "$D" --client $client --out "$RES/idem_node.jsonl" 2>>"$RES/stderr.log" | tail -1 \
+        || echo "node bench failed: $be $op $client $shape (see $RES/stderr.log)"
     done; done
   done; done
   timeout 300 "$PY" dbos_bench.py --runs 1 --duration "$D" --warmup 5 --mode first --threads 8 --procs 4 --out "$RES/dbos.jsonl" 2>>"$RES/stderr.log" | tail -1
   timeout 600 "$IDEM" bench --seconds 5 --concurrency 1,64,256 --http-concurrency 32 --postgres-url postgres://postgres@127.0.0.1:5432/postgres > "$RES/bench-$round.txt" 2>>"$RES/stderr.log" || echo "idem bench failed"
-  grep -E '^(embedded|HTTP|SQLite|PostgreSQL|relay)' "$RES/bench-$round.txt" || true
+  grep -E '^(embedded|HTTP|SQLite|PostgreSQL|relay|outbox|3-step|MCP)' "$RES/bench-$round.txt" || true
 done
 "$PY" "$HERE/summary.py" "$RES"
 echo "done $(date -u +%T)"
