@@ -104,6 +104,9 @@ pub async fn row(dir: &std::path::Path, secs: f64) -> anyhow::Result<(String, f6
     result
 }
 
+/// The warm-up call's argument: 2^53 − 1, the largest integer I-JSON carries exactly.
+const WARM_UP_N: u64 = (1 << 53) - 1;
+
 async fn measure(server: &str, port: u16, pid: u32, secs: f64) -> anyhow::Result<(String, f64, Option<f64>, String)> {
     let start = Instant::now();
     let guarded = loop {
@@ -117,7 +120,9 @@ async fn measure(server: &str, port: u16, pid: u32, secs: f64) -> anyhow::Result
     let (mut d, mut g) = (Vec::new(), Vec::new());
     let mut n = 0u64;
     let (warm, until) =
-        (timed_call(&guarded, "create_ticket", u64::MAX).await?, Instant::now() + Duration::from_secs_f64(secs * 2.0));
+        // The warm-up's n is apart from the measured ones (1, 2, …) and within what a JSON
+        // number carries exactly: the guard refuses integers beyond ±2^53 (RFC 7493 §2.2).
+        (timed_call(&guarded, "create_ticket", WARM_UP_N).await?, Instant::now() + Duration::from_secs_f64(secs * 2.0));
     let _ = warm;
     while Instant::now() < until {
         for _ in 0..50 {
