@@ -4,16 +4,20 @@ httpx honours) still carries the sync calls. A loopback listener records what ar
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import os
 import socket
 import threading
+import warnings
 from collections.abc import Iterator
 
 import pytest
 
 import idem_client
 
-from conftest import ADMIN_KEY
+from conftest import ADMIN_KEY, IdemServer
 from netfault import read_message
 
 
@@ -109,3 +113,29 @@ def test_a_proxy_set_in_the_environment_carries_the_sync_calls(
     with idem_client.Client("http://idem.invalid:8080", ADMIN_KEY) as c:
         assert c.get_operation("K-3").key == "K-3"
     assert recorder.heads[0][0] == "GET http://idem.invalid:8080/v1/operations/K-3 HTTP/1.1"
+
+
+def test_an_event_loop_per_call_does_not_keep_a_connection_per_loop(server: IdemServer, key: str) -> None:
+    """A script that calls ``asyncio.run`` per request (each run a new event loop) must not
+    keep one connection per finished loop: the client's async connections belong to their
+    loop, and a closed loop's are let go at the next async call."""
+    client = server.client()
+
+    @client.idempotent(key="{n}", action="send", provider_ref="id")
+    async def send(n: str) -> dict[str, str]:
+        return {"id": n}
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    assert asyncio.run(send(f"{key}-warm")) == {"id": f"{key}-warm"}
+    gc.collect()
+    before = open_fds()
+    with warnings.catch_warnings():
+        # asyncio says so of a dead loop's socket it closes on collection: expected here.
+        warnings.simplefilter("ignore", ResourceWarning)
+        for i in range(30):
+            assert asyncio.run(send(f"{key}-{i}")) == {"id": f"{key}-{i}"}
+        gc.collect()
+    assert open_fds() - before <= 3, f"{open_fds() - before} more descriptors after 30 loops"
+    client.close()

@@ -74,7 +74,8 @@ class Client:
     proxy is set in the environment (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, which httpx
     honours). With ``async_transport`` give ``transport`` too, configured alike: the leases of
     ``async`` claims are renewed from the library's heartbeat thread, over the sync connections.
-    One client serves threads and every event loop (an ``httpx.AsyncClient`` per loop); close it
+    One client serves threads and every event loop (an ``httpx.AsyncClient`` per loop, let go
+    once its loop is closed); close it
     with :meth:`close` / :meth:`aclose` or ``with``.
 
     Fork-safe: in a child process (``os.fork``, gunicorn ``--preload``, Celery prefork,
@@ -170,6 +171,13 @@ class Client:
         with self._lock:
             http = self._ahttp.get(loop)
             if http is None:
+                # Let go of the connections of loops that are closed (a script that calls
+                # asyncio.run per request makes a loop per call): they can never be used or
+                # awaited again, and an AsyncClient keeps its loop alive, so the weak key alone
+                # would keep one socket per finished loop. Dropped, its sockets are closed when
+                # collected (asyncio's transports close on collection).
+                for old in [old for old in self._ahttp if old.is_closed()]:
+                    del self._ahttp[old]
                 http = httpx.AsyncClient(
                     base_url=self.url, headers=self._headers, transport=self._async_transport
                 )
