@@ -203,8 +203,15 @@ async function main() {
       warmup: { type: "string", default: "20" },
       out: { type: "string" },
       client: { type: "string", default: "http" },
+      help: { type: "boolean", short: "h", default: false },
     },
   });
+  if (a.help) {
+    console.log("usage: node idem_node_bench.mjs --idem PATH [--backend sqlite|postgres] [--pg ADMIN_URL] [--mode first|replay]\n" +
+      "  [--workers N] [--inflight K] [--duration S] [--warmup CALLS] [--client http|http-module|library] [--out FILE]\n" +
+      "(the file's header comment says what each measures)");
+    return;
+  }
   const bad = (what) => { throw new Error(what); };
   if (!a.idem) bad("--idem PATH is required");
   if (!["sqlite", "postgres"].includes(a.backend)) bad("--backend sqlite|postgres");
