@@ -275,11 +275,7 @@ impl OutboxStore {
             // 80 % of a relayed event's instructions one at a time (scripts/callgrind.sh).
             let pool = sqlx::sqlite::SqlitePoolOptions::new()
                 .max_connections(max_connections)
-                .after_connect(|conn, _| {
-                    Box::pin(async move {
-                        idem_store::sqlite::stable_plans(conn).await.map_err(|e| sqlx::Error::Protocol(e.to_string()))
-                    })
-                })
+                .after_connect(|conn, _| Box::pin(idem_store::sqlite::stable_plans_on_connect(conn)))
                 .connect_with(opts)
                 .await
                 .map_err(OutboxError::Database)?;

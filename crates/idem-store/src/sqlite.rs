@@ -170,6 +170,15 @@ pub async fn stable_plans(conn: &mut SqliteConnection) -> Result<(), StoreError>
     Ok(())
 }
 
+/// [`stable_plans`] for a pool's `after_connect` hook, which wants sqlx's error: the
+/// ledger's readers and the outbox relay's pool (idem-outbox) both set it this way.
+///
+/// # Errors
+/// As [`stable_plans`], as [`sqlx::Error::Protocol`] with its message.
+pub async fn stable_plans_on_connect(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+    stable_plans(conn).await.map_err(|e| sqlx::Error::Protocol(e.to_string()))
+}
+
 /// An exclusive lock on `{path}.migrate-lock` (created if missing), waited for on a
 /// blocking thread; released when the file is dropped.
 async fn migration_lock(path: &Path) -> Result<std::fs::File, StoreError> {
@@ -224,9 +233,7 @@ impl SqliteStore {
             .max_connections(8)
             .acquire_timeout(config.acquire_timeout())
             .test_before_acquire(false)
-            .after_connect(|conn, _| {
-                Box::pin(async move { stable_plans(conn).await.map_err(|e| sqlx::Error::Protocol(e.to_string())) })
-            })
+            .after_connect(|conn, _| Box::pin(stable_plans_on_connect(conn)))
             .connect_with(opts.read_only(true))
             .await?;
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
